@@ -1,0 +1,89 @@
+"""The ``trtforge`` console script: a thin dispatcher over one module per command.
+
+Command modules are imported only when their command runs, so ``trtforge --help`` stays fast and imports no
+TensorRT, onnxruntime, polygraphy or cuda. Each command module exposes ``main(argv) -> int``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+# name -> (module under trtforge.build_engine.cli, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fold": ("fold", "exact Cast/Identity folding (never changes an output bit)"),
+    "precision": ("precision", "convert a model to fp16/bf16, keeping sensitive ops in fp32, then fold"),
+    "lora": ("lora", "inject / decompose LoRAOpPluginDynamic nodes; pack PEFT adapters into slot pools"),
+    "profiles": ("profiles", "list GPU profiles or show one"),
+    "backends": ("backends", "show the TensorRT backends found and what they can target"),
+    "build": ("build", "build a TensorRT engine for a GPU profile (model.plan + manifest.json)"),
+    "kv-plan": ("kv_plan", "KV-cache capacity of a decoder on a GPU profile"),
+    "triton": ("triton", "write or check a Triton model repository entry from an engine folder"),
+    "diff": ("diff", "compare two models' outputs through Polygraphy (exit 1 on mismatch)"),
+    "simulate": ("simulate", "replay a request trace against the KV-aware scheduler"),
+    "demo": ("demo", "run the whole pipeline on the bundled example model"),
+}
+
+
+def _help() -> str:
+    from trtforge.build_engine import __version__
+
+    width = max(len(n) for n in COMMANDS)
+    lines = [
+        f"usage: trtforge [--version] [--debug] COMMAND [ARGS...]   (trtforge {__version__})",
+        "",
+        "Distilled transformer ONNX -> TensorRT engines for A10 / A100 / H100.",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += [
+        "",
+        "options:",
+        "  --version  print the version and exit",
+        "  --debug    show tracebacks on errors",
+        "",
+        "Run 'trtforge COMMAND --help' for a command's options. Exit codes: 0 ok, 1 a check failed, 2 bad input.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = False
+    while args and args[0].startswith("-"):
+        opt = args.pop(0)
+        if opt in ("-h", "--help"):
+            print(_help())
+            return 0
+        if opt == "--version":
+            from trtforge.build_engine import __version__
+
+            print(f"trtforge {__version__}")
+            return 0
+        if opt == "--debug":
+            debug = True
+            continue
+        print(f"error: unknown option {opt!r}; see 'trtforge --help'", file=sys.stderr)
+        return 2
+    if not args:
+        print(_help(), file=sys.stderr)
+        return 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        print(f"error: unknown command {name!r}; {hint}see 'trtforge --help'", file=sys.stderr)
+        return 2
+    import importlib
+
+    module = importlib.import_module(f"trtforge.build_engine.cli.{COMMANDS[name][0]}")
+    if debug and "--debug" not in rest:
+        rest = ["--debug", *rest]
+    return int(module.main(rest))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Shared CLI plumbing: the exit-code contract (0 ok, 1 check failed, 2 bad input) and one-line errors.
+
+Every command builds its parser with ``make_parser`` and runs through ``run_command``, which turns a
+``TrtforgeError`` into ``error: <message>`` on stderr and its exit code, hides tracebacks unless ``--debug``, and
+reports unexpected exceptions as internal errors (exit 1) with a hint to rerun with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from trtforge.build_engine.errors import InputError, TrtforgeError
+
+
+class UsageError(InputError):
+    """Bad command-line usage."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error raises ``UsageError`` (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}; see '{self.prog} --help'")
+
+
+def make_parser(prog: str, description: str) -> ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return parser
+
+
+def add_debug(parser: argparse.ArgumentParser) -> None:
+    """For sub-parsers (e.g. ``trtforge lora inject``), which need their own ``--debug``."""
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def fail(message: str) -> NoReturn:
+    raise InputError(message)
+
+
+def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | None],
+                argv: Sequence[str] | None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
+    try:
+        try:
+            args = parser.parse_args(args_list)
+        except SystemExit as exc:  # --help
+            return int(exc.code or 0)
+        return int(handler(args) or 0)
+    except TrtforgeError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in trtforge or a library: one line unless --debug
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:300]
+        print(f"error: internal error: {type(exc).__name__}: {text} (rerun with --debug and report it)",
+              file=sys.stderr)
+        return 1
+
+
+def stdout_console() -> Any:
+    """A rich Console on stdout (imported lazily)."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)

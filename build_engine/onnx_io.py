@@ -1,0 +1,251 @@
+"""Safe ONNX loading and atomic saving.
+
+``load_model`` refuses, with one line naming the file and the fix: a missing or empty file, bytes that are not an
+ONNX model, a truncated model, external data that is missing, short, or whose location escapes the model's folder
+(absolute path, ``..``, or a symlink pointing outside), and graphs with a dangling input or a cycle. Nothing outside
+the model's folder is ever opened.
+
+``save_model`` writes to temporary names in the output's folder and renames, so a crash leaves no half-written model.
+Models that came with external data (or are too big for one protobuf) are written with external data beside the
+output, in ``<output name>.data``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import GraphProto, ModelProto, TensorProto
+
+from trtforge.build_engine.errors import InputError, ModelError
+
+# Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
+_EXTERNAL_THRESHOLD = 1_800_000_000
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: ModelProto
+    path: Path
+    external_data: bool
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto in a graph: initializers, tensor attributes, and those of subgraphs (recursively)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for g in attr.graphs:
+                yield from _all_tensors(g)
+
+
+def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    yield from _all_tensors(model.graph)
+    for fn in model.functions:
+        for node in fn.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+
+
+def _check_external(model: ModelProto, path: Path) -> bool:
+    base = path.parent.resolve()
+    found = False
+    for tensor in _model_tensors(model):
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        found = True
+        info = {e.key: e.value for e in tensor.external_data}
+        loc = info.get("location", "")
+        where = f"{path}: initializer {tensor.name!r} has external data location {loc!r}"
+        if not loc:
+            raise ModelError(f"{where} which is empty; re-export the model with valid external data")
+        rel = Path(loc)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ModelError(
+                f"{where} that escapes the model's folder; keep the data file beside the model and use a relative name"
+            )
+        target = (base / rel).resolve()
+        if base not in target.parents:
+            raise ModelError(f"{where} that resolves outside the model's folder; copy the data file beside the model")
+        if not target.is_file():
+            raise ModelError(f"{where} but that file is missing; copy {rel} beside {path.name}")
+        size = target.stat().st_size
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") else None
+        if offset > size or (length is not None and offset + length > size):
+            raise ModelError(f"{where} but the file is too short ({size} bytes); the data file is truncated")
+    return found
+
+
+def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = ()) -> None:
+    """Refuse dangling inputs and cycles; sort nodes topologically in place if they are merely out of order."""
+    available: set[str] = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    available |= {t.name for t in graph.sparse_initializer}
+    available.add("")  # optional inputs
+    producer: dict[str, int] = {}
+    for idx, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                producer[out] = idx
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+            for sub in subs:
+                check_graph_structure(sub, where, available | set(producer))
+    # Kahn's algorithm over node indices.
+    deps: list[set[int]] = []
+    for node in graph.node:
+        d: set[int] = set()
+        for name in node.input:
+            if name in producer:
+                d.add(producer[name])
+            elif name not in available:
+                raise ModelError(
+                    f"{where}: node {node.name or node.op_type!r} reads {name!r}, which no node, input or initializer "
+                    "produces (dangling input); fix the export or add the missing input"
+                )
+        deps.append(d)
+    users: list[list[int]] = [[] for _ in graph.node]
+    indeg = [0] * len(graph.node)
+    for i, d in enumerate(deps):
+        indeg[i] = len(d)
+        for j in d:
+            users[j].append(i)
+    ready = [i for i, n in enumerate(indeg) if n == 0]
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    if len(order) != len(graph.node):
+        stuck = next(graph.node[i] for i, n in enumerate(indeg) if n > 0)
+        raise ModelError(
+            f"{where}: the graph has a cycle through node {stuck.name or stuck.op_type!r}; ONNX graphs must be acyclic, "
+            "re-export the model"
+        )
+    if any(j > i for i, d in enumerate(deps) for j in d):
+        # Acyclic but out of order: sort stably (keeps the original order wherever it is already valid).
+        nodes = [graph.node[i] for i in _stable_topo(deps)]
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+def _stable_topo(deps: list[set[int]]) -> list[int]:
+    import heapq
+
+    users: list[list[int]] = [[] for _ in deps]
+    indeg = [len(d) for d in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    heap = [i for i, n in enumerate(indeg) if n == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        i = heapq.heappop(heap)
+        out.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, u)
+    return out
+
+
+def load(path: str | os.PathLike[str], *, check: bool = True) -> LoadedModel:
+    """Load and validate an ONNX model (see module docstring for what is refused)."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file; check the path")
+    if p.is_dir():
+        raise InputError(f"{p} is a folder; give the path of an .onnx file")
+    if p.stat().st_size == 0:
+        raise ModelError(f"{p}: the file is empty; re-export the model")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read ({exc.strerror}); check its permissions") from exc
+    model = ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # google.protobuf.message.DecodeError and friends
+        raise ModelError(
+            f"{p}: not a valid ONNX model (protobuf parse failed: the file is truncated or not ONNX); re-export it"
+        ) from exc
+    if not model.opset_import or not model.HasField("graph") or model.ir_version <= 0:
+        raise ModelError(f"{p}: not an ONNX model (no graph, IR version or opset); pass an .onnx file")
+    external = _check_external(model, p)
+    if external:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+        except Exception as exc:
+            raise ModelError(f"{p}: cannot read external data ({exc}); check the data file beside the model") from exc
+    if check:
+        check_graph_structure(model.graph, str(p))
+        for fn in model.functions:
+            g = onnx.helper.make_graph(list(fn.node), fn.name, [], [])
+            check_graph_structure(g, f"{p} (function {fn.name})", outer=list(fn.input))
+        try:
+            if model.ByteSize() < _EXTERNAL_THRESHOLD:
+                onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+            raise ModelError(f"{p}: onnx.checker rejects the model ({first}); fix the export") from exc
+    return LoadedModel(model=model, path=p, external_data=external)
+
+
+def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ModelProto:
+    return load(path, check=check).model
+
+
+def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+    """Atomically save ``model`` to ``path``; external data goes to ``<name>.data`` beside it."""
+    dest = Path(path)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{dest}: folder {parent} does not exist; create it first or choose another output path")
+    if dest.is_dir():
+        raise InputError(f"{dest} is a folder; give a file path for the output model")
+    if external_data is None:
+        external_data = model.ByteSize() >= _EXTERNAL_THRESHOLD
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
+    try:
+        tmp_model = tmpdir / dest.name
+        if external_data:
+            data_name = f"{dest.name}.data"
+            m = ModelProto()
+            m.CopyFrom(model)
+            onnx.save_model(
+                m, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                location=data_name, size_threshold=1024,
+            )
+            if (tmpdir / data_name).exists():
+                os.replace(tmpdir / data_name, parent / data_name)
+        else:
+            onnx.save_model(model, str(tmp_model))
+        os.replace(tmp_model, dest)
+    finally:
+        import shutil
+
+        shutil.rmtree(tmpdir, ignore_errors=True)
