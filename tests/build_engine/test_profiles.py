@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error
+from trtforge_testing import assert_one_line_error
 from trtforge.build_engine.errors import ProfileError
 from trtforge.build_engine.profiles import Profile, list_profiles, load_profile, profile_to_dict
 
