@@ -1,0 +1,54 @@
+"""``trtforge kv-plan``: KV-cache capacity (blocks, tokens, concurrent requests) of a decoder on a GPU profile."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge kv-plan", "KV-cache capacity of a decoder on a GPU profile (TensorRT-LLM's formula "
+                                        "family: free memory after weights and activations x fraction / block)")
+    p.add_argument("--profile", required=True, help="GPU profile name (a10, a100, h100) or a .toml path")
+    p.add_argument("--model", required=True, help="HF config.json path or a preset (llama-3.1-8b, llama-3.1-70b, "
+                                                  "mistral-7b)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
+    p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"), default=None,
+                   help="KV cache dtype (default: the profile's precision)")
+    p.add_argument("--request-tokens", type=int, default=4096,
+                   help="prompt + generated tokens of one request, for 'requests that fit' (default 4096)")
+    p.add_argument("--max-num-tokens", type=int, default=8192,
+                   help="tokens in the largest forward (sizes the activation reserve; default 8192)")
+    p.add_argument("--json", metavar="OUT", default=None, help="also write the plan as JSON")
+    return p
+
+
+def _run(args) -> int:
+    from trtforge.build_engine.fsutil import write_json
+    from trtforge.build_engine.profiles import load_profile
+    from trtforge.scheduler.kv_plan import GIB, load_model_spec, plan_kv
+
+    profile = load_profile(args.profile)
+    spec = load_model_spec(args.model)
+    plan = plan_kv(profile, spec, tp=args.tp, kv_dtype=args.kv_dtype, request_tokens=args.request_tokens,
+                   max_num_tokens=args.max_num_tokens)
+    if args.json:
+        write_json(args.json, plan.to_json())
+    print(f"model {plan.model} ({plan.num_params / 1e9:.2f} B params) on {plan.profile}, tp={plan.tp}")
+    print(f"  weights        {plan.weights_bytes / GIB:8.2f} GiB per GPU ({plan.weights_dtype})")
+    print(f"  activations    {plan.activation_bytes / GIB:8.2f} GiB + reserve {plan.reserve_bytes / GIB:.2f} GiB")
+    print(f"  free           {plan.free_bytes / GIB:8.2f} GiB x {plan.memory_fraction} -> KV "
+          f"{plan.kv_cache_bytes / GIB:.2f} GiB")
+    print(f"  KV per token   {plan.kv_bytes_per_token} bytes ({plan.kv_dtype}); block = {plan.tokens_per_block} "
+          f"tokens = {plan.bytes_per_block} bytes")
+    print(f"  blocks         {plan.num_blocks}  ->  max tokens {plan.max_tokens}")
+    print(f"  requests of {plan.request_tokens} tokens that fit at once: {plan.requests_that_fit}")
+    if args.json:
+        print(json.dumps({"json": args.json}))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

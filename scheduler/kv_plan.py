@@ -1,0 +1,230 @@
+"""KV-cache capacity of a decoder on a GPU profile (``trtforge kv-plan``; COMMON interface 7).
+
+The formula follows TensorRT-LLM's family (``KvCacheConfig.free_gpu_memory_fraction``): after the weights are
+loaded and a peak-sized forward pass has run, the KV cache takes ``fraction`` of the memory that is still free::
+
+    free_bytes   = GPU memory - weights/tp - activation peak - runtime reserve
+    kv_bytes     = free_bytes * kv.memory_fraction
+    block_bytes  = kv_bytes_per_token_per_gpu * tokens_per_block
+    num_blocks   = floor(kv_bytes / block_bytes);  max_tokens = num_blocks * tokens_per_block
+
+``kv_bytes_per_token = 2 (K and V) * layers * kv_heads * head_dim * dtype bytes`` for the whole model; with tensor
+parallelism each GPU holds ``ceil(kv_heads / tp)`` heads (heads are replicated when ``tp > kv_heads``), so every
+GPU holds the same number of blocks and the token capacity is per model replica.
+
+TensorRT-LLM *measures* the activation peak with a dummy forward; we estimate it (documented in
+``activation_bytes``), so the result is a plan, not a promise: expect a few percent of difference.
+``Hardware.memory_gb`` is read as GiB (2**30 bytes): HBM sizes are powers of two (an "80 GB" H100 shows 81559 MiB
+in nvidia-smi).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trtforge.build_engine.errors import InputError
+
+GIB = 1 << 30
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
+                                 "fp8": 1, "float8": 1, "int8": 1}
+#: CUDA context, cuBLAS/attention workspaces and the runtime's own buffers (TensorRT-LLM leaves about this much).
+RUNTIME_RESERVE_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a Llama-style decoder: everything the KV and weight sizes depend on."""
+
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 131072
+
+    def __post_init__(self) -> None:
+        for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
+                    "vocab_size", "max_position_embeddings"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise InputError(f"model {self.name}: num_attention_heads {self.num_heads} is not a multiple of "
+                             f"num_key_value_heads {self.num_kv_heads}; fix config.json")
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count of the decoder (embedding, attention, gated MLP, RMS norms, LM head)."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2  # q, o + k, v
+        mlp = 3 * h * self.intermediate_size  # gate, up, down
+        per_layer = attn + mlp + 2 * h  # two RMSNorm weights
+        embed = self.vocab_size * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_layers * per_layer + embed + head + h
+
+    def kv_bytes_per_token(self, kv_dtype: str, tp: int = 1) -> int:
+        """K and V for one token, all layers, on one GPU of a ``tp``-way tensor-parallel group."""
+        heads = math.ceil(self.num_kv_heads / tp)
+        return int(2 * self.num_layers * heads * self.head_dim * DTYPE_BYTES[kv_dtype])
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> ModelSpec:
+        """Read an HF ``config.json`` (Llama/Mistral/Qwen-style field names)."""
+        p = Path(path)
+        try:
+            cfg = json.loads(p.read_text())
+        except FileNotFoundError as exc:
+            raise InputError(f"{p}: no such file; give a config.json or a preset ({', '.join(PRESETS)})") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{p}: not a readable JSON config ({exc}); give an HF config.json") from exc
+        if not isinstance(cfg, dict):
+            raise InputError(f"{p}: the top level must be a JSON object with the model's config keys")
+        return cls.from_dict(cfg, name=p.stem if p.stem != "config" else p.parent.name or "model", source=str(p))
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], name: str = "model", source: str = "config") -> ModelSpec:
+        def need(key: str) -> Any:
+            if key not in cfg:
+                raise InputError(f"{source}: missing key {key!r}; an HF decoder config.json has it")
+            return cfg[key]
+
+        heads = need("num_attention_heads")
+        hidden = need("hidden_size")
+        head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                                           and heads > 0 else 0)
+        try:
+            return cls(name=str(cfg.get("_name_or_path") or name), num_layers=need("num_hidden_layers"),
+                       num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+                       hidden_size=hidden, intermediate_size=need("intermediate_size"),
+                       vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                       max_position_embeddings=int(cfg.get("max_position_embeddings") or 131072))
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from exc
+
+
+#: Public architectures (from each model's HF config.json).
+PRESETS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": ModelSpec("llama-3.1-8b", 32, 32, 8, 128, 4096, 14336, 128256),
+    "llama-3.1-70b": ModelSpec("llama-3.1-70b", 80, 64, 8, 128, 8192, 28672, 128256),
+    "mistral-7b": ModelSpec("mistral-7b", 32, 32, 8, 128, 4096, 14336, 32768, max_position_embeddings=32768),
+}
+
+
+def load_model_spec(name_or_path: str) -> ModelSpec:
+    """A preset name (case-insensitive) or a path to an HF config.json."""
+    key = name_or_path.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists() and not name_or_path.endswith(".json"):
+        import difflib
+
+        close = difflib.get_close_matches(key, list(PRESETS), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise InputError(f"unknown model {name_or_path!r}: {hint}give a config.json path or a preset "
+                         f"({', '.join(PRESETS)})")
+    return ModelSpec.from_hf_config(p)
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """Pure data: the capacity plan. ``num_blocks`` is what the scheduler's block pool gets."""
+
+    profile: str
+    model: str
+    tp: int
+    weights_dtype: str
+    kv_dtype: str
+    gpu_memory_bytes: int
+    num_params: int
+    weights_bytes: int  # per GPU
+    activation_bytes: int
+    reserve_bytes: int
+    free_bytes: int
+    memory_fraction: float
+    kv_cache_bytes: int
+    kv_bytes_per_token: int  # per GPU
+    tokens_per_block: int
+    bytes_per_block: int
+    num_blocks: int
+    max_tokens: int
+    request_tokens: int
+    blocks_per_request: int
+    requests_that_fit: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def activation_bytes(spec: ModelSpec, dtype_bytes: float, max_num_tokens: int, max_batch: int, tp: int) -> int:
+    """Estimated activation peak of one forward over ``max_num_tokens`` tokens.
+
+    Live at the MLP: the residual stream and normed input (2 x hidden), q/k/v/attention output
+    ((heads + 2 kv_heads) x head_dim / tp + hidden), gate/up/act (3 x intermediate / tp); plus fp32 logits for
+    ``max_batch`` last tokens (the LM head runs on the last token of each sequence only).
+    """
+    attn = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim / tp + spec.hidden_size
+    per_token = 2 * spec.hidden_size + attn + 3 * spec.intermediate_size / tp
+    return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
+
+
+def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str | None = None,
+            weights_dtype: str | None = None, request_tokens: int = 4096, max_num_tokens: int = 8192,
+            max_batch: int = 256, memory_fraction: float | None = None,
+            tokens_per_block: int | None = None) -> KVPlan:
+    """Plan the KV cache of ``model_spec`` on ``profile`` (a ``trtforge.build_engine.profiles.Profile``).
+
+    Raises InputError (exit 2) when the model does not fit, naming the sizes and what to change.
+    """
+    if tp < 1:
+        raise InputError(f"--tp must be >= 1, got {tp}")
+    if request_tokens < 1:
+        raise InputError(f"--request-tokens must be >= 1, got {request_tokens}")
+    wdt = weights_dtype or profile.precision.dtype
+    kdt = kv_dtype or profile.precision.dtype
+    for label, dt in (("weights dtype", wdt), ("--kv-dtype", kdt)):
+        if dt not in DTYPE_BYTES:
+            raise InputError(f"{label} {dt!r} unknown; use one of fp16, bf16, fp8")
+    tpb = int(tokens_per_block or profile.kv.tokens_per_block)
+    fraction = float(memory_fraction if memory_fraction is not None else profile.kv.memory_fraction)
+    if not 0 < fraction <= 1:
+        raise InputError(f"kv memory fraction must be in (0, 1], got {fraction}")
+    gpu = int(profile.hardware.memory_gb * GIB)
+    params = model_spec.num_params
+    weights = int(params * DTYPE_BYTES[wdt] / tp)
+    act = activation_bytes(model_spec, DTYPE_BYTES[wdt], max_num_tokens, max_batch, tp)
+    free = gpu - weights - act - RUNTIME_RESERVE_BYTES
+    per_token = model_spec.kv_bytes_per_token(kdt, tp)
+    block_bytes = per_token * tpb
+    kv_bytes = int(max(free, 0) * fraction)
+    num_blocks = kv_bytes // block_bytes
+    g = GIB
+    if free <= 0 or num_blocks < 1:
+        need_tp = tp
+        while need_tp < 64 and (gpu - params * DTYPE_BYTES[wdt] / need_tp - act - RUNTIME_RESERVE_BYTES) * fraction \
+                < model_spec.kv_bytes_per_token(kdt, need_tp) * tpb * max(1, math.ceil(request_tokens / tpb)):
+            need_tp *= 2
+        raise InputError(
+            f"model {model_spec.name} does not fit profile {profile.name}: weights {weights / g:.1f} GiB + "
+            f"activations {act / g:.1f} GiB + reserve {RUNTIME_RESERVE_BYTES / g:.1f} GiB per GPU vs "
+            f"{gpu / g:.1f} GiB of GPU memory at --tp {tp}; use a GPU with more memory, a larger --tp "
+            f"(--tp {max(need_tp, tp * 2)} fits one {request_tokens}-token request), or fp8 weights")
+    per_req = math.ceil(request_tokens / tpb)
+    return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
+                  gpu_memory_bytes=gpu, num_params=params, weights_bytes=weights, activation_bytes=act,
+                  reserve_bytes=RUNTIME_RESERVE_BYTES, free_bytes=free, memory_fraction=fraction,
+                  kv_cache_bytes=kv_bytes, kv_bytes_per_token=per_token, tokens_per_block=tpb,
+                  bytes_per_block=block_bytes, num_blocks=int(num_blocks), max_tokens=int(num_blocks) * tpb,
+                  request_tokens=request_tokens, blocks_per_request=per_req,
+                  requests_that_fit=int(num_blocks) // per_req)

@@ -1,0 +1,91 @@
+"""kv-plan numbers against hand computations, and the CLI contract."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import assert_one_line_error
+from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.profiles import load_profile
+from trtforge.scheduler.kv_plan import GIB, PRESETS, ModelSpec, load_model_spec, plan_kv
+
+
+def test_llama_8b_kv_bytes_per_token_by_hand() -> None:
+    spec = PRESETS["llama-3.1-8b"]
+    # 2 (K,V) * 32 layers * 8 KV heads * 128 head_dim * 2 bytes
+    assert spec.kv_bytes_per_token("fp16") == 2 * 32 * 8 * 128 * 2 == 131072
+    assert spec.kv_bytes_per_token("fp8") == 65536
+    # TP 4: two KV heads per GPU; TP 16 replicates (ceil(8/16) = 1 head).
+    assert spec.kv_bytes_per_token("bf16", tp=4) == 131072 // 4
+    assert spec.kv_bytes_per_token("bf16", tp=16) == 131072 // 8
+    # The published parameter count of Llama-3.1-8B is 8.03 B.
+    assert abs(spec.num_params / 1e9 - 8.03) < 0.01
+
+
+def test_plan_h100_matches_formula() -> None:
+    prof = load_profile("h100")
+    spec = PRESETS["llama-3.1-8b"]
+    plan = plan_kv(prof, spec, request_tokens=3000)
+    gpu = int(prof.hardware.memory_gb * GIB)
+    weights = spec.num_params * 2
+    free = gpu - weights - plan.activation_bytes - plan.reserve_bytes
+    assert plan.free_bytes == free
+    kv = int(free * prof.kv.memory_fraction)
+    blocks = kv // (131072 * prof.kv.tokens_per_block)
+    assert plan.num_blocks == blocks > 0
+    assert plan.max_tokens == blocks * prof.kv.tokens_per_block
+    assert plan.requests_that_fit == blocks // math.ceil(3000 / prof.kv.tokens_per_block)
+    # fp8 KV doubles the blocks (up to flooring).
+    assert abs(plan_kv(prof, spec, kv_dtype="fp8").num_blocks - 2 * blocks) <= 1
+
+
+def test_hf_config_and_head_dim_default(tmp_path) -> None:
+    cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512,
+           "intermediate_size": 1376, "vocab_size": 1000, "torch_dtype": "float16", "tie_word_embeddings": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_model_spec(str(path))
+    assert spec.head_dim == 64 and spec.num_kv_heads == 2
+    assert spec.kv_bytes_per_token("fp16") == 2 * 4 * 2 * 64 * 2
+    per_layer = 512 * 8 * 64 * 2 + 512 * 2 * 64 * 2 + 3 * 512 * 1376 + 2 * 512
+    assert spec.num_params == 4 * per_layer + 1000 * 512 + 512
+
+
+def test_bad_configs(tmp_path) -> None:
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not a readable JSON"):
+        load_model_spec(str(bad))
+    bad.write_text(json.dumps({"num_attention_heads": 8}))
+    with pytest.raises(InputError, match="missing key"):
+        load_model_spec(str(bad))
+    with pytest.raises(InputError, match="llama-3.1-8b"):
+        load_model_spec("llama-3.1-8")
+    with pytest.raises(InputError):
+        ModelSpec("x", 2, 6, 4, 8, 48, 64, 10)  # 6 heads not a multiple of 4 KV heads
+
+
+def test_cli_json_and_text(cli, tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    res = cli("kv-plan", "--profile", "h100", "--model", "llama-3.1-8b", "--json", out, "--request-tokens", "8192")
+    assert res.code == 0, res.err
+    data = json.loads(out.read_text())
+    for key in ("kv_bytes_per_token", "tokens_per_block", "num_blocks", "max_tokens", "weights_bytes",
+                "free_bytes", "requests_that_fit"):
+        assert key in data
+    assert data["kv_bytes_per_token"] == 131072
+    assert str(data["num_blocks"]) in res.out
+
+
+def test_cli_does_not_fit(cli, tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    res = cli("kv-plan", "--profile", "a10", "--model", "llama-3.1-70b", "--json", out)
+    assert_one_line_error(res, 2, "does not fit", "GiB", "--tp")
+    assert not out.exists()
+    res = cli("kv-plan", "--profile", "h100", "--model", "llama-3.1-70b", "--tp", "4")
+    assert res.code == 0, res.err
+    res = cli("kv-plan", "--profile", "nope", "--model", "llama-3.1-8b")
+    assert_one_line_error(res, 2)
