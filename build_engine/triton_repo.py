@@ -1,0 +1,134 @@
+"""Write and check Triton model repository entries (``REPO/NAME/config.pbtxt`` + ``REPO/NAME/N/model.plan``).
+
+Writing is atomic: the whole model folder is assembled in a temporary folder inside ``REPO`` (same filesystem),
+validated, and renamed into place, so Triton polling the repository never sees a half-written model and a failure
+leaves nothing behind (an existing entry replaced with ``force`` stays intact until the rename). The engine's
+``manifest.json`` is copied beside the plan (``N/manifest.json``; Triton ignores it) so that ``check_entry`` can
+verify dims and profiles later without reading the plan.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtforge.build_engine import fsutil
+from trtforge.build_engine.errors import CheckFailed, InputError
+from trtforge.build_engine.triton_config import (
+    TritonConfig, check_model_name, load_manifest, plan_config, render, validate_manifest,
+)
+from trtforge.build_engine.triton_validate import Problem, validate_text
+
+
+@dataclass(frozen=True)
+class EntryReport:
+    """What ``write_entry``/``check_entry`` produced or found."""
+
+    model_dir: Path
+    config: TritonConfig | None
+    versions: tuple[int, ...]
+    problems: tuple[str, ...] = ()
+
+
+def _plan_path(engine_dir: Path, manifest: dict[str, Any]) -> Path:
+    rel = Path(manifest["plan"])
+    if rel.is_absolute() or ".." in rel.parts:
+        raise InputError(f"{engine_dir / 'manifest.json'}: 'plan' {manifest['plan']!r} escapes the engine folder; "
+                         "rebuild the engine")
+    path = engine_dir / rel
+    if not path.is_file():
+        raise InputError(f"{path}: plan named by manifest.json is missing; rebuild the engine with 'trtforge build'")
+    return path
+
+
+def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version: int = 1,
+                max_batch: int | None = None, instances: int = 1, force: bool = False) -> EntryReport:
+    """Write ``REPO/NAME`` for the engine in ``engine_dir``; raises InputError (bad input) or CheckFailed."""
+    from trtforge.build_engine.onnx_io import sha256_file
+
+    engine = Path(engine_dir)
+    check_model_name(name)
+    if version < 1:
+        raise InputError(f"--version {version}: Triton version folders are integers >= 1")
+    manifest = load_manifest(engine)
+    plan_src = _plan_path(engine, manifest)
+    cfg = plan_config(manifest, name, max_batch=max_batch, instances=instances)
+    backend = manifest.get("backend", {}) if isinstance(manifest.get("backend"), dict) else {}
+    header = (f"Written by 'trtforge triton' from {engine.name}/manifest.json (backend {backend.get('name', '?')} "
+              f"{backend.get('version', '?')}, profile {manifest.get('profile', '?')}, precision "
+              f"{manifest.get('precision', '?')}).")
+    text = render(cfg, header)
+    _, problems = validate_text(text, manifest, expected_name=name)
+    if problems:  # a trtforge bug, never a user error: refuse to write a config Triton would reject
+        raise CheckFailed("generated config.pbtxt is invalid: " + "; ".join(p.format("config.pbtxt") for p in problems))
+
+    repo_path = Path(repo)
+    if repo_path.exists() and not repo_path.is_dir():
+        raise InputError(f"--repo {repo}: exists and is not a folder; choose a repository folder")
+    repo_path.mkdir(parents=True, exist_ok=True)
+    dest = repo_path / name
+    want_sha = manifest.get("plan_sha256")
+    with fsutil.atomic_dir(dest, force=force) as tmp:
+        (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
+        vdir = tmp / str(version)
+        vdir.mkdir()
+        shutil.copyfile(plan_src, vdir / "model.plan")
+        shutil.copyfile(engine / "manifest.json", vdir / "manifest.json")
+        if isinstance(want_sha, str) and sha256_file(vdir / "model.plan") != want_sha:
+            raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was changed "
+                             "after the build); rebuild the engine with 'trtforge build'")
+    return EntryReport(dest, cfg, (version,))
+
+
+def _versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def check_entry(model_dir: str | Path) -> EntryReport:
+    """Validate an existing ``REPO/NAME``. Raises InputError if it is not a model folder, CheckFailed if broken."""
+    from trtforge.build_engine.onnx_io import sha256_file
+
+    mdir = Path(model_dir)
+    if not mdir.is_dir():
+        raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model")
+    check_model_name(mdir.resolve().name)
+    cfg_path = mdir / "config.pbtxt"
+    if not cfg_path.is_file():
+        raise CheckFailed(f"{cfg_path}: missing; write it with 'trtforge triton ENGINE --repo REPO --name NAME'")
+    try:
+        text = cfg_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckFailed(f"{cfg_path}: unreadable ({exc})") from exc
+    versions = _versions(mdir)
+    problems: list[str] = []
+    manifest: dict[str, Any] | None = None
+    if not versions:
+        problems.append(f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); Triton will load nothing")
+    else:
+        man_path = mdir / str(versions[-1]) / "manifest.json"
+        if man_path.is_file():
+            try:
+                manifest = load_manifest(man_path.parent)
+            except InputError as exc:
+                problems.append(str(exc))
+    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name)
+    problems += [p.format(str(cfg_path)) for p in found]
+    plan_name = (proto.default_model_filename if proto is not None and proto.default_model_filename
+                 else "model.plan")
+    for v in versions:
+        plan = mdir / str(v) / plan_name
+        if not plan.is_file():
+            problems.append(f"{plan}: missing; Triton cannot load version {v}")
+        elif v == versions[-1] and manifest is not None and isinstance(manifest.get("plan_sha256"), str) \
+                and sha256_file(plan) != manifest["plan_sha256"]:
+            problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    from trtforge.build_engine.triton_config import config_from_proto
+
+    return EntryReport(mdir, config_from_proto(proto), tuple(versions))
+
+
+__all__ = ["EntryReport", "Problem", "check_entry", "validate_manifest", "write_entry"]

@@ -1,0 +1,202 @@
+"""Validate a Triton ``config.pbtxt`` for a trtforge engine.
+
+Two layers, both reporting ``Problem(line, reason)``:
+
+1. Parsing with the ``ModelConfig`` protobuf that ``tritonclient`` ships (``google.protobuf.text_format.Parse``):
+   unknown fields, bad enum values and syntax errors are rejected with protobuf's own line number.
+2. Rules parsing cannot see: platform, ``max_batch_size`` against the engine's batch range, preferred batch sizes
+   within ``1..max_batch_size``, dynamic batching only when batching, data types TensorRT can bind and equal to the
+   manifest's, tensor names equal to the manifest's, ``dims`` equal to the manifest's shapes (minus the batch
+   dimension when ``max_batch_size > 0``), GPU instance groups whose ``profile`` indices exist in the engine.
+
+Line numbers for rule problems are found by locating the offending field in the text (protobuf's Python text
+parser keeps no positions); when a field cannot be located the line is 0 and the message still names the field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge.build_engine.triton_config import DTYPE_TO_TRITON, engine_max_batch
+
+# TensorRT cannot bind these (strings) or they are not data types at all.
+_UNBINDABLE = {"TYPE_INVALID", "TYPE_STRING"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation failure: 1-based line in config.pbtxt (0 = not located) and a one-line reason."""
+
+    line: int
+    reason: str
+
+    def format(self, source: str) -> str:
+        return f"{source}:{self.line}: {self.reason}" if self.line else f"{source}: {self.reason}"
+
+
+def parse_config(text: str) -> tuple[Any, list[Problem]]:
+    """Parse with tritonclient's ModelConfig; unknown fields are rejected. Returns (proto or None, problems)."""
+    from google.protobuf import text_format  # lazy
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    proto = pb.ModelConfig()
+    try:
+        text_format.Parse(text, proto)
+    except text_format.ParseError as exc:
+        line = exc.GetLine() or 0
+        msg = str(exc)
+        msg = re.sub(r"^\d+:\d+ : ", "", msg)
+        return None, [Problem(line, " ".join(msg.split()))]
+    return proto, []
+
+
+def _line_of(text: str, pattern: str, after: int = 0) -> int:
+    """1-based line of the first regex match at or after character offset ``after`` (0 if none)."""
+    m = re.compile(pattern, re.M).search(text, after)
+    return text.count("\n", 0, m.start()) + 1 if m else 0
+
+
+def _offset_of_line(text: str, line: int) -> int:
+    if line <= 1:
+        return 0
+    idx = -1
+    for _ in range(line - 1):
+        idx = text.find("\n", idx + 1)
+        if idx < 0:
+            return len(text)
+    return idx + 1
+
+
+def _tensor_line(text: str, kind: str, name: str) -> int:
+    """Line of ``name: "<name>"`` inside the first ``input``/``output`` section that holds it."""
+    start = _line_of(text, rf"^\s*{kind}\b")
+    quoted = re.escape(name)
+    line = _line_of(text, rf"\bname\s*:\s*[\"']{quoted}[\"']", _offset_of_line(text, start))
+    return line or start
+
+
+def _platform_rules(proto: Any, text: str) -> list[Problem]:
+    ok = proto.platform == "tensorrt_plan" or (not proto.platform and proto.backend == "tensorrt")
+    if ok:
+        return []
+    return [Problem(_line_of(text, r"^\s*(platform|backend)\b"),
+                    f"platform {proto.platform!r} / backend {proto.backend!r}: a TensorRT engine needs "
+                    "platform: \"tensorrt_plan\"")]
+
+
+def _batch_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list[Problem]:
+    out: list[Problem] = []
+    mbs = proto.max_batch_size
+    mbs_line = _line_of(text, r"\bmax_batch_size\b")
+    if mbs < 0:
+        out.append(Problem(mbs_line, f"max_batch_size {mbs} is negative; use 0 (no batching) or a positive size"))
+    if manifest is not None and mbs > 0:
+        emax = engine_max_batch(manifest)
+        if emax == 0:
+            out.append(Problem(mbs_line, f"max_batch_size {mbs} but the engine's first dimension is not a dynamic "
+                                         "batch dimension admitting batch 1; use max_batch_size: 0 and full dims"))
+        elif mbs > emax:
+            out.append(Problem(mbs_line, f"max_batch_size {mbs} exceeds the engine's largest batch {emax} (its "
+                                         "optimization profiles); lower it or rebuild the engine"))
+    if proto.HasField("dynamic_batching"):
+        db = proto.dynamic_batching
+        db_line = _line_of(text, r"\bdynamic_batching\b")
+        if mbs <= 0:
+            out.append(Problem(db_line, "dynamic_batching needs max_batch_size > 0; remove it or set max_batch_size"))
+        for size in db.preferred_batch_size:
+            if size < 1 or (mbs > 0 and size > mbs):
+                line = _line_of(text, rf"\bpreferred_batch_size\s*:\s*\[?[^\]\n]*(?<![\d-]){size}(?!\d)",
+                                _offset_of_line(text, db_line))
+                out.append(Problem(line or db_line, f"preferred_batch_size {size} is outside 1..max_batch_size "
+                                                    f"({mbs}); Triton rejects it"))
+    return out
+
+
+def _tensor_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list[Problem]:
+    from tritonclient.grpc import model_config_pb2 as pb  # lazy
+
+    out: list[Problem] = []
+    skip = 1 if proto.max_batch_size > 0 else 0
+    for kind, items, mkey in (("input", proto.input, "inputs"), ("output", proto.output, "outputs")):
+        seen: set[str] = set()
+        expected = {t["name"]: t for t in manifest[mkey]} if manifest is not None else {}
+        for t in items:
+            line = _tensor_line(text, kind, t.name)
+            dtype = pb.DataType.Name(t.data_type)
+            if t.name in seen:
+                out.append(Problem(line, f"{kind} {t.name!r} is listed twice"))
+            seen.add(t.name)
+            if dtype in _UNBINDABLE:
+                out.append(Problem(_line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT "
+                                         "engine; use the manifest's type"))
+            if any(d < -1 for d in t.dims):
+                out.append(Problem(line, f"{kind} {t.name!r}: dims {list(t.dims)} may only hold -1 or sizes >= 0"))
+            if manifest is None:
+                continue
+            m = expected.get(t.name)
+            if m is None:
+                out.append(Problem(line, f"{kind} {t.name!r} is not an {kind} of the engine (manifest has "
+                                         f"{sorted(expected)}); use the engine's tensor names"))
+                continue
+            want_type = DTYPE_TO_TRITON[m["dtype"]]
+            if dtype != want_type:
+                tl = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
+                out.append(Problem(tl, f"{kind} {t.name!r}: data_type {dtype} but the engine's tensor is "
+                                         f"{m['dtype']} ({want_type})"))
+            want_dims = list(m["shape"][skip:])
+            if skip and (not m["shape"] or m["shape"][0] != -1):
+                out.append(Problem(line, f"{kind} {t.name!r}: max_batch_size > 0 but the engine's first dimension "
+                                         f"is {m['shape'][:1]}, not a dynamic batch dimension"))
+            elif list(t.dims) != want_dims:
+                what = "without the batch dimension" if skip else "(max_batch_size 0: full shape)"
+                dl = _line_of(text, r"\bdims\b", _offset_of_line(text, line)) or line
+                out.append(Problem(dl, f"{kind} {t.name!r}: dims {list(t.dims)} do not match the engine's "
+                                       f"{want_dims} {what}"))
+        if manifest is not None and kind == "input":
+            missing = [n for n in expected if n not in seen]
+            if missing:
+                out.append(Problem(_line_of(text, r"^\s*input\b"),
+                                   f"engine input(s) {missing} missing from the config; Triton must bind every input"))
+    return out
+
+
+def _instance_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list[Problem]:
+    from tritonclient.grpc import model_config_pb2 as pb  # lazy
+
+    out: list[Problem] = []
+    n_prof = int(manifest.get("optimization_profiles", 1)) if manifest is not None else None
+    start = _offset_of_line(text, _line_of(text, r"^\s*instance_group\b"))
+    for g in proto.instance_group:
+        kind = pb.ModelInstanceGroup.Kind.Name(g.kind)
+        gline = _line_of(text, r"\bkind\s*:", start) or _line_of(text, r"^\s*instance_group\b")
+        if kind not in ("KIND_GPU", "KIND_AUTO"):
+            out.append(Problem(gline, f"instance_group kind {kind}: a TensorRT engine runs only on GPU; use KIND_GPU"))
+        if g.count < 0:
+            out.append(Problem(gline, f"instance_group count {g.count} is negative"))
+        for p in g.profile:
+            valid = p.isdigit() and (n_prof is None or int(p) < n_prof)
+            if not valid:
+                pline = _line_of(text, rf"\bprofile\s*:[^\n]*[\"']{re.escape(p)}[\"']", start) or gline
+                have = f"0..{n_prof - 1}" if n_prof else "non-negative integers"
+                out.append(Problem(pline, f"instance_group profile {p!r} does not exist; the engine's optimization "
+                                          f"profiles are {have}"))
+        start = _offset_of_line(text, gline + 1)
+    return out
+
+
+def validate_text(text: str, manifest: dict[str, Any] | None = None,
+                  expected_name: str | None = None) -> tuple[Any, list[Problem]]:
+    """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems)."""
+    proto, problems = parse_config(text)
+    if proto is None:
+        return None, problems
+    if expected_name is not None and proto.name and proto.name != expected_name:
+        problems.append(Problem(_line_of(text, r"^\s*name\b"), f"name {proto.name!r} differs from the model folder "
+                                                               f"{expected_name!r}; Triton requires them equal"))
+    problems += _platform_rules(proto, text)
+    problems += _batch_rules(proto, text, manifest)
+    problems += _tensor_rules(proto, text, manifest)
+    problems += _instance_rules(proto, text, manifest)
+    return proto, sorted(problems, key=lambda p: p.line)
