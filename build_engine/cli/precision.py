@@ -1,0 +1,46 @@
+"""``trtforge precision IN.onnx -o OUT.onnx --to fp16|bf16 [--report R.json]``."""
+
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from collections.abc import Sequence
+from typing import Any
+
+from trtforge.build_engine.cli._common import make_parser, run_command
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser(
+        "trtforge precision",
+        "Convert float32 tensors and initializers to fp16 or bf16, keeping numerically sensitive ops (norms, "
+        "softmax, reductions, Pow/Exp/Sqrt, rotary Sin/Cos) in fp32 and the graph's I/O dtypes, then fold Casts.",
+    )
+    p.add_argument("input", help="input .onnx model")
+    p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
+    p.add_argument("--to", required=True, choices=["fp16", "bf16"], help="target precision")
+    p.add_argument("--report", help="write the conversion report (JSON) here")
+    p.add_argument("--no-fold", action="store_true", help="skip the fold pipeline after converting")
+    return p
+
+
+def _run(args: Any) -> int:
+    from trtforge.build_engine import fsutil, onnx_io
+    from trtforge.build_engine.precision import convert_precision
+
+    loaded = onnx_io.load(args.input)
+    result = convert_precision(loaded.model, args.to, fold=not args.no_fold)
+    onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+    if args.report:
+        fsutil.write_json(args.report, result.report)
+    r = result.report
+    folded = r.get("fold", {})
+    print(f"{args.output}: {args.to}, {r['nodes_low']} nodes converted, {r['nodes_fp32']} kept in fp32 "
+          f"({', '.join(f'{k} {v}' for k, v in r['kept_fp32_ops'].items()) or 'none'}), "
+          f"{r['casts_inserted']} Casts inserted"
+          + (f", fold {folded.get('nodes_before')} -> {folded.get('nodes_after')} nodes" if folded else ""))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

@@ -1,0 +1,205 @@
+"""fp32 -> fp16 / bf16 conversion for strongly typed TensorRT networks (DESIGN sections 1 and 6).
+
+``convert_precision(model, "fp16"|"bf16")`` rewrites float32 tensors and initializers to the low type, keeps the
+numerically sensitive parts in fp32 (policy and reasons in ``precision_policy``) with Casts around them, keeps the
+graph's input and output dtypes (so the engine's I/O matches the original model), then runs the exact fold
+pipeline so no redundant Cast is left. The input model is not mutated.
+
+Why not onnxconverter-common's ``convert_float_to_float16``: it has no bf16 mode, and it converts index chains
+(``Cast(int -> float) -> Mul(inv_freq) -> Sin/Cos``, ``Cast(Shape) -> Mul -> Cast(int64)``) to fp16, which loses
+rotary angles and shape arithmetic. One converter with one policy serves both types here.
+
+Safety conditions: only top-level nodes are converted (subgraph ops and ops without an ONNX schema stay fp32 and
+untouched); fp16 constants are clipped to +-65504 (an fp32 finite value never becomes inf, except -inf/inf/nan
+which stay what they are); bf16 rounding is round-to-nearest-even (ml_dtypes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from trtforge.build_engine.errors import InputError, ModelError
+from trtforge.build_engine.precision_policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
+
+PRECISIONS = tuple(LOW_TYPES)
+_NO_UPCAST = frozenset({"Cast", "Shape", "Size", "CastLike"})  # ops whose input dtype does not change the result
+_FP16_MAX = float(np.finfo(np.float16).max)
+
+
+@dataclass(frozen=True)
+class PrecisionResult:
+    model: ModelProto
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _value_types(model: ModelProto) -> dict[str, int]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False)
+    except Exception as exc:
+        raise ModelError(f"shape inference failed before precision conversion ({exc}); fix the model") from exc
+    g = inferred.graph
+    types: dict[str, int] = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for init in g.initializer:
+        types[init.name] = init.data_type
+    for node in g.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    types[node.output[0]] = a.t.data_type
+    return types
+
+
+def _constant_tensors(model: ModelProto) -> dict[str, TensorProto]:
+    consts = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    consts[node.output[0]] = a.t
+    return consts
+
+
+def to_low_array(array: np.ndarray, to: str) -> np.ndarray:
+    """float32 -> float16 (finite values clipped to +-65504) or bfloat16 (round to nearest even)."""
+    if to == "fp16":
+        finite = np.isfinite(array)
+        clipped = np.where(finite, np.clip(array, -_FP16_MAX, _FP16_MAX), array)
+        return clipped.astype(np.float16)
+    import ml_dtypes
+
+    return array.astype(ml_dtypes.bfloat16)
+
+
+def _low_tensor(tensor: TensorProto, name: str, to: str) -> TensorProto:
+    array = numpy_helper.to_array(tensor)
+    out = numpy_helper.from_array(to_low_array(array, to), name)
+    return out
+
+
+class _Namer:
+    def __init__(self, model: ModelProto) -> None:
+        g = model.graph
+        self.used = {n for node in g.node for n in [*node.input, *node.output, node.name]}
+        self.used |= {v.name for v in [*g.input, *g.output, *g.initializer]}
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
+                      keep_ops: frozenset[str] = KEEP_OPS) -> PrecisionResult:
+    """Convert ``model`` to ``to`` ("fp16" / "bf16"); see the module docstring. Returns a new model and a report."""
+    if to not in LOW_TYPES:
+        raise InputError(f"unknown precision {to!r}; choose one of {', '.join(PRECISIONS)}")
+    start = time.perf_counter()
+    low = LOW_TYPES[to]
+    src = ModelProto()
+    src.CopyFrom(model)
+    types = _value_types(src)
+    consts = _constant_tensors(src)
+    decisions = decide(src, types, set(consts), to, keep_ops)
+    namer = _Namer(src)
+    new_type = dict(types)
+    down: dict[str, str] = {}   # float32 value -> its low copy (Cast output or converted initializer)
+    up: dict[str, str] = {}     # low value that was float32 -> its float32 copy
+    new_inits: list[TensorProto] = []
+    nodes: list[NodeProto] = []
+    casts = 0
+
+    def lowered(name: str) -> str:
+        nonlocal casts
+        if name not in down:
+            new = namer(f"{name}__{to}")
+            if name in consts:
+                new_inits.append(_low_tensor(consts[name], new, to))
+            else:
+                nodes.append(helper.make_node("Cast", [name], [new], name=namer(f"{new}/Cast"), to=low))
+                casts += 1
+            down[name] = new
+        return down[name]
+
+    def raised(name: str) -> str:
+        nonlocal casts
+        if name not in up:
+            new = namer(f"{name}__fp32")
+            nodes.append(helper.make_node("Cast", [name], [new], name=namer(f"{new}/Cast"), to=FLOAT))
+            casts += 1
+            up[name] = new
+        return up[name]
+
+    for idx, node in enumerate(src.graph.node):
+        d = decisions[idx]
+        if d.mode is Mode.LOW:
+            for i in d.float_inputs:
+                name = node.input[i]
+                if new_type.get(name) == FLOAT:
+                    node.input[i] = lowered(name)
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT:
+                    a.t.CopyFrom(_low_tensor(a.t, a.t.name, to))
+            for name in node.output:
+                if name and new_type.get(name) == FLOAT:
+                    new_type[name] = low
+        elif d.mode is Mode.KEEP and node.op_type not in _NO_UPCAST:
+            for i, name in enumerate(node.input):
+                if name and types.get(name) == FLOAT and new_type.get(name) == low:
+                    node.input[i] = raised(name)
+        nodes.append(node)
+
+    # Keep the graph's output dtypes: a float32 output now produced in the low type gets a Cast back.
+    tail: list[NodeProto] = []
+    for out in src.graph.output:
+        if types.get(out.name) == FLOAT and new_type.get(out.name) == low:
+            inner = namer(f"{out.name}__{to}")
+            for n in nodes:
+                n.input[:] = [inner if x == out.name else x for x in n.input]
+                n.output[:] = [inner if x == out.name else x for x in n.output]
+            tail.append(helper.make_node("Cast", [inner], [out.name], name=namer(f"{out.name}/Cast"), to=FLOAT))
+            casts += 1
+    g = src.graph
+    del g.node[:]
+    g.node.extend([*nodes, *tail])
+    used = {x for n in g.node for x in n.input} | {o.name for o in g.output}
+    kept_inits = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend([*kept_inits, *new_inits])
+    del g.value_info[:]
+    try:
+        converted = onnx.shape_inference.infer_shapes(src, strict_mode=True)
+        onnx.checker.check_model(converted)
+    except Exception as exc:  # a bug in the conversion, not in the user's model
+        raise ModelError(f"precision conversion to {to} produced an invalid model ({exc})") from exc
+    modes = Counter(d.mode.value for d in decisions.values())
+    kept = Counter(model.graph.node[i].op_type for i, d in decisions.items() if d.mode is Mode.KEEP)
+    report: dict[str, Any] = {
+        "to": to,
+        "nodes_low": modes.get("low", 0),
+        "nodes_fp32": modes.get("keep", 0),
+        "nodes_untouched": modes.get("untouched", 0),
+        "kept_fp32_ops": dict(sorted(kept.items())),
+        "casts_inserted": casts,
+        "initializers_converted": len(new_inits),
+    }
+    if fold:
+        from trtforge.build_engine.passes import fold as run_fold
+
+        folded = run_fold(converted)
+        converted = folded.model
+        report["fold"] = folded.report
+    report["seconds"] = round(time.perf_counter() - start, 4)
+    return PrecisionResult(model=converted, report=report)

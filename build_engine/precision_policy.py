@@ -1,0 +1,166 @@
+"""Which nodes of a graph stay in fp32 when it is converted to fp16/bf16 (pure decision, no graph edits).
+
+TensorRT 11 and TensorRT-RTX networks are strongly typed, so an engine's precision is the precision of its ONNX
+tensors. Converting everything overflows or loses too much: an RMSNorm written as ``Pow -> ReduceMean -> Add ->
+Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its normaliser, and rotary angles
+``position * inv_freq`` lose whole radians in fp16 once positions pass ~1000. The policy:
+
+1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32.
+2. ``Cast`` nodes keep their ``to`` type; a Cast to float32 from a non-float (positions, shapes) starts an *index*
+   chain that stays fp32.
+3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
+   fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
+   not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
+   stays fp32.
+4. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
+   schema (custom domains, plugins) and ops with subgraphs stay fp32 and untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+import onnx
+from onnx import NodeProto, TensorProto
+
+FLOAT = TensorProto.FLOAT
+LOW_TYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+
+KEEP_OPS: frozenset[str] = frozenset({
+    "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
+    "BatchNormalization", "LpNormalization", "MeanVarianceNormalization",
+    "Softmax", "LogSoftmax",
+    "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+    "ReduceProd", "CumSum",
+    "Pow", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
+    "Sin", "Cos", "Range",
+})
+HEAVY_OPS: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger"})
+
+
+class Mode(Enum):
+    LOW = "low"          # compute in fp16/bf16: float32 inputs are cast down, float32 outputs become low
+    KEEP = "keep"        # compute in fp32: low inputs that were float32 are cast back up
+    UNTOUCHED = "untouched"  # no float32 tensors involved (or already low): leave as is
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    mode: Mode
+    # Indices of inputs that share the node's float type constraint (converted together with the outputs).
+    float_inputs: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def _schema(node: NodeProto, opset: Mapping[str, int]) -> onnx.defs.OpSchema | None:
+    domain = node.domain if node.domain not in ("", "ai.onnx") else ""
+    version = opset.get(domain)
+    if version is None:
+        return None
+    try:
+        return onnx.defs.get_schema(node.op_type, version, domain)
+    except Exception:  # onnx.defs.SchemaError: unknown op / domain
+        return None
+
+
+def _formal_type_strs(schema: onnx.defs.OpSchema, n_inputs: int) -> list[str]:
+    formals = list(schema.inputs)
+    out = []
+    for i in range(n_inputs):
+        f = formals[min(i, len(formals) - 1)] if formals else None
+        out.append(f.type_str if f is not None else "")
+    return out
+
+
+def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[str, int],
+                    low: int) -> tuple[tuple[int, ...], bool] | None:
+    """Inputs bound to the type constraint of the node's float32 tensors, and whether outputs share it.
+
+    None when the float32 tensors' constraint does not admit the low type (then the node must stay fp32).
+    """
+    low_str = "tensor(float16)" if low == TensorProto.FLOAT16 else "tensor(bfloat16)"
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    in_strs = _formal_type_strs(schema, len(node.input))
+    params: set[str] = set()
+    for i, name in enumerate(node.input):
+        if name and types.get(name) == FLOAT:
+            params.add(in_strs[i])
+    out_formals = list(schema.outputs)
+    for j, name in enumerate(node.output):
+        if name and types.get(name) == FLOAT and out_formals:
+            params.add(out_formals[min(j, len(out_formals) - 1)].type_str)
+    if not params:
+        return (), False
+    for p in params:
+        if p not in allowed or low_str not in allowed[p]:
+            return None
+    idx = tuple(i for i, name in enumerate(node.input) if name and in_strs[i] in params)
+    return idx, True
+
+
+def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
+           keep_ops: frozenset[str] = KEEP_OPS) -> dict[int, NodeDecision]:
+    """Decide a Mode for each top-level node (by index, nodes in topological order)."""
+    low = LOW_TYPES[to]
+    opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+    fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm"
+    out: dict[int, NodeDecision] = {}
+    for idx, node in enumerate(model.graph.node):
+        has_f32 = any(types.get(n) == FLOAT for n in [*node.input, *node.output] if n)
+        if not has_f32:
+            out[idx] = NodeDecision(Mode.UNTOUCHED, reason="no float32 tensors")
+            continue
+        if node.op_type == "Constant":  # low consumers get a converted copy; fp32 consumers keep the original
+            out[idx] = NodeDecision(Mode.KEEP, reason="constant")
+            continue
+        if node.op_type == "Cast":
+            src = types.get(node.input[0])
+            dst = next((a.i for a in node.attribute if a.name == "to"), None)
+            if dst == FLOAT:
+                tag = "index" if src is not None and src not in FLOAT_TYPES else fp32_origin.get(node.input[0], "norm")
+                fp32_origin[node.output[0]] = tag
+            out[idx] = NodeDecision(Mode.KEEP, reason="Cast keeps its target type")
+            continue
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            out[idx] = NodeDecision(Mode.KEEP, reason="has subgraphs (not converted)")
+            _mark(node, types, fp32_origin, "norm")
+            continue
+        schema = _schema(node, opset)
+        if schema is None:
+            out[idx] = NodeDecision(Mode.KEEP, reason="no ONNX schema (custom op): kept fp32")
+            _mark(node, types, fp32_origin, "norm")
+            continue
+        dynamic = [n for n in node.input if n and n not in constants and types.get(n) in FLOAT_TYPES]
+        origins = [fp32_origin.get(n) for n in dynamic]
+        all_fp32 = bool(dynamic) and all(o is not None for o in origins)
+        is_index = all_fp32 and all(o == "index" for o in origins)
+        if node.op_type in keep_ops:
+            decision = NodeDecision(Mode.KEEP, reason="numerically sensitive op")
+            tag = "index" if is_index else "norm"
+        elif all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
+            decision = NodeDecision(Mode.KEEP, reason="inputs computed in fp32")
+            tag = "index" if is_index else "norm"
+        elif node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
+            decision = NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator")
+            tag = "norm"
+        else:
+            bound = _low_constraint(schema, node, types, low)
+            if bound is None:
+                decision = NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}")
+                tag = "norm"
+            else:
+                out[idx] = NodeDecision(Mode.LOW, float_inputs=bound[0], reason="converted")
+                continue
+        out[idx] = decision
+        _mark(node, types, fp32_origin, tag)
+    return out
+
+
+def _mark(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[str, str], tag: str) -> None:
+    for name in node.output:
+        if name and types.get(name) == FLOAT:
+            fp32_origin[name] = tag
