@@ -1,0 +1,220 @@
+"""``build_engine``: ONNX + GPU profile -> ``OUTDIR/model.plan`` + ``manifest.json`` (DESIGN section 6).
+
+Steps, in order, each failing early with one line: pick the backend able to target the profile's compute capability;
+load the model and map the profile's shape ranges onto its inputs (``shapes``); convert precision to the profile's
+dtype (``precision``, which folds); parse with the backend's ONNX parser into a strongly typed network (registering
+trtforge plugins first when the graph has plugin nodes); configure the builder from the profile; build with a
+progress monitor; write the plan, the manifest and the converted ONNX into a temporary folder that replaces OUTDIR
+only when everything succeeded (``fsutil.atomic_dir``).
+
+``BuildTimings`` records where the time went, for ``bench/build.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from trtforge.build_engine import fsutil, onnx_io
+from trtforge.build_engine.backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
+from trtforge.build_engine.errors import BuildError, InputError
+from trtforge.build_engine.manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, TensorInfo, make_manifest
+from trtforge.build_engine.profiles import Profile, load_profile
+from trtforge.build_engine.shapes import InputPlan, plan_shapes
+
+# TensorRT DataType member name -> numpy dtype name (bfloat16/fp8 have no numpy type, so trt.nptype cannot be used).
+_TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
+               "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8_e4m3fn", "INT4": "int4"}
+
+
+@dataclass
+class BuildTimings:
+    """Seconds spent per step; ``own`` are trtforge's steps, ``tensorrt`` TensorRT's parse and build."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.steps[name] = self.steps.get(name, 0.0) + seconds
+
+    @property
+    def tensorrt(self) -> float:
+        return self.steps.get("parse", 0.0) + self.steps.get("build", 0.0)
+
+    @property
+    def total(self) -> float:
+        return sum(self.steps.values())
+
+
+class _Timer:
+    def __init__(self, timings: BuildTimings, name: str) -> None:
+        self.timings, self.name = timings, name
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timings.add(self.name, time.perf_counter() - self.start)
+
+
+def _make_logger(trt: ModuleType) -> Any:
+    class Logger(trt.ILogger):  # type: ignore[name-defined,misc]
+        """Keeps errors for the one-line BuildError; drops TensorRT's warnings/info (they go to --debug users via
+        the BuildError cause chain only when something failed)."""
+
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
+                self.errors.append(" ".join(msg.split()))
+
+    return Logger()
+
+
+def _tensor_info(tensor: Any) -> TensorInfo:
+    dtype = _TRT_DTYPES.get(tensor.dtype.name, tensor.dtype.name.lower())
+    return TensorInfo(tensor.name, dtype, tuple(int(d) for d in tensor.shape))
+
+
+def _create_network(backend: Backend, builder: Any) -> Any:
+    """A strongly typed network: the ONNX tensors' dtypes decide the engine's precision (no FP16/BF16 flags)."""
+    trt = backend.module
+    if backend.is_rtx:
+        return builder.create_network(0)  # TensorRT-RTX networks are always strongly typed
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return builder.create_network(0 if flag is None else 1 << int(flag))
+
+
+def _configure(backend: Backend, builder: Any, network: Any, profile: Profile, plans: list[InputPlan],
+               cc: str) -> Any:
+    trt = backend.module
+    config = builder.create_builder_config()
+    config.builder_optimization_level = profile.builder.optimization_level
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, profile.builder.workspace_mb << 20)
+    config.max_aux_streams = profile.builder.aux_streams
+    if backend.is_rtx:
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(rtx_compute_capability_enum(trt, cc), 0)
+    net_inputs = {network.get_input(i).name for i in range(network.num_inputs)}
+    for k in range(len(profile.shapes)):
+        opt_profile = builder.create_optimization_profile()
+        for plan in plans:
+            if plan.spec.name not in net_inputs:
+                continue  # an input the parser dropped (unused)
+            r = plan.ranges[k]
+            opt_profile.set_shape(plan.spec.name, r.min, r.opt, r.max)
+        config.add_optimization_profile(opt_profile)
+    return config
+
+
+def _plugins_used(model: Any, backend: Backend) -> list[dict[str, str]]:
+    from trtforge.plugins.lora.spec import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+    names = {n.op_type for n in model.graph.node}
+    if PLUGIN_NAME not in names:
+        return []
+    return [{"name": PLUGIN_NAME, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION,
+             "implementation": "python"}]
+
+
+def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
+                 force: bool = False, progress: bool = True, timings: BuildTimings | None = None) -> dict[str, Any]:
+    """Build an engine for ``profile`` into ``out_dir``; returns the manifest (see module docstring)."""
+    start = time.perf_counter()
+    timings = timings if timings is not None else BuildTimings()
+    with _Timer(timings, "prepare"):
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        out = Path(out_dir)
+        if out.exists() and not force:
+            raise InputError(f"{out} already exists; pass --force to replace it or choose another output folder")
+        cc = prof.hardware.compute_capability
+        chosen = select_backend(backend, cc)
+        loaded = onnx_io.load(onnx_path)
+        plans = plan_shapes(loaded.model, prof, str(onnx_path))
+        onnx_sha = onnx_io.sha256_file(onnx_path)
+    with _Timer(timings, "convert"):
+        from trtforge.build_engine.precision import convert_precision
+
+        converted = convert_precision(loaded.model, prof.precision.dtype, fold=False)
+    with _Timer(timings, "fold"):
+        from trtforge.build_engine.passes import fold
+
+        model = fold(converted.model).model
+    trt = chosen.module
+    with fsutil.atomic_dir(out, force=force) as tmp:
+        _umask_mode(tmp)
+        with _Timer(timings, "write_onnx"):
+            onnx_path_built = tmp / ONNX_NAME
+            onnx_io.save_model(model, onnx_path_built, external_data=loaded.external_data or None)
+        with _Timer(timings, "parse"):
+            from trtforge.plugins import has_plugin_nodes
+
+            if has_plugin_nodes(model):
+                prepare_plugin_loading(chosen)
+                from trtforge.plugins import register_all
+
+                register_all(trt)
+            logger = _make_logger(trt)
+            builder = trt.Builder(logger)
+            network = _create_network(chosen, builder)
+            parser = trt.OnnxParser(network, logger)
+            if not parser.parse_from_file(str(onnx_path_built)):
+                first = parser.get_error(0) if parser.num_errors else None
+                detail = (f"node {first.node_name() or first.node()!r}: {first.desc()}" if first is not None
+                          else (logger.errors[0] if logger.errors else "unknown error"))
+                raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
+            config = _configure(chosen, builder, network, prof, plans, cc)
+            inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
+            outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
+        with _Timer(timings, "build"):
+            monitor = make_monitor(trt) if progress else None
+            if monitor is not None:
+                config.progress_monitor = monitor
+                monitor.start()
+            try:
+                serialized = builder.build_serialized_network(network, config)
+            finally:
+                if monitor is not None:
+                    monitor.stop()
+            if serialized is None:
+                detail = logger.errors[0] if logger.errors else "no error message"
+                raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
+                                 f"{prof.name!r} (compute capability {cc}): {detail}")
+        with _Timer(timings, "write_plan"):
+            plan_bytes = bytes(serialized)
+            (tmp / PLAN_NAME).write_bytes(plan_bytes)
+            manifest = make_manifest(
+                backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
+                precision=prof.precision.dtype, compute_capabilities=_built_ccs(chosen, cc),
+                inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model, chosen),
+                onnx_sha256=onnx_sha, plan_sha256=hashlib.sha256(plan_bytes).hexdigest(),
+                build_seconds=time.perf_counter() - start,
+            )
+            fsutil.write_json(tmp / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def _umask_mode(folder: Path) -> None:
+    """mkdtemp makes 0700 folders; an engine folder is read by other users (Triton), so apply the umask instead."""
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(folder, 0o777 & ~mask)
+
+
+def _built_ccs(backend: Backend, cc: str) -> list[str]:
+    from trtforge.build_engine.backend import normalize_cc
+
+    return [normalize_cc(cc)]
+
+
+def make_monitor(trt: ModuleType) -> Any:
+    from trtforge.build_engine.progress import make_progress_monitor
+
+    return make_progress_monitor(trt)

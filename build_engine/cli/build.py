@@ -1,0 +1,41 @@
+"""``trtforge build IN.onnx --profile NAME -o OUTDIR [--backend auto|tensorrt|tensorrt-rtx] [--force]``."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from collections.abc import Sequence
+from typing import Any
+
+from trtforge.build_engine.cli._common import make_parser, run_command
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser(
+        "trtforge build",
+        "Build a TensorRT engine for a GPU profile: precision from the profile, fold, parse, optimization profiles "
+        "from the profile's shape ranges; writes OUTDIR/model.plan, OUTDIR/manifest.json and OUTDIR/model.onnx.",
+    )
+    p.add_argument("input", help="input .onnx model")
+    p.add_argument("--profile", required=True, help="GPU profile name (a10, a100, h100) or path to a .toml")
+    p.add_argument("-o", "--output", required=True, help="output folder (must not exist unless --force)")
+    p.add_argument("--backend", default="auto", choices=["auto", "tensorrt", "tensorrt-rtx"],
+                   help="TensorRT flavour (auto: full TensorRT if it can target the GPU, else TensorRT-RTX)")
+    p.add_argument("--force", action="store_true", help="replace OUTDIR if it exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def _run(args: Any) -> int:
+    from trtforge.build_engine.builder import build_engine
+
+    m = build_engine(args.input, args.profile, args.output, backend=args.backend, force=args.force,
+                     progress=not args.no_progress)
+    ins = ", ".join(f"{i['name']} {i['dtype']} {i['min']}..{i['max']}" for i in m["inputs"])
+    print(f"{args.output}: {m['backend']['name']} {m['backend']['version']} engine for {m['profile']} "
+          f"(sm {', '.join(m['compute_capabilities'])}, {m['precision']}, {m['optimization_profiles']} optimization "
+          f"profiles; inputs {ins}) in {m['build_seconds']:.2f} s")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

@@ -1,0 +1,168 @@
+"""Map a GPU profile's batch/sequence ranges onto a model's inputs (pure data: no TensorRT here).
+
+Each graph input dimension is one of:
+
+- static (an integer): it must lie inside every optimization profile's range for the axis it sits on (batch or
+  sequence), else the model cannot serve the profile and the build is refused (a static sequence length smaller than
+  the profile's minimum, a static batch outside the batch range);
+- batch or sequence: recognised by its ``dim_param`` name (``batch``, ``batch_size``; ``sequence``, ``seq_len``,
+  ...) or, for an unnamed / unrecognised dynamic dimension, by position: dim 0 is batch, dim 1 is sequence for inputs
+  of rank >= 2 with an integer dtype (token ids, positions, masks, slot ids);
+- anything else dynamic is an error naming the input, the dimension and its name.
+
+Dimensions that share a ``dim_param`` get the same values, because TensorRT checks them against each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import ModelProto
+
+from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.profiles import Profile, Range
+
+BATCH_NAMES = frozenset({"batch", "batch_size", "batchsize", "b", "n", "num_sequences"})
+SEQUENCE_NAMES = frozenset({"sequence", "seq", "seq_len", "seqlen", "sequence_length", "s", "tokens", "num_tokens",
+                            "total_sequence_length"})
+_INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+              onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
+
+Dim = int | str | None  # static size, dim_param name, or unknown
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    elem_type: int
+    dims: tuple[Dim, ...]
+
+    @property
+    def dtype(self) -> str:
+        return onnx_dtype_name(self.elem_type)
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    """One optimization profile's shapes for one input."""
+
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    spec: InputSpec
+    axes: tuple[str, ...]          # per dim: "static", "batch" or "sequence"
+    ranges: tuple[ShapeRange, ...]  # one per optimization profile
+
+    @property
+    def dynamic(self) -> bool:
+        return any(a != "static" for a in self.axes)
+
+
+def onnx_dtype_name(elem_type: int) -> str:
+    """ONNX element type -> numpy name (float32, float16, bfloat16, int64, ...)."""
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        return "bfloat16"
+    return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type).name)
+
+
+def model_inputs(model: ModelProto) -> list[InputSpec]:
+    """Graph inputs that are not initializers, with their static sizes or dim_params."""
+    inits = {t.name for t in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims: list[Dim] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        out.append(InputSpec(vi.name, tt.elem_type, tuple(dims)))
+    return out
+
+
+def _axis_of(spec: InputSpec, index: int, dim: Dim) -> str:
+    if isinstance(dim, str):
+        key = dim.strip().lower()
+        if key in BATCH_NAMES:
+            return "batch"
+        if key in SEQUENCE_NAMES:
+            return "sequence"
+    if index == 0:
+        return "batch"
+    if index == 1 and len(spec.dims) >= 2 and spec.elem_type in _INT_TYPES:
+        return "sequence"
+    what = f"named {dim!r}" if isinstance(dim, str) else "unnamed"
+    raise InputError(
+        f"input {spec.name!r} dimension {index} is dynamic ({what}) and is neither batch nor sequence; name it "
+        f"'batch' or 'sequence' in the export, or make it static"
+    )
+
+
+def plan_input(spec: InputSpec, profile: Profile, source: str) -> InputPlan:
+    """Shape ranges of one input for every optimization profile of ``profile`` (see module docstring)."""
+    axes: list[str] = []
+    for i, dim in enumerate(spec.dims):
+        if isinstance(dim, int) and dim > 0:
+            # A static dim on a batch/sequence position must fit the profile's ranges.
+            axis = "static"
+            role = _static_role(spec, i, dim)
+            if role is not None:
+                for sp in profile.shapes:
+                    r: Range = getattr(sp, role)
+                    if not r.min <= dim <= r.max:
+                        raise InputError(
+                            f"{source}: input {spec.name!r} has a static {role} of {dim} (dimension {i}), outside "
+                            f"profile {profile.name!r} shapes {sp.name!r} {role} range {r.min}..{r.max}; export the "
+                            f"model with a dynamic {role} axis or use a profile whose range includes {dim}"
+                        )
+        else:
+            axis = _axis_of(spec, i, dim)
+        axes.append(axis)
+    ranges = []
+    for sp in profile.shapes:
+        mins, opts, maxs = [], [], []
+        for dim, axis in zip(spec.dims, axes, strict=True):
+            if axis == "static":
+                assert isinstance(dim, int)
+                mins.append(dim), opts.append(dim), maxs.append(dim)
+            else:
+                r = getattr(sp, axis)
+                mins.append(r.min), opts.append(r.opt), maxs.append(r.max)
+        ranges.append(ShapeRange(tuple(mins), tuple(opts), tuple(maxs)))
+    return InputPlan(spec=spec, axes=tuple(axes), ranges=tuple(ranges))
+
+
+def _static_role(spec: InputSpec, index: int, dim: int) -> str | None:
+    """Which profile axis a static dim stands for: only integer token-like inputs' dims 0/1 are checked."""
+    if spec.elem_type not in _INT_TYPES or len(spec.dims) < 2:
+        return None
+    return {0: "batch", 1: "sequence"}.get(index)
+
+
+def plan_shapes(model: ModelProto, profile: Profile, source: str = "model") -> list[InputPlan]:
+    """Shape plans for every graph input; raises InputError when the model cannot take the profile's ranges."""
+    if not profile.shapes:
+        raise InputError(f"profile {profile.name!r} has no [[shapes]]; add at least one optimization profile")
+    plans = [plan_input(spec, profile, source) for spec in model_inputs(model)]
+    # Inputs that share a dim_param must agree on its axis.
+    seen: dict[str, tuple[str, str]] = {}
+    for plan in plans:
+        for dim, axis in zip(plan.spec.dims, plan.axes, strict=True):
+            if isinstance(dim, str) and axis != "static":
+                prev = seen.setdefault(dim, (axis, plan.spec.name))
+                if prev[0] != axis:
+                    raise InputError(
+                        f"{source}: dimension {dim!r} is {prev[0]} in input {prev[1]!r} but {axis} in input "
+                        f"{plan.spec.name!r}; give them distinct names in the export"
+                    )
+    return plans
