@@ -278,7 +278,9 @@ def _looks_like_path(name_or_path: str) -> bool:
 def load_profile(name_or_path: str) -> Profile:
     """Load a built-in profile by name (``"a100"``) or a user profile by path; raises ProfileError."""
     text_name = str(name_or_path)
-    if _looks_like_path(text_name):
+    names = list_profiles()
+    # Built-in names win; anything else that looks like a path (or is an existing file) is read as one.
+    if text_name not in names and (_looks_like_path(text_name) or Path(text_name).is_file()):
         path = Path(text_name)
         if not path.is_file():
             raise ProfileError(f"profile file {path} not found; give an existing .toml file or one of: "
@@ -288,7 +290,6 @@ def load_profile(name_or_path: str) -> Profile:
         except OSError as exc:
             raise ProfileError(f"profile file {path}: cannot read it ({exc.strerror})") from exc
         return _parse_bytes(raw, str(path), path.stem)
-    names = list_profiles()
     if text_name not in names:
         near = difflib.get_close_matches(text_name, names, n=1, cutoff=0.4)
         hint = f"did you mean '{near[0]}'? " if near else ""

@@ -43,7 +43,7 @@ def test_builtin_profiles_load() -> None:
     assert "datasheet" in text and "whitepaper" in text
 
 
-def test_custom_path_loads(tmp_path: Path) -> None:
+def test_custom_path_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = _builtin_text("a10").replace('name = "a10"', 'name = "my-a10"').replace("max = 512", "max = 256")
     p = load_profile(str(_write(tmp_path, text)))
     assert isinstance(p, Profile) and p.name == "my-a10"
@@ -51,6 +51,10 @@ def test_custom_path_loads(tmp_path: Path) -> None:
     # Without a name, the file stem names the profile.
     text2 = "\n".join(ln for ln in text.splitlines() if not ln.startswith("name = \"my-a10\""))
     assert load_profile(str(_write(tmp_path, text2, "edge.toml"))).name == "edge"
+    # An existing file given by a bare relative name (no slash, no .toml) is still read as a path.
+    _write(tmp_path, text2, "edge2.conf")
+    monkeypatch.chdir(tmp_path)
+    assert load_profile("edge2.conf").name == "edge2"
 
 
 @pytest.mark.parametrize(("old", "new", "needles"), [
