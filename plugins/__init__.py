@@ -1,0 +1,39 @@
+"""trtforge's TensorRT plugins, one folder each (``lora/``), and the two calls the builder needs.
+
+Nothing here imports TensorRT at import time: ``register_all`` takes the module (``tensorrt`` or ``tensorrt_rtx``)
+the caller already chose.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+
+def register_all(trt_module: ModuleType) -> list[str]:
+    """Register every trtforge plugin creator with ``trt_module``'s plugin registry; idempotent.
+
+    Returns ``namespace::name/version`` of each creator registered (or already registered) in that module.
+    """
+    from trtforge.plugins.lora.trt_plugin import register
+
+    return [register(trt_module)]
+
+
+def has_plugin_nodes(model: Any) -> bool:
+    """True when an ``onnx.ModelProto`` holds a node of any trtforge plugin (main graph or subgraphs)."""
+    from trtforge.plugins.lora import spec
+
+    names = {spec.PLUGIN_NAME}
+
+    def walk(graph: Any) -> bool:
+        for node in graph.node:
+            if node.op_type in names and node.domain in (spec.ONNX_DOMAIN, ""):
+                return True
+            for attr in node.attribute:
+                subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+                if any(walk(g) for g in subs):
+                    return True
+        return False
+
+    return walk(model.graph)

@@ -1,0 +1,70 @@
+"""Small ONNX helpers shared by the inject and decompose passes (type/shape lookup after shape inference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import ModelProto, TensorProto, ValueInfoProto
+
+from trtforge.plugins.lora import spec
+
+DimT = int | str | None  # a dim_value, a dim_param, or unknown
+
+
+@dataclass(frozen=True)
+class ValueType:
+    elem_type: int  # TensorProto.DataType; 0 when unknown
+    shape: tuple[DimT, ...] | None  # None when the rank is unknown
+
+
+def _from_value_info(vi: ValueInfoProto) -> ValueType:
+    tt = vi.type.tensor_type
+    shape: tuple[DimT, ...] | None = None
+    if tt.HasField("shape"):
+        dims: list[DimT] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return ValueType(int(tt.elem_type), shape)
+
+
+def value_types(model: ModelProto) -> dict[str, ValueType]:
+    """Types and shapes of every named value that ONNX shape inference can tell (plugin outputs excepted).
+
+    Runs non-strict inference on a copy, so models holding custom-domain nodes still get what is knowable.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # inference is a best-effort hint; callers fall back to initializer shapes
+        inferred = model
+    g = inferred.graph
+    out: dict[str, ValueType] = {}
+    for vi in [*g.value_info, *g.input, *g.output]:
+        out[vi.name] = _from_value_info(vi)
+    for init in g.initializer:
+        out[init.name] = ValueType(int(init.data_type), tuple(int(d) for d in init.dims))
+    return out
+
+
+def make_input(name: str, elem_type: int, dims: tuple[DimT, ...]) -> ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem_type, [d if d is not None else None for d in dims])
+
+
+def is_plugin_node(node: onnx.NodeProto) -> bool:
+    return node.op_type == spec.PLUGIN_NAME and node.domain in (spec.ONNX_DOMAIN, "")
+
+
+def default_opset(model: ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
+
+
+FLOAT_TYPES = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16", TensorProto.FLOAT: "float32"}

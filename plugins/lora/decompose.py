@@ -1,0 +1,117 @@
+"""The decompose pass: lower every ``LoRAOpPluginDynamic`` node to standard ONNX ops (opset >= 13).
+
+The result runs in onnxruntime, ``onnx.reference``, Polygraphy and any TensorRT without the plugin, so it is the
+reference an engine with the plugin is diffed against. Per node, with ``ids`` the slot ids:
+
+    c = Max(ids, 0)                                  # clamp -1 so Gather stays in range; masked out below
+    per token:     v = MatMul(Unsqueeze(x, -2), Gather(A, c))   -> [..., 1, R]
+                   u = Squeeze(MatMul(v, Gather(B, c)), -2)     -> [..., O]
+    per sequence:  u = MatMul(MatMul(x, Gather(A, c)), Gather(B, c))   (x [B, S, H], ids [B])
+    out = Where(ids >= 0, y + u * Cast(Gather(scales, c), D), y)
+
+Where(..., y) returns y's own bits for slot -1, so a model with every slot at -1 computes exactly what the original
+model computed. Per token vs per sequence comes from the ranks of x and slot_ids (shape inference); a node whose x
+rank is unknown is refused. The gathered per-token pools are [tokens, H, R] tensors: fine for a reference, not fast.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from trtforge.build_engine.errors import InputError
+from trtforge.plugins.lora import spec
+from trtforge.plugins.lora._graph import FLOAT_TYPES, default_opset, is_plugin_node, value_types
+
+
+def _const(name: str, values: list[int]) -> NodeProto:
+    return helper.make_node("Constant", [], [name], name=name,
+                            value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+
+
+def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[NodeProto]:
+    x, y, a, b, ids, scales = node.input
+    out = node.output[0]
+    p = f"{node.name or out}/decomposed"
+    if ids_rank == x_rank - 1 and x_rank in (2, 3):
+        mode = "token"
+    elif x_rank == 3 and ids_rank == 1:
+        mode = "sequence"
+    else:
+        raise InputError(f"x has rank {x_rank} and slot_ids rank {ids_rank}; slot_ids must be x.shape[:-1] (per "
+                         "token) or [batch] with a 3-D x (per sequence)")
+    nodes = [
+        _const(f"{p}/zero", [0]),
+        helper.make_node("Cast", [f"{p}/zero"], [f"{p}/zero_i32"], to=TensorProto.INT32, name=f"{p}/zero_i32"),
+        helper.make_node("Max", [ids, f"{p}/zero_i32"], [f"{p}/ids_c"], name=f"{p}/clamp"),
+        helper.make_node("Gather", [a, f"{p}/ids_c"], [f"{p}/a"], axis=0, name=f"{p}/gather_a"),
+        helper.make_node("Gather", [b, f"{p}/ids_c"], [f"{p}/b"], axis=0, name=f"{p}/gather_b"),
+        helper.make_node("Gather", [scales, f"{p}/ids_c"], [f"{p}/s32"], axis=0, name=f"{p}/gather_s"),
+        helper.make_node("Cast", [f"{p}/s32"], [f"{p}/s"], to=dtype, name=f"{p}/cast_s"),
+        helper.make_node("GreaterOrEqual", [ids, f"{p}/zero_i32"], [f"{p}/on"], name=f"{p}/on"),
+    ]
+    if mode == "token":
+        nodes += [
+            _const(f"{p}/ax_m2", [-2]), _const(f"{p}/ax_m1", [-1]),
+            helper.make_node("Unsqueeze", [x, f"{p}/ax_m2"], [f"{p}/xu"], name=f"{p}/xu"),
+            helper.make_node("MatMul", [f"{p}/xu", f"{p}/a"], [f"{p}/v"], name=f"{p}/shrink"),
+            helper.make_node("MatMul", [f"{p}/v", f"{p}/b"], [f"{p}/u3"], name=f"{p}/expand"),
+            helper.make_node("Squeeze", [f"{p}/u3", f"{p}/ax_m2"], [f"{p}/u"], name=f"{p}/u"),
+            helper.make_node("Unsqueeze", [f"{p}/s", f"{p}/ax_m1"], [f"{p}/sb"], name=f"{p}/sb"),
+            helper.make_node("Unsqueeze", [f"{p}/on", f"{p}/ax_m1"], [f"{p}/mask"], name=f"{p}/mask"),
+        ]
+    else:
+        nodes += [
+            _const(f"{p}/ax_12", [1, 2]),
+            helper.make_node("MatMul", [x, f"{p}/a"], [f"{p}/v"], name=f"{p}/shrink"),
+            helper.make_node("MatMul", [f"{p}/v", f"{p}/b"], [f"{p}/u"], name=f"{p}/expand"),
+            helper.make_node("Unsqueeze", [f"{p}/s", f"{p}/ax_12"], [f"{p}/sb"], name=f"{p}/sb"),
+            helper.make_node("Unsqueeze", [f"{p}/on", f"{p}/ax_12"], [f"{p}/mask"], name=f"{p}/mask"),
+        ]
+    nodes += [
+        helper.make_node("Mul", [f"{p}/u", f"{p}/sb"], [f"{p}/upd"], name=f"{p}/scale"),
+        helper.make_node("Add", [y, f"{p}/upd"], [f"{p}/sum"], name=f"{p}/add"),
+        helper.make_node("Where", [f"{p}/mask", f"{p}/sum", y], [out], name=f"{p}/where"),
+    ]
+    return nodes
+
+
+def decompose(model: ModelProto) -> ModelProto:
+    """A new model with every plugin node of the main graph replaced by standard ops (input not mutated)."""
+    if not any(is_plugin_node(n) for n in model.graph.node):
+        out = ModelProto()
+        out.CopyFrom(model)
+        return out
+    if default_opset(model) < 13:
+        raise InputError(f"decompose needs default-domain opset >= 13 (model has {default_opset(model)}); "
+                         "convert the model with onnx.version_converter first")
+    types = value_types(model)
+    out = ModelProto()
+    out.CopyFrom(model)
+    nodes: list[NodeProto] = []
+    for node in out.graph.node:
+        if not is_plugin_node(node):
+            nodes.append(node)
+            continue
+        where = f"plugin node {node.name or node.output[0]!r}"
+        if len(node.input) != len(spec.INPUT_NAMES):
+            raise InputError(f"{where} has {len(node.input)} inputs; expected {len(spec.INPUT_NAMES)} "
+                             f"({', '.join(spec.INPUT_NAMES)})")
+        spec.LoraFields.from_mapping({a.name: helper.get_attribute_value(a) for a in node.attribute})
+        xt, it = types.get(node.input[0]), types.get(node.input[spec.SLOT_IDS])
+        dt = types.get(node.input[spec.LORA_A]) or types.get(node.input[spec.Y])
+        if xt is None or xt.shape is None or it is None or it.shape is None:
+            raise InputError(f"{where}: the ranks of x and slot_ids are unknown; run shape inference first")
+        if dt is None or dt.elem_type not in FLOAT_TYPES:
+            raise InputError(f"{where}: cannot tell the float dtype of lora_a")
+        try:
+            nodes += _lower(node, len(xt.shape), len(it.shape), dt.elem_type)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc.message}") from exc
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    keep = [imp for imp in out.opset_import if imp.domain != spec.ONNX_DOMAIN]
+    del out.opset_import[:]
+    out.opset_import.extend(keep)
+    onnx.checker.check_model(out)
+    return out

@@ -1,0 +1,171 @@
+"""The inject pass: put a ``LoRAOpPluginDynamic`` node after each target projection and add the pool inputs.
+
+Targets are matched against each MatMul/Gemm's *module path*: the weight initializer's name without ``.weight``
+(``model.layers.0.self_attn.q_proj``) or, when the weight is not a named initializer, the node name's folders
+(``/model/layers.0/self_attn/q_proj/MatMul`` -> ``model.layers.0.self_attn.q_proj``). A target matches when it is
+one dotted component of the path (``q_proj``) or a dotted suffix of it (``self_attn.q_proj``).
+
+Graph inputs added (names from ``spec.input_name``, the same names ``trtforge lora pack`` writes):
+``lora_a.<path>`` [N, H, R] and ``lora_b.<path>`` [N, R, O] in the projection's dtype, ``lora_scales.<path>``
+float32 [N] per target (per target so PEFT ``alpha_pattern``/``rank_pattern`` adapters are expressible), and one
+shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``).
+
+Must not fire (refused with InputError): a Gemm with ``transA``; a projection whose input is not 2-D or 3-D; a
+projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
+``slot_ids`` could not fit them all). Only the main graph is searched (not If/Loop bodies).
+
+The MatMul's output is renamed ``<y>.lora_base`` and the plugin's output takes the original name, so every consumer,
+graph output and value_info keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+from onnx import ModelProto, NodeProto, TensorProto
+
+from trtforge.build_engine.errors import InputError
+from trtforge.plugins.lora import spec
+from trtforge.plugins.lora._graph import FLOAT_TYPES, DimT, ValueType, is_plugin_node, make_input, value_types
+
+
+@dataclass(frozen=True)
+class Site:
+    """One projection to adapt (pure data: the plan the pass then applies)."""
+
+    node_index: int
+    path: str
+    x: str
+    y: str
+    in_features: int
+    out_features: int
+    elem_type: int
+    lead_dims: tuple[DimT, ...]
+
+
+def module_path(node: NodeProto, initializers: set[str]) -> str:
+    weight = node.input[1] if len(node.input) > 1 else ""
+    if weight in initializers and weight.endswith(".weight"):
+        return weight[: -len(".weight")]
+    if node.name:
+        parts = [p for p in node.name.strip("/").split("/") if p]
+        return ".".join(parts[:-1] if len(parts) > 1 else parts)
+    return weight
+
+
+def _matches(path: str, target: str) -> bool:
+    parts = path.split(".")
+    return target in parts or path == target or path.endswith("." + target)
+
+
+def _gemm_attr(node: NodeProto, name: str) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), 0)
+
+
+def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
+    inits = {t.name for t in model.graph.initializer}
+    return [(i, n, module_path(n, inits)) for i, n in enumerate(model.graph.node)
+            if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx")]
+
+
+def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
+    """Find the sites; raises InputError naming what was found when a target matches nothing."""
+    if not targets:
+        raise InputError("no LoRA targets given; pass --targets q_proj,v_proj (module names)")
+    types = value_types(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    already = {n.input[1] for n in model.graph.node if is_plugin_node(n) and len(n.input) > 1}
+    found = projections(model)
+    sites: list[Site] = []
+    for target in targets:
+        hits = [(i, n, p) for i, n, p in found if _matches(p, target)]
+        if not hits:
+            names = sorted({p.split(".")[-1] for _, _, p in found})
+            raise InputError(f"target {target!r} matches no MatMul/Gemm projection; projections found: "
+                             f"{', '.join(names) or 'none'}")
+        for i, node, path in hits:
+            if any(s.node_index == i for s in sites):
+                continue
+            sites.append(_site(i, node, path, types, inits, already))
+    leads = {s.lead_dims for s in sites}
+    if len({len(d) for d in leads}) > 1 or len(leads) > 1 and any(None in d for d in leads):
+        raise InputError(f"target projections have inputs with different leading dims {sorted(map(str, leads))}; "
+                         "one shared lora_slot_ids cannot serve them; choose targets with the same input layout")
+    return sorted(sites, key=lambda s: s.node_index)
+
+
+def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits: dict[str, TensorProto],
+          already: set[str]) -> Site:
+    where = f"projection {node.name or path!r}"
+    if node.output[0] in already:
+        raise InputError(f"{where} already has a {spec.PLUGIN_NAME} node; inject into the original model")
+    x, y = node.input[0], node.output[0]
+    if node.op_type == "Gemm" and _gemm_attr(node, "transA"):
+        raise InputError(f"{where} is a Gemm with transA=1; LoRA needs x as [tokens, in_features]")
+    w = inits.get(node.input[1])
+    h = o = None
+    if w is not None and len(w.dims) == 2:
+        h, o = int(w.dims[0]), int(w.dims[1])
+        if node.op_type == "Gemm" and _gemm_attr(node, "transB"):
+            h, o = o, h
+    xt, yt = types.get(x), types.get(y)
+    if h is None and xt and xt.shape and isinstance(xt.shape[-1], int):
+        h = xt.shape[-1]
+    if o is None and yt and yt.shape and isinstance(yt.shape[-1], int):
+        o = yt.shape[-1]
+    if h is None or o is None:
+        raise InputError(f"{where}: cannot tell in/out features (weight is not a 2-D initializer and shapes are "
+                         "unknown); run shape inference on the model first")
+    elem = (yt.elem_type if yt and yt.elem_type else 0) or (int(w.data_type) if w is not None else 0)
+    if elem not in FLOAT_TYPES:
+        raise InputError(f"{where} has dtype {onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else 'unknown'}; "
+                         f"{spec.PLUGIN_NAME} supports {', '.join(spec.FLOAT_DTYPES)}")
+    if xt is None or xt.shape is None or len(xt.shape) not in (2, 3):
+        rank = "unknown" if xt is None or xt.shape is None else len(xt.shape)
+        raise InputError(f"{where}: input {x!r} must be 2-D or 3-D with a known rank (rank is {rank})")
+    return Site(i, path, x, y, h, o, elem, tuple(xt.shape[:-1]))
+
+
+def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int, *, per_sequence: bool = False,
+           tile: int = spec.DEFAULT_TILE) -> ModelProto:
+    """A new model with a plugin node after each target projection (the input model is not mutated)."""
+    sites = plan(model, targets)
+    lead = sites[0].lead_dims
+    if per_sequence and len(lead) != 2:
+        raise InputError("--per-sequence needs 3-D projection inputs [batch, sequence, hidden]; these are 2-D")
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    taken = {i.name for i in g.input} | {t.name for t in g.initializer}
+    slot_dims = (lead[0],) if per_sequence else lead
+    slot_dims = tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(slot_dims))
+    new_inputs = [make_input(spec.SLOT_IDS_INPUT, TensorProto.INT32, slot_dims)]
+    new_nodes: dict[int, NodeProto] = {}
+    for site in sites:
+        fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features, tile)
+        a, b, sc = (spec.input_name(k, site.path) for k in ("lora_a", "lora_b", "lora_scales"))
+        for name in (a, b, sc):
+            if name in taken:
+                raise InputError(f"the model already has an input or initializer named {name!r}; inject once")
+            taken.add(name)
+        new_inputs += [make_input(a, site.elem_type, (slots, site.in_features, max_rank)),
+                       make_input(b, site.elem_type, (slots, max_rank, site.out_features)),
+                       make_input(sc, TensorProto.FLOAT, (slots,))]
+        base = f"{site.y}.lora_base"
+        g.node[site.node_index].output[0] = base
+        new_nodes[site.node_index] = onnx.helper.make_node(
+            spec.PLUGIN_NAME, [site.x, base, a, b, spec.SLOT_IDS_INPUT, sc], [site.y],
+            name=f"{site.path}/{spec.PLUGIN_NAME}", domain=spec.ONNX_DOMAIN, **fields.as_dict())
+    nodes = []
+    for i, node in enumerate(g.node):
+        nodes.append(node)
+        if i in new_nodes:
+            nodes.append(new_nodes[i])
+    del g.node[:]
+    g.node.extend(nodes)
+    g.input.extend(new_inputs)
+    if not any(imp.domain == spec.ONNX_DOMAIN for imp in out.opset_import):
+        out.opset_import.append(onnx.helper.make_opsetid(spec.ONNX_DOMAIN, 1))
+    return out
