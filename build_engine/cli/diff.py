@@ -1,0 +1,63 @@
+"""``trtforge diff A.onnx B.onnx``: compare two models' outputs through Polygraphy (exit 1 on mismatch).
+
+    trtforge diff A.onnx B.onnx [--precision fp32|fp16|bf16] [--atol X] [--rtol Y] [--seed S]
+                  [--shape NAME:D0,D1 ...] [--save R.json] [--ort-optimize]
+
+Exit codes: 0 every output within tolerance; 1 some output differs; 2 bad input (missing file, different
+input/output names, bad --shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command, stdout_console
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge diff", "Compare two models' outputs on the same seeded random inputs through "
+                                     "Polygraphy's Comparator (onnxruntime runners; plugin nodes are decomposed).")
+    p.add_argument("a", metavar="A", help="first model (.onnx; or an engine folder where TensorRT and a GPU exist)")
+    p.add_argument("b", metavar="B", help="second model, compared against A (B is the reference for rtol)")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
+                   help="tolerance preset: fp32 1e-5/1e-5, fp16 atol 1e-2 rtol 1e-3, bf16 atol 5e-2 rtol 1e-2")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance (overrides the preset)")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (overrides the preset); "
+                                                            "--atol 0 --rtol 0 means bitwise equal")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="concrete shape for an input, e.g. input_ids:2,16 (repeatable)")
+    p.add_argument("--save", metavar="R.json", help="save Polygraphy RunResults JSON (plus R.accuracy.json and "
+                                                    "R.summary.json beside it)")
+    p.add_argument("--ort-optimize", action="store_true",
+                   help="let onnxruntime optimize the graphs (off by default so fusions cannot change numerics)")
+    return p
+
+
+def _run(args) -> int:
+    from rich.table import Table
+
+    from trtforge.build_engine.diff import check, parse_shape_args, run_diff, save_results
+
+    result = run_diff(args.a, args.b, precision=args.precision, atol=args.atol, rtol=args.rtol, seed=args.seed,
+                      shapes=parse_shape_args(args.shape), ort_optimize=args.ort_optimize)
+    table = Table(title=f"{args.a} vs {args.b} (atol={result.atol:g}, rtol={result.rtol:g}, seed={result.seed})")
+    for col in ("output", "max abs", "max rel", "mismatches", "pass"):
+        table.add_column(col, justify="left" if col == "output" else "right")
+    for o in result.outputs:
+        table.add_row(o.name, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.mismatches}/{o.total}",
+                      "[green]yes[/green]" if o.passed else "[red]NO[/red]")
+    console = stdout_console()
+    if result.decomposed:
+        console.print(f"decomposed plugin nodes of {', '.join(result.decomposed)} before running")
+    console.print(table)
+    if args.save:
+        saved = save_results(result, args.save)
+        console.print("saved " + ", ".join(str(p) for p in saved))
+    check(result)
+    console.print("[green]outputs match[/green]")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

@@ -1,0 +1,396 @@
+"""Compare two models' outputs through Polygraphy: ``Comparator.run`` over two onnxruntime runners on the same
+seeded random inputs, then ``Comparator.compare_accuracy`` with ``CompareFunc.simple``.
+
+Tolerances (Polygraphy's element-wise rule: an element mismatches only if ``|a-b| > atol`` AND ``|a-b|/|b| > rtol``;
+NaN always mismatches):
+
+=========  ======  ======  ======================================================================
+precision  atol    rtol    why
+=========  ======  ======  ======================================================================
+fp32       1e-5    1e-5    reassociation noise of fp32 accumulations; anything above is a real change
+fp16       1e-2    1e-3    fp16 epsilon is 9.8e-4; a few roundings along a layer stack stay below 1e-2
+bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
+=========  ======  ======  ======================================================================
+
+``atol=rtol=0`` means bitwise: every output must be byte-identical (so -0.0 vs +0.0 and NaN payloads count too).
+
+Inputs: dynamic dims take small sizes (first dim 2, others 4; dims sharing a ``dim_param`` share the size) unless
+``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather`` (through
+Cast/Reshape/Squeeze/Unsqueeze/Flatten/Identity) lie in ``[0, data.shape[axis])`` (token ids below the vocabulary
+size of an embedding), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``. Models with plugin nodes are decomposed to
+standard ONNX ops (``trtforge.plugins.lora.decompose``) into a temporary file first, since onnxruntime cannot run them.
+
+An engine folder (with ``manifest.json``) may be one side where full TensorRT and a GPU exist (Polygraphy's
+``TrtRunner``); that path is thin and not exercised in CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtforge.build_engine.errors import CheckFailed, InputError, ModelError
+
+PRESETS: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-5), "fp16": (1e-2, 1e-3), "bf16": (5e-2, 1e-2)}
+_PASSTHROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+_LORA_OP = "LoRAOpPluginDynamic"
+_DEFAULT_INT_RANGE = (0, 7)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How one graph input is generated: numpy dtype name, concrete shape, inclusive value range."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class OutputDiff:
+    """Per-output comparison numbers (first iteration)."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    mismatches: int
+    total: int
+    passed: bool
+
+
+@dataclass
+class DiffResult:
+    """What ``run_diff`` found; ``run_results``/``accuracy`` are Polygraphy objects (``RunResults``,
+    ``AccuracyResults``) kept for saving."""
+
+    a: str
+    b: str
+    atol: float
+    rtol: float
+    seed: int
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputDiff, ...]
+    decomposed: tuple[str, ...] = ()
+    run_results: Any = field(default=None, repr=False)
+    accuracy: Any = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def summary(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "atol": self.atol, "rtol": self.rtol, "seed": self.seed,
+                "passed": self.passed, "decomposed": list(self.decomposed),
+                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "range": [i.low, i.high]}
+                           for i in self.inputs],
+                "outputs": [o.__dict__ for o in self.outputs]}
+
+
+def tolerances(precision: str, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
+    if precision not in PRESETS:
+        raise InputError(f"--precision {precision!r}: expected one of {', '.join(PRESETS)}")
+    d_atol, d_rtol = PRESETS[precision]
+    atol = d_atol if atol is None else atol
+    rtol = d_rtol if rtol is None else rtol
+    if atol < 0 or rtol < 0 or not np.isfinite(atol) or not np.isfinite(rtol):
+        raise InputError(f"--atol {atol} / --rtol {rtol}: tolerances must be finite and >= 0")
+    return float(atol), float(rtol)
+
+
+def parse_shape_args(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``["input_ids:2,16", "mask:2x16"]`` -> ``{"input_ids": (2, 16), ...}``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d < 0 for d in shape):
+            raise InputError(f"--shape {item!r}: expected NAME:D0,D1,... with non-negative integers")
+        out[name] = shape
+    return out
+
+
+def _graph_inputs(model: Any) -> list[Any]:
+    inits = {i.name for i in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
+def _static_shape(model: Any, name: str) -> tuple[int, ...] | None:
+    for init in model.graph.initializer:
+        if init.name == name:
+            return tuple(init.dims)
+    for vi in model.graph.input:
+        if vi.name == name:
+            dims = vi.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                return tuple(d.dim_value for d in dims)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and name in node.output:
+            for a in node.attribute:
+                if a.name == "value":
+                    return tuple(a.t.dims)
+    return None
+
+
+def _int_range(model: Any, name: str) -> tuple[int, int] | None:
+    """Inclusive valid range for an integer input, from the ops that consume it (see module docstring)."""
+    frontier, seen, best = [name], set(), None
+    while frontier:
+        value = frontier.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for node in model.graph.node:
+            if value not in node.input:
+                continue
+            if node.op_type in _PASSTHROUGH and node.input[0] == value:
+                frontier.extend(node.output)
+            elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                shape = _static_shape(model, node.input[0])
+                if shape and shape[axis] > 0:
+                    hi = shape[axis] - 1
+                    best = (0, hi) if best is None else (0, min(best[1], hi))
+            elif node.op_type == _LORA_OP and len(node.input) > 4 and node.input[4] == value:
+                shape = _static_shape(model, node.input[2])  # lora_a [N, H, R]
+                if shape:
+                    best = (-1, shape[0] - 1) if best is None else (-1, min(best[1], shape[0] - 1))
+    return best
+
+
+def plan_inputs(model: Any, shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[InputSpec, ...]:
+    """Pure planning of the random inputs (dtypes, concrete shapes, value ranges) for a model."""
+    from onnx import helper
+
+    shapes = dict(shapes or {})
+    names = {vi.name for vi in _graph_inputs(model)}
+    unknown = sorted(set(shapes) - names)
+    if unknown:
+        raise InputError(f"--shape names {unknown} are not graph inputs (inputs: {sorted(names)})")
+    by_param: dict[str, int] = {}
+    specs: list[InputSpec] = []
+    for vi in _graph_inputs(model):
+        tt = vi.type.tensor_type
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"input {vi.name!r}: element type {tt.elem_type} is not supported by diff") from exc
+        if vi.name in shapes:
+            shape = shapes[vi.name]
+            if len(shape) != len(tt.shape.dim):
+                raise InputError(f"--shape {vi.name}: rank {len(shape)} but the input has rank {len(tt.shape.dim)}")
+        else:
+            dims = []
+            for i, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value"):
+                    dims.append(d.dim_value)
+                else:
+                    size = 2 if i == 0 else 4
+                    dims.append(by_param.setdefault(d.dim_param, size) if d.dim_param else size)
+            shape = tuple(dims)
+        if dtype == "bool":
+            low, high = 0, 1
+        elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
+            low, high = _int_range(model, vi.name) or _DEFAULT_INT_RANGE
+        else:
+            low, high = -1.0, 1.0
+        specs.append(InputSpec(vi.name, dtype, shape, low, high))
+    return tuple(specs)
+
+
+def _io_names(model: Any) -> tuple[list[str], list[str]]:
+    return sorted(vi.name for vi in _graph_inputs(model)), [o.name for o in model.graph.output]
+
+
+@contextlib.contextmanager
+def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple[str, bool]]:
+    """Yield a path onnxruntime can run: the model itself, or its plugin-free decomposition in ``workdir``."""
+    from trtforge.plugins import has_plugin_nodes
+
+    if not has_plugin_nodes(model):
+        yield str(path), False
+        return
+    from trtforge.build_engine.onnx_io import save_model
+    from trtforge.plugins.lora.decompose import decompose
+
+    out = workdir / f"{tag}.decomposed.onnx"
+    save_model(decompose(model), out)
+    yield str(out), True
+
+
+def _runner(path: str, name: str, optimize: bool) -> Any:
+    if Path(path).is_dir():
+        return _engine_runner(Path(path), name)
+    import onnxruntime as ort
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return OnnxrtRunner(SessionFromOnnx(path, providers=["CPUExecutionProvider"], graph_optimization_level=level),
+                        name=name)
+
+
+def _engine_runner(engine_dir: Path, name: str) -> Any:
+    """Polygraphy TrtRunner over ``engine_dir/model.plan`` (needs full TensorRT and a GPU; not run in CI)."""
+    from trtforge.build_engine.triton_config import load_manifest
+
+    manifest = load_manifest(engine_dir)
+    try:
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+        from polygraphy.backend.common import BytesFromPath
+        from polygraphy.mod.trt_importer import lazy_import_trt
+    except ImportError as exc:
+        raise InputError(f"{engine_dir}: comparing an engine needs polygraphy's TensorRT backend ({exc})") from exc
+    trt = lazy_import_trt()
+    if manifest.get("plugins"):
+        from trtforge.plugins import register_all
+
+        register_all(trt)
+    return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest["plan"]))), name=name)
+
+
+def _load(path: Path) -> Any:
+    from trtforge.build_engine.onnx_io import load_model
+
+    if path.is_dir():
+        return None
+    return load_model(path)
+
+
+def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, poly_pass: bool) -> OutputDiff:
+    if a.shape != b.shape:
+        return OutputDiff(name, float("inf"), float("inf"), max(a.size, b.size), max(a.size, b.size), False)
+    if a.dtype == np.bool_ or b.dtype == np.bool_:
+        absd = (a != b).astype(np.float64)
+    else:
+        absd = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    denom = np.abs(b.astype(np.float64)) if b.dtype != np.bool_ else np.ones_like(absd)
+    reld = absd / np.where(denom == 0, np.finfo(np.float64).eps, denom)
+    mism = ((absd > atol) | np.isnan(absd)) & ((reld > rtol) | np.isnan(reld))
+    passed = poly_pass and not bool(mism.any())
+    if atol == 0 and rtol == 0:  # bitwise
+        same = a.dtype == b.dtype and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+        passed = passed and same
+    return OutputDiff(name, float(np.nanmax(absd)) if absd.size else 0.0,
+                      float(np.nanmax(reld)) if reld.size else 0.0, int(mism.sum()), int(a.size), passed)
+
+
+def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: float | None = None,
+             rtol: float | None = None, seed: int = 0, shapes: Mapping[str, tuple[int, ...]] | None = None,
+             ort_optimize: bool = False) -> DiffResult:
+    """Compare models ``a`` and ``b`` (ONNX files; or engine folders where TensorRT and a GPU exist)."""
+    atol, rtol = tolerances(precision, atol, rtol)
+    pa, pb = Path(a), Path(b)
+    for p in (pa, pb):
+        if not p.exists():
+            raise InputError(f"{p}: not found; give an ONNX model (or an engine folder)")
+    ma, mb = _load(pa), _load(pb)
+    ref = ma if ma is not None else mb
+    if ref is None:
+        raise InputError("diff needs at least one ONNX model to derive inputs from; both sides are engine folders")
+    if ma is not None and mb is not None:
+        (ia, oa), (ib, ob) = _io_names(ma), _io_names(mb)
+        if ia != ib or sorted(oa) != sorted(ob):
+            raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
+                             f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names")
+    specs = plan_inputs(ref, shapes)
+    name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
+    with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:
+        paths, decomposed = [], []
+        for p, m, tag in ((pa, ma, "a"), (pb, mb, "b")):
+            if m is None:
+                paths.append(str(p))
+                continue
+            run_path, dec = stack.enter_context(_runnable(p, m, Path(tmp), tag))
+            paths.append(run_path)
+            if dec:
+                decomposed.append(str(p))
+        run_results, accuracy = _compare(paths, (name_a, name_b), specs, seed, atol, rtol, ort_optimize)
+    out_a, out_b = run_results[name_a][0], run_results[name_b][0]
+    verdicts = accuracy[0][(name_a, name_b)][0]
+    diffs = tuple(_output_diff(n, np.asarray(out_a[n]), np.asarray(out_b[n]), atol, rtol, bool(verdicts[n]))
+                  for n in out_a.keys() if n in out_b.keys())
+    return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy)
+
+
+def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[InputSpec], seed: int, atol: float,
+             rtol: float, optimize: bool) -> tuple[Any, Any]:
+    from polygraphy.common import TensorMetadata
+    from polygraphy.comparator import Comparator, DataLoader
+    from polygraphy.exception import PolygraphyException
+
+    meta = TensorMetadata()
+    for s in specs:
+        meta.add(s.name, np.dtype(s.dtype) if s.dtype != "bfloat16" else None, s.shape)
+    with quiet_polygraphy():
+        loader = DataLoader(seed=seed, iterations=1, input_metadata=meta,
+                            val_range={s.name: (s.low, s.high) for s in specs})
+        runners = [_runner(p, n, optimize) for p, n in zip(paths, names)]
+        try:
+            results = Comparator.run(runners, data_loader=loader)
+        except (PolygraphyException, Exception) as exc:
+            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {exc}; check the models run in onnxruntime "
+                             "and pass --shape for inputs whose size matters") from exc
+        func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True)
+        accuracy = Comparator.compare_accuracy(results, compare_func=func)
+    return results, accuracy
+
+
+def _simple_compare(**kwargs: Any) -> Any:
+    """Polygraphy's simple comparison: ``SimpleCompareFunc`` (0.53+) or ``CompareFunc.simple`` (older, and
+    deprecated from 0.53 on)."""
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+    except ImportError:
+        from polygraphy.comparator import CompareFunc
+
+        return CompareFunc.simple(**kwargs)
+    return SimpleCompareFunc(**kwargs)
+
+
+@contextlib.contextmanager
+def quiet_polygraphy() -> Iterator[None]:
+    """Silence Polygraphy's logger (trtforge prints its own table); errors still surface as exceptions."""
+    from polygraphy.logger import G_LOGGER
+
+    old_sev, old_colors = G_LOGGER.module_severity, G_LOGGER.colors
+    G_LOGGER.colors = False  # also skips the "'colored' module is not installed" notice
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL + 1
+    try:
+        yield
+    finally:
+        G_LOGGER.module_severity, G_LOGGER.colors = old_sev, old_colors
+
+
+def save_results(result: DiffResult, path: str | Path) -> list[Path]:
+    """``path``: Polygraphy ``RunResults`` JSON (``RunResults.load`` / ``polygraphy inspect data`` read it);
+    ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
+    from trtforge.build_engine import fsutil
+
+    dest = Path(path)
+    acc = dest.with_name(dest.stem + ".accuracy.json")
+    summ = dest.with_name(dest.stem + ".summary.json")
+    with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp:
+        result.run_results.save(str(tmp))
+    with quiet_polygraphy(), fsutil.atomic_path(acc) as tmp:
+        result.accuracy.save(str(tmp))
+    fsutil.write_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name})
+    return [dest, acc, summ]
+
+
+def check(result: DiffResult) -> None:
+    """Raise CheckFailed (exit 1) naming the mismatching outputs."""
+    bad = [o for o in result.outputs if not o.passed]
+    if bad:
+        raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs differ beyond atol={result.atol} "
+                          f"rtol={result.rtol}: " + ", ".join(f"{o.name} (max abs {o.max_abs:.3g}, "
+                                                               f"{o.mismatches}/{o.total} mismatched)" for o in bad))

@@ -1,0 +1,148 @@
+"""trtforge diff: real Polygraphy Comparator runs over real onnxruntime sessions on tiny models built here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from trtforge_testing import assert_one_line_error
+
+VOCAB, HIDDEN, OUT = 37, 8, 12
+
+
+def _model(seed: int, *, scale: float = 1.0, in_name: str = "input_ids") -> onnx.ModelProto:
+    """Embedding (Gather) -> MatMul -> Tanh, plus a second float input; dynamic batch/sequence."""
+    rng = np.random.default_rng(seed)
+    emb = numpy_helper.from_array(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32), "emb")
+    w = numpy_helper.from_array((rng.standard_normal((HIDDEN, OUT)) * scale).astype(np.float32), "w")
+    nodes = [helper.make_node("Gather", ["emb", in_name], ["e"]),
+             helper.make_node("Add", ["e", "bias"], ["eb"]),
+             helper.make_node("MatMul", ["eb", "w"], ["h"]),
+             helper.make_node("Tanh", ["h"], ["logits"]),
+             helper.make_node("ReduceSum", ["h"], ["total"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(in_name, TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", OUT]),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, [])], [emb, w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _perturb(model: onnx.ModelProto, name: str, index: int, delta: float) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name == name:
+            arr = numpy_helper.to_array(init).copy()
+            arr.flat[index] += delta
+            init.CopyFrom(numpy_helper.from_array(arr, name))
+    return out
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Path, Path, Path]:
+    seed = int(np.random.default_rng().integers(1 << 30))
+    a, copy, bad = tmp_path / "a.onnx", tmp_path / "copy.onnx", tmp_path / "bad.onnx"
+    model = _model(seed)
+    onnx.save(model, a)
+    copy.write_bytes(a.read_bytes())
+    # one weight element changed: every token whose embedding row hits it differs
+    onnx.save(_perturb(model, "w", 3, 0.5), bad)
+    return a, copy, bad
+
+
+def test_equal_bitwise_and_perturbed(pair, cli) -> None:
+    a, copy, bad = pair
+    res = cli("diff", a, copy, "--atol", "0", "--rtol", "0", "--seed", "7")
+    assert res.code == 0, res.err
+    assert "logits" in res.out and "total" in res.out and "outputs match" in res.out
+    res = cli("diff", a, bad)
+    assert_one_line_error(res, 1, "logits", "differ")
+    assert "NO" in res.out
+
+
+def test_tolerance_presets_decide(tmp_path: Path, cli) -> None:
+    """A relative change of 1e-4 on one weight fails fp32 and passes the fp16 preset."""
+    model = _model(3)
+    w0 = float(numpy_helper.to_array(model.graph.initializer[1]).flat[0])
+    onnx.save(model, tmp_path / "a.onnx")
+    onnx.save(_perturb(model, "w", 0, abs(w0) * 1e-4 + 1e-6), tmp_path / "b.onnx")
+    assert cli("diff", tmp_path / "a.onnx", tmp_path / "b.onnx").code == 1
+    assert cli("diff", tmp_path / "a.onnx", tmp_path / "b.onnx", "--precision", "fp16").code == 0
+
+
+def test_api_numbers_match_numpy(pair) -> None:
+    from trtforge.build_engine.diff import run_diff
+
+    a, _, bad = pair
+    result = run_diff(a, bad, seed=11, shapes={"input_ids": (3, 5), "bias": (3, 5, HIDDEN)})
+    ids = next(i for i in result.inputs if i.name == "input_ids")
+    assert ids.shape == (3, 5) and (ids.low, ids.high) == (0, VOCAB - 1)  # bounded by the embedding
+    ra, rb = result.run_results[f"A:{a.name}"][0], result.run_results[f"B:{bad.name}"][0]
+    fed = result.run_results[f"A:{a.name}"][0]
+    la, lb = np.asarray(ra["logits"]), np.asarray(rb["logits"])
+    logits = next(o for o in result.outputs if o.name == "logits")
+    assert logits.max_abs == pytest.approx(float(np.abs(la - lb).max()))
+    assert logits.total == la.size == 3 * 5 * OUT
+    assert 0 < logits.mismatches < logits.total and not logits.passed
+    assert fed is not None
+
+
+def test_save_loads_in_polygraphy(pair, tmp_path: Path, cli) -> None:
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import AccuracyResults
+
+    a, copy, _ = pair
+    out = tmp_path / "r.json"
+    assert cli("diff", a, copy, "--save", out).code == 0
+    loaded = RunResults.load(str(out))
+    names = [n for n, _ in loaded]
+    assert names == [f"A:{a.name}", f"B:{copy.name}"]
+    np.testing.assert_array_equal(np.asarray(loaded[names[0]][0]["logits"]),
+                                  np.asarray(loaded[names[1]][0]["logits"]))
+    acc = AccuracyResults.load(str(tmp_path / "r.accuracy.json"))
+    assert bool(acc)
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary["passed"] is True and {o["name"] for o in summary["outputs"]} == {"logits", "total"}
+
+
+def test_bad_inputs_exit_2(pair, tmp_path: Path, cli) -> None:
+    a, _, _ = pair
+    other = tmp_path / "other.onnx"
+    onnx.save(_model(1, in_name="tokens"), other)
+    assert_one_line_error(cli("diff", a, other), 2, "input_ids", "tokens")
+    assert_one_line_error(cli("diff", a, tmp_path / "missing.onnx"), 2, "missing.onnx")
+    assert_one_line_error(cli("diff", a, a, "--shape", "nope:2,3"), 2, "nope")
+    assert_one_line_error(cli("diff", a, a, "--shape", "input_ids"), 2, "--shape")
+    assert_one_line_error(cli("diff", a, a, "--atol", "-1"), 2, "--atol")
+
+
+def test_plugin_models_are_decomposed(tmp_path: Path, cli) -> None:
+    """LoRA-injected models (plugin nodes) are decomposed to standard ops before onnxruntime runs them; the slot
+    ids are drawn from [-1, num_slots), and two copies compare bitwise equal."""
+    inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
+    pytest.importorskip("trtforge.plugins.lora.decompose")
+    from trtforge.build_engine.diff import run_diff
+
+    rng = np.random.default_rng()
+    h, o = 16, 16
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", o])
+    w = numpy_helper.from_array(rng.standard_normal((h, o)).astype(np.float32), "model.layers.0.self_attn.q_proj.weight")
+    node = helper.make_node("MatMul", ["x", w.name], ["y"], name="/model/layers.0/self_attn/q_proj/MatMul")
+    base = helper.make_model(helper.make_graph([node], "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)])
+    lora = inject_mod.inject(base, ["q_proj"], max_rank=4, slots=3)
+    from trtforge.plugins import has_plugin_nodes
+
+    assert has_plugin_nodes(lora)
+    onnx.save(lora, tmp_path / "lora.onnx")
+    onnx.save(lora, tmp_path / "lora2.onnx")
+    result = run_diff(tmp_path / "lora.onnx", tmp_path / "lora2.onnx", atol=0, rtol=0)
+    assert result.passed and len(result.decomposed) == 2
+    slots = next(i for i in result.inputs if i.dtype == "int32")
+    assert (slots.low, slots.high) == (-1, 2)  # slot ids bounded by the pool (num_slots 3), -1 = no adapter
