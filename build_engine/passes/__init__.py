@@ -1,0 +1,12 @@
+"""Exact ONNX graph passes (DESIGN section 4): Cast/Identity folding that never changes an output bit.
+
+Public API: ``fold(model) -> FoldResult(model, report)``. Individual passes live one per module and follow
+``base.GraphPass`` (``call(model) -> PassResult(model, modified)``).
+"""
+
+from __future__ import annotations
+
+from trtforge.build_engine.passes.base import GraphPass, PassResult
+from trtforge.build_engine.passes.pipeline import FoldResult, Pipeline, default_passes, fold
+
+__all__ = ["FoldResult", "GraphPass", "PassResult", "Pipeline", "default_passes", "fold"]

@@ -1,0 +1,41 @@
+"""Shorten an exact chain ``T -> U -> V`` to ``T -> V``."""
+
+from __future__ import annotations
+
+from trtforge.build_engine.passes import dtypes as dt
+from trtforge.build_engine.passes.base import GraphPass
+from trtforge.build_engine.passes.ir import GraphCtx
+
+
+class CollapseCastChain(GraphPass):
+    """``z = Cast(Cast(x, to=U), to=V)`` becomes ``z = Cast(x, to=V)`` when ``U`` embeds ``T`` (the type of ``x``).
+
+    The first Cast is exact, so the second sees exactly the value ``x``; ONNX Cast depends on the value only, so
+    casting ``x`` itself to ``V`` gives the same bits (including float->int truncation and any->bool).
+    Must not fire when:
+    - ``U`` does not embed ``T``: f32->f16->int8 (the fp16 rounding/clamping changes the integer), f64->f32->f16
+      (double rounding), f32->int32->f16 (truncation first);
+    - ``x``'s type is unknown or a ``to`` is a function attribute reference;
+    - ``V == T`` (the round-trip rule removes the pair instead);
+    - the generic ops of this opset cannot take ``T`` (never widens what the graph already casts from: ``x`` is
+      already a Cast input, so this only guards function-attribute cases).
+    """
+
+    name = "cast_chain"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        count = 0
+        for n in ctx.nodes:
+            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
+                continue
+            inner = ctx.producer.get(n.inputs[0])
+            if inner is None or inner.op != "Cast" or not inner.onnx_op or not inner.inputs[0]:
+                continue
+            x = inner.inputs[0]
+            t, u, v = ctx.type_of(x), inner.int_attr("to"), n.int_attr("to")
+            if u is None or v is None or v == t or not dt.embeds(u, t) or t not in dt.KNOWN:
+                continue
+            ctx.set_input(n, 0, x)
+            ctx.rules["cast_chain"] += 1
+            count += 1
+        return count

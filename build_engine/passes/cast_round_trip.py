@@ -1,0 +1,37 @@
+"""Remove an exact round trip ``T -> U -> T``."""
+
+from __future__ import annotations
+
+from trtforge.build_engine.passes import dtypes as dt
+from trtforge.build_engine.passes.base import GraphPass
+from trtforge.build_engine.passes.ir import GraphCtx
+
+
+class CollapseCastRoundTrip(GraphPass):
+    """``z = Cast(Cast(x, to=U), to=T)`` with ``x`` of type ``T``: ``z`` is ``x`` when ``U`` embeds ``T``.
+
+    Must not fire when:
+    - ``U`` does not embed ``T`` (``dtypes.embeds``): fp32->fp16->fp32 rounds and clamps, f32->i32->f32 truncates,
+      i32->f32->i32 rounds above 2**24, bf16<->fp16 loses range or precision, anything->bool->anything collapses;
+    - ``x``'s type is unknown or either ``to`` is a function attribute reference;
+    - ``z`` is a graph output and ``x`` is a graph input / another graph output / initializer / outer value.
+    The inner Cast stays while something else reads it (dead-node elimination removes it otherwise).
+    """
+
+    name = "cast_round_trip"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        count = 0
+        for n in ctx.nodes:
+            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
+                continue
+            inner = ctx.producer.get(n.inputs[0])
+            if inner is None or inner.op != "Cast" or not inner.onnx_op or not inner.inputs[0]:
+                continue
+            x = inner.inputs[0]
+            t, u, t2 = ctx.type_of(x), inner.int_attr("to"), n.int_attr("to")
+            if u is None or t2 is None or t2 != t or not dt.embeds(u, t):
+                continue
+            if ctx.bypass(n, x, "cast_round_trip"):
+                count += 1
+        return count

@@ -1,0 +1,85 @@
+"""The one place that knows which ONNX element types embed which (the safety test of every Cast rule).
+
+``U`` *embeds* ``T`` when every value of ``T`` (including -0.0, +-inf and NaN where ``T`` has them) converts to
+``U`` exactly, and converting back gives the same value. Then ``Cast(Cast(x, U), T) == x`` and
+``Cast(Cast(x, U), V) == Cast(x, V)`` for every ``x`` of type ``T``, because ONNX Cast is a function of the value
+alone. ``tests/build_engine/passes/test_dtypes.py`` proves this table against ``onnx.reference``: exhaustively for
+every 8- and 16-bit type and on boundary plus random values for 32- and 64-bit types, in both directions (every
+entry holds, and every pair that is missing has a counterexample).
+
+Notable non-embeddings: float32 does not embed int32 (2**24 + 1), float16 does not embed bfloat16 (range), bfloat16
+does not embed float16 (precision), no integer type embeds a float type (truncation), bool embeds nothing but itself
+(``Cast(x, bool)`` maps every non-zero to true). Types not listed here (strings, complex, 4-bit types, float8e8m0)
+embed nothing but themselves, so no rule fires on them.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto as TP
+
+B, U8, I8, U16, I16 = TP.BOOL, TP.UINT8, TP.INT8, TP.UINT16, TP.INT16
+U32, I32, U64, I64 = TP.UINT32, TP.INT32, TP.UINT64, TP.INT64
+F16, BF16, F32, F64 = TP.FLOAT16, TP.BFLOAT16, TP.FLOAT, TP.DOUBLE
+E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ = TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ
+
+FLOAT8 = frozenset({E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ})
+FLOATS = frozenset({F16, BF16, F32, F64}) | FLOAT8
+SIGNED = frozenset({I8, I16, I32, I64})
+UNSIGNED = frozenset({U8, U16, U32, U64})
+INTS = SIGNED | UNSIGNED
+#: Every type the table speaks about (the tests enumerate these).
+KNOWN = FLOATS | INTS | {B}
+
+_NUMERIC_NO_BOOL = KNOWN - {B}
+
+#: EMBEDDED_IN[T] = the types U != T that embed T. ONE table; every rule asks ``embeds(U, T)``.
+EMBEDDED_IN: dict[int, frozenset[int]] = {
+    B: frozenset(_NUMERIC_NO_BOOL),  # 0 and 1 are exact everywhere; U -> bool maps 1 back to true
+    I8: frozenset({I16, I32, I64, F16, BF16, F32, F64}),  # |x| <= 128 <= 2**8 (bf16 has 8 significant bits)
+    U8: frozenset({U16, I16, U32, I32, U64, I64, F16, BF16, F32, F64}),
+    I16: frozenset({I32, I64, F32, F64}),  # not fp16 (11 bits) nor bf16 (8 bits)
+    U16: frozenset({U32, I32, U64, I64, F32, F64}),
+    I32: frozenset({I64, F64}),  # not fp32: 2**24 + 1
+    U32: frozenset({U64, I64, F64}),
+    I64: frozenset(),  # not fp64: 2**53 + 1
+    U64: frozenset(),
+    F16: frozenset({F32, F64}),  # not bf16: 65504 > bf16 precision, 2**-24 fine but 1 + 2**-10 not
+    BF16: frozenset({F32, F64}),  # not fp16: range 3.4e38
+    F32: frozenset({F64}),
+    F64: frozenset(),
+    E4M3FN: frozenset({F16, BF16, F32, F64}),
+    E4M3FNUZ: frozenset({F16, BF16, F32, F64}),
+    E5M2: frozenset({F16, BF16, F32, F64}),
+    E5M2FNUZ: frozenset({F16, BF16, F32, F64}),
+}
+
+
+def embeds(u: int, t: int) -> bool:
+    """True when type ``u`` holds every value of type ``t`` exactly (``u == t`` included for known types)."""
+    if u == t:
+        return t != TP.UNDEFINED
+    return u in EMBEDDED_IN.get(t, frozenset())
+
+
+def name(t: int) -> str:
+    """A short readable name (``float16``) for messages and reports."""
+    try:
+        return TP.DataType.Name(t).lower()
+    except ValueError:
+        return f"type{t}"
+
+
+# First default-domain opset at which generic type constraints ("all tensor types") include a type.
+_MIN_OPSET = {BF16: 13} | {t: 19 for t in FLOAT8}
+
+#: Ops whose output holds, element for element, values taken from their first input (no arithmetic), and which
+#: accept every tensor type. Moving a Cast across one of them commutes: Cast(M(x)) == M(Cast(x)).
+DATA_MOVEMENT = frozenset({
+    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Gather",
+    "GatherElements", "GatherND", "Tile", "DepthToSpace", "SpaceToDepth",
+})
+
+
+def op_accepts(t: int, opset: int) -> bool:
+    """Whether generic ops ('all tensor types': Shape, Reshape, Transpose, ...) accept ``t`` at ``opset``."""
+    return t != TP.UNDEFINED and opset >= _MIN_OPSET.get(t, 1)

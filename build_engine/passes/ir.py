@@ -1,0 +1,329 @@
+"""A light, mutable view of one ONNX graph (or function body) that passes rewrite in linear time.
+
+The view keeps a producer map and consumer maps (explicit inputs, and implicit uses by If/Loop/Scan bodies that
+read a name from this scope), so every rule looks up its neighbours in O(1) and no pass scans the graph
+quadratically. ``commit()`` writes the surviving nodes back into the protobuf.
+
+Invariants every mutation keeps: a graph output's name is never renamed or removed (``bypass`` renames the
+*producer* of the replacement instead, and refuses when that would merge two graph outputs or touch a graph input,
+an initializer or an outer-scope value); nodes stay in topological order (a replacement value is always defined
+before the node it replaces).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
+
+from trtforge.build_engine.passes import dtypes as dt
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    proto: NodeProto
+    op: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    free: frozenset[str]  # names of this scope read by the node's subgraphs
+    alive: bool = True
+    dirty: bool = False
+
+    def attr(self, name: str) -> AttributeProto | None:
+        for a in self.proto.attribute:
+            if a.name == name:
+                return a
+        return None
+
+    def int_attr(self, name: str) -> int | None:
+        """An int attribute's value; None when absent or a function attribute reference (unknown here)."""
+        a = self.attr(name)
+        if a is None or a.ref_attr_name or a.type != AttributeProto.INT:
+            return None
+        return a.i
+
+    @property
+    def onnx_op(self) -> bool:
+        return self.domain in ("", "ai.onnx")
+
+
+def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def free_names(graph: GraphProto) -> set[str]:
+    """Names a (sub)graph reads but does not define: its implicit inputs from enclosing scopes."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    used: set[str] = set()
+    for n in graph.node:
+        defined.update(n.output)
+        used.update(n.input)
+        for g in subgraphs(n):
+            used |= free_names(g)
+    used.update(o.name for o in graph.output)
+    used.discard("")
+    return used - defined
+
+
+def rename_free(graph: GraphProto, old: str, new: str) -> None:
+    """Replace reads of outer name ``old`` by ``new`` throughout a subgraph (stops where ``old`` is redefined)."""
+    if old in {i.name for i in graph.input} or any(t.name == old for t in graph.initializer):
+        return
+    for n in graph.node:
+        for k, name in enumerate(n.input):
+            if name == old:
+                n.input[k] = new
+        for g in subgraphs(n):
+            rename_free(g, old, new)
+        if old in n.output:
+            return
+    for o in graph.output:
+        if o.name == old:
+            o.name = new
+
+
+@dataclass
+class Scope:
+    """What a graph inherits from its enclosing graphs: value types and the default-domain opset."""
+
+    opset: int
+    types: dict[str, int] = field(default_factory=dict)
+
+
+class GraphCtx:
+    """Mutable view of one graph. ``outputs`` are protected names (graph or function outputs)."""
+
+    def __init__(self, graph: GraphProto | None, nodes: list[NodeProto], inputs: list[str], outputs: list[str],
+                 scope: Scope, *, initializers: Sequence[TensorProto] = (), is_function: bool = False) -> None:
+        self.graph = graph
+        self.is_function = is_function
+        self.opset = scope.opset
+        self.inputs = set(inputs)
+        self.outputs = list(outputs)
+        self.output_set = set(outputs)
+        self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
+        self.types = scope.types  # shared with enclosing graphs: value names are unique across scopes (SSA)
+        for t in initializers:
+            self.types.setdefault(t.name, t.data_type)
+        self.nodes: list[Node] = []
+        self.producer: dict[str, Node] = {}
+        self.uses: dict[str, dict[Node, int]] = {}
+        self.implicit: dict[str, dict[Node, int]] = {}
+        self.rules: Counter[str] = Counter()
+        self.removed: Counter[str] = Counter()
+        self.new_initializers: list[TensorProto] = []
+        self.retyped: set[str] = set()
+        self.dropped_initializers: set[str] = set()
+        self._pos: dict[int, int] | None = None
+        self.changed = False
+        for p in nodes:
+            sub = list(subgraphs(p))
+            free: frozenset[str] = frozenset().union(*(free_names(g) for g in sub)) if sub else frozenset()
+            n = Node(p, p.op_type, p.domain, list(p.input), list(p.output), free)
+            self.nodes.append(n)
+            for o in n.outputs:
+                if o:
+                    self.producer[o] = n
+            for i in n.inputs:
+                if i:
+                    d = self.uses.setdefault(i, {})
+                    d[n] = d.get(n, 0) + 1
+            for i in free:
+                self.implicit.setdefault(i, {})[n] = 1
+            self._infer_type(n)
+
+    # ----------------------------------------------------------------- types
+    def _infer_type(self, n: Node) -> None:
+        """Local element-type facts (complementing value_info): Cast, Constant, shape ops, data movement."""
+        if not n.outputs or not n.outputs[0] or n.outputs[0] in self.types:
+            return
+        out = n.outputs[0]
+        if not n.onnx_op:
+            return
+        if n.op == "Cast":
+            to = n.int_attr("to")
+            if to is not None:
+                self.types[out] = to
+        elif n.op in ("Shape", "Size"):
+            self.types[out] = TensorProto.INT64
+        elif n.op == "Constant":
+            a = n.attr("value")
+            if a is not None and a.type == AttributeProto.TENSOR:
+                self.types[out] = a.t.data_type
+            elif n.attr("value_float") is not None or n.attr("value_floats") is not None:
+                self.types[out] = TensorProto.FLOAT
+            elif n.attr("value_int") is not None or n.attr("value_ints") is not None:
+                self.types[out] = TensorProto.INT64
+        elif n.op in dt.DATA_MOVEMENT and n.inputs and n.inputs[0] in self.types:
+            self.types[out] = self.types[n.inputs[0]]
+
+    def type_of(self, name: str) -> int:
+        return self.types.get(name, TensorProto.UNDEFINED)
+
+    # ----------------------------------------------------------------- queries
+    def consumers(self, name: str) -> list[Node]:
+        return list(self.uses.get(name, {}))
+
+    def num_uses(self, name: str) -> int:
+        """Explicit reads + implicit reads by subgraphs + 1 if it is a protected output."""
+        return (sum(self.uses.get(name, {}).values()) + len(self.implicit.get(name, {}))
+                + (1 if name in self.output_set else 0))
+
+    def is_local_value(self, name: str) -> bool:
+        """Produced by a node of this graph (not a graph input, initializer or outer-scope value)."""
+        return name in self.producer and name not in self.inputs and name not in self.initializers
+
+    def constant_tensor(self, name: str) -> TensorProto | None:
+        """The value of a constant this graph defines: an initializer that is not also a graph input (those can be
+        overridden at run time), or a Constant node's tensor."""
+        if name in self.initializers and name not in self.inputs:
+            return self.initializers[name]
+        n = self.producer.get(name)
+        if n is None or n.op != "Constant" or not n.onnx_op:
+            return None
+        return constant_node_tensor(n.proto)
+
+    # ----------------------------------------------------------------- mutations
+    def set_input(self, node: Node, k: int, new: str) -> None:
+        old = node.inputs[k]
+        node.inputs[k] = new
+        node.dirty = True
+        self.changed = True
+        d = self.uses.get(old)
+        if d is not None and node in d:
+            d[node] -= 1
+            if d[node] == 0:
+                del d[node]
+        e = self.uses.setdefault(new, {})
+        e[node] = e.get(node, 0) + 1
+
+    def replace_uses(self, old: str, new: str) -> None:
+        """Every read of ``old`` in this graph and its subgraphs now reads ``new``. ``old`` must not be an output."""
+        assert old not in self.output_set, old
+        for n in list(self.uses.get(old, {})):
+            for k, name in enumerate(n.inputs):
+                if name == old:
+                    self.set_input(n, k, new)
+        for n in list(self.implicit.pop(old, {})):
+            for g in subgraphs(n.proto):
+                rename_free(g, old, new)
+            n.free = (n.free - {old}) | {new}
+            self.implicit.setdefault(new, {})[n] = 1
+            self.changed = True
+        if old in self.types and new not in self.types:
+            self.types[new] = self.types[old]
+
+    def remove_node(self, node: Node) -> None:
+        node.alive = False
+        self.changed = True
+        self.removed[node.op] += 1
+        for i in node.inputs:
+            d = self.uses.get(i)
+            if d is not None:
+                d.pop(node, None)
+        for i in node.free:
+            d = self.implicit.get(i)
+            if d is not None:
+                d.pop(node, None)
+        for o in node.outputs:
+            if self.producer.get(o) is node:
+                del self.producer[o]
+
+    def bypass(self, node: Node, src: str, rule: str) -> bool:
+        """Remove single-output ``node`` whose output equals value ``src`` everywhere (same type and bits).
+
+        When the output is protected (a graph output), it keeps its name: the producer of ``src`` is renamed to
+        produce it instead. That is refused when ``src`` is itself an output (two outputs would become one value),
+        a graph input (Identity between input and output), an initializer or an outer-scope value.
+        """
+        out = node.outputs[0]
+        if out not in self.output_set:
+            self.remove_node(node)
+            self.replace_uses(out, src)
+        else:
+            if src in self.output_set or not self.is_local_value(src):
+                return False
+            prod = self.producer[src]
+            self.remove_node(node)
+            k = prod.outputs.index(src)
+            prod.outputs[k] = out
+            prod.dirty = True
+            del self.producer[src]
+            self.producer[out] = prod
+            self.replace_uses(src, out)
+        self.rules[rule] += 1
+        return True
+
+    def replace_node(self, node: Node, proto: NodeProto) -> Node:
+        """Swap ``node`` for a new single node with the same outputs (e.g. Cast of a constant -> Constant)."""
+        self.remove_node(node)
+        new = Node(proto, proto.op_type, proto.domain, list(proto.input), list(proto.output), frozenset(),
+                   dirty=False)
+        if self._pos is None:
+            self._pos = {id(n): k for k, n in enumerate(self.nodes)}
+        idx = self._pos.pop(id(node))
+        self.nodes[idx] = new
+        self._pos[id(new)] = idx
+        for o in new.outputs:
+            self.producer[o] = new
+        for i in new.inputs:
+            d = self.uses.setdefault(i, {})
+            d[new] = d.get(new, 0) + 1
+        return new
+
+    def add_initializer(self, tensor: TensorProto) -> None:
+        self.new_initializers.append(tensor)
+        self.initializers[tensor.name] = tensor
+        self.types[tensor.name] = tensor.data_type
+        self.changed = True
+
+    def drop_initializer(self, name: str) -> None:
+        self.initializers.pop(name, None)
+        self.dropped_initializers.add(name)
+        self.changed = True
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.alive]
+
+    # ----------------------------------------------------------------- write back
+    def commit(self) -> list[NodeProto]:
+        """The surviving node protos, with rewritten inputs/outputs written back."""
+        out: list[NodeProto] = []
+        for n in self.nodes:
+            if not n.alive:
+                continue
+            if n.dirty:
+                del n.proto.input[:]
+                n.proto.input.extend(n.inputs)
+                del n.proto.output[:]
+                n.proto.output.extend(n.outputs)
+                n.dirty = False
+            out.append(n.proto)
+        return out
+
+
+def constant_node_tensor(p: NodeProto) -> TensorProto | None:
+    """A Constant node's value as a TensorProto (value / value_float(s) / value_int(s)); None for others."""
+    for a in p.attribute:
+        if a.ref_attr_name:
+            return None
+        if a.name == "value" and a.type == AttributeProto.TENSOR:
+            return a.t
+        if a.name == "value_float":
+            return onnx.helper.make_tensor("", TensorProto.FLOAT, [], [a.f])
+        if a.name == "value_floats":
+            return onnx.helper.make_tensor("", TensorProto.FLOAT, [len(a.floats)], list(a.floats))
+        if a.name == "value_int":
+            return onnx.helper.make_tensor("", TensorProto.INT64, [], [a.i])
+        if a.name == "value_ints":
+            return onnx.helper.make_tensor("", TensorProto.INT64, [len(a.ints)], list(a.ints))
+    return None

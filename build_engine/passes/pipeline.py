@@ -1,0 +1,171 @@
+"""The exact-folding pipeline: every pass, to a fixed point, then validation (``fold`` is the public entry).
+
+``fold(model)`` copies the model, infers element types once (non-strict shape inference on a copy), runs the
+passes over the main graph, If/Loop/Scan bodies and model-local functions until none fires, drops value_info of
+values that no longer exist, and re-runs ``onnx.checker`` and shape inference on the result. Graph input and output
+names are always kept. The cost is linear in the graph size: every pass walks the node list once per round with
+O(1) producer/consumer look-ups (``ir.GraphCtx``), and the rounds are few (a round trip exposed by one rule is
+usually taken by a later rule in the same round).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+from onnx import GraphProto, ModelProto
+
+from trtforge.build_engine.errors import CheckFailed
+from trtforge.build_engine.passes.base import GraphPass, PassResult
+from trtforge.build_engine.passes.ir import subgraphs
+from trtforge.build_engine.passes.walk import WalkStats, collect_types, run_passes
+
+_MAX_ROUNDS = 16
+_PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference cannot take the model in memory
+
+
+def default_passes() -> tuple[GraphPass, ...]:
+    from trtforge.build_engine.passes.cast_chain import CollapseCastChain
+    from trtforge.build_engine.passes.cast_round_trip import CollapseCastRoundTrip
+    from trtforge.build_engine.passes.dead_nodes import RemoveDeadNodes
+    from trtforge.build_engine.passes.identity import RemoveIdentity
+    from trtforge.build_engine.passes.same_cast import RemoveSameTypeCast
+
+    passes: list[GraphPass] = [RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain()]
+    passes += _optional_passes()
+    passes.append(RemoveDeadNodes())
+    return tuple(passes)
+
+
+def _optional_passes() -> list[GraphPass]:
+    out: list[GraphPass] = []
+    for mod, cls in (("const_cast", "FoldConstantCast"), ("shape_of_cast", "ShapeOfCast"),
+                     ("dedup_cast", "MergeDuplicateCasts"), ("sink_cast", "SinkCastThroughDataMovement")):
+        try:
+            module = __import__(f"trtforge.build_engine.passes.{mod}", fromlist=[cls])
+        except ModuleNotFoundError:
+            continue
+        out.append(getattr(module, cls)())
+    return out
+
+
+class Pipeline:
+    """Runs passes over a model (in place) until a whole round changes nothing."""
+
+    name = "fold_pipeline"
+
+    def __init__(self, passes: Sequence[GraphPass] | None = None, max_rounds: int = _MAX_ROUNDS) -> None:
+        self.passes = tuple(passes) if passes is not None else default_passes()
+        self.max_rounds = max_rounds
+        self.stats = WalkStats()
+
+    def call(self, model: ModelProto, types: dict[str, int] | None = None) -> PassResult:
+        self.stats = WalkStats()
+        if types is None:
+            types = collect_types(model.graph)
+        for _ in range(self.max_rounds):
+            s = run_passes(model, self.passes, types=types)
+            self.stats.rewrites += s.rewrites
+            self.stats.rules.update(s.rules)
+            self.stats.removed.update(s.removed)
+            if s.rewrites == 0:
+                break
+        return PassResult(model, self.stats.rewrites > 0)
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    model: ModelProto
+    report: dict[str, Any]
+
+
+def _graphs(graph: GraphProto):
+    yield graph
+    for n in graph.node:
+        for g in subgraphs(n):
+            yield from _graphs(g)
+
+
+def op_histogram(model: ModelProto) -> Counter[str]:
+    """Node count per op type over the main graph, every subgraph and every model-local function."""
+    c: Counter[str] = Counter()
+    for g in _graphs(model.graph):
+        c.update(n.op_type for n in g.node)
+    for fn in model.functions:
+        c.update(n.op_type for n in fn.node)
+        for n in fn.node:
+            for sg in subgraphs(n):
+                for g in _graphs(sg):
+                    c.update(x.op_type for x in g.node)
+    return c
+
+
+def _infer_types(model: ModelProto) -> dict[str, int]:
+    types = collect_types(model.graph)
+    if model.ByteSize() < _PROTO_LIMIT:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+            types.update(collect_types(inferred.graph))
+        except Exception:  # inference is only a source of type facts; without it fewer rules fire
+            pass
+    return types
+
+
+def _prune_value_info(graph: GraphProto) -> None:
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for n in graph.node:
+        defined.update(n.output)
+        for g in subgraphs(n):
+            _prune_value_info(g)
+    if any(v.name not in defined for v in graph.value_info):
+        keep = [v for v in graph.value_info if v.name in defined]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
+
+
+def _validate(result: ModelProto, original: ModelProto) -> None:
+    """Checker and strict shape inference on the result; a failure the original also has is not ours."""
+    if result.ByteSize() >= _PROTO_LIMIT:
+        return
+    for what, fn in (("onnx.checker", lambda m: onnx.checker.check_model(m)),
+                     ("shape inference", lambda m: onnx.shape_inference.infer_shapes(
+                         m, check_type=True, strict_mode=True))):
+        try:
+            fn(result)
+        except Exception as exc:
+            try:
+                fn(original)
+            except Exception:
+                continue  # the input already fails this check: folding did not cause it
+            first = (str(exc).strip().splitlines() or ["invalid"])[0]
+            raise CheckFailed(f"fold produced a model that {what} rejects ({first}); this is a trtforge bug, "
+                              "please report it with the input model") from exc
+
+
+def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, validate: bool = True) -> FoldResult:
+    """Exact Cast/Identity folding (DESIGN section 4). Returns a new model; ``model`` is not mutated."""
+    t0 = time.perf_counter()
+    work = ModelProto()
+    work.CopyFrom(model)
+    before = op_histogram(work)
+    pipeline = Pipeline(passes)
+    pipeline.call(work, _infer_types(work))
+    _prune_value_info(work.graph)
+    if validate:
+        _validate(work, model)
+    after = op_histogram(work)
+    removed = {op: before[op] - after.get(op, 0) for op in sorted(before) if before[op] > after.get(op, 0)}
+    added = {op: after[op] - before.get(op, 0) for op in sorted(after) if after[op] > before.get(op, 0)}
+    report: dict[str, Any] = {
+        "nodes_before": sum(before.values()),
+        "nodes_after": sum(after.values()),
+        "removed": removed,
+        "added": added,
+        "rules": dict(sorted(pipeline.stats.rules.items())),
+        "seconds": round(time.perf_counter() - t0, 6),
+    }
+    return FoldResult(work, report)

@@ -1,0 +1,108 @@
+"""Apply graph passes to a whole model: main graph, If/Loop/Scan bodies (recursively) and model-local functions.
+
+Types come from the model's value_info (the pipeline runs shape inference first), shared by a graph and its
+subgraphs because ONNX value names are unique across nested scopes. Function bodies are polymorphic: only types a
+function fixes itself (Cast ``to``, Constant) are known there, so type-dependent rules fire less inside functions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from onnx import GraphProto, ModelProto
+
+from trtforge.build_engine.passes.ir import GraphCtx, Scope, subgraphs
+
+if TYPE_CHECKING:
+    from trtforge.build_engine.passes.base import GraphPass
+
+_MAX_LOCAL_ROUNDS = 64
+
+
+@dataclass
+class WalkStats:
+    rewrites: int = 0
+    rules: Counter[str] = field(default_factory=Counter)
+    removed: Counter[str] = field(default_factory=Counter)
+
+
+def default_opset(opsets: Sequence[object], fallback: int = 1) -> int:
+    for o in opsets:
+        if getattr(o, "domain", None) in ("", "ai.onnx"):
+            return int(getattr(o, "version"))
+    return fallback
+
+
+def collect_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
+    """Element types of every named value in a graph and its subgraphs (inputs, outputs, value_info, initializers)."""
+    types = {} if types is None else types
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for t in graph.initializer:
+        types[t.name] = t.data_type
+    for n in graph.node:
+        for g in subgraphs(n):
+            collect_types(g, types)
+    return types
+
+
+def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, stats: WalkStats,
+               fixed_point: bool) -> None:
+    ctx = GraphCtx(graph, list(graph.node), [i.name for i in graph.input], [o.name for o in graph.output], scope,
+                   initializers=list(graph.initializer))
+    _apply(ctx, passes, stats, fixed_point)
+    if ctx.changed:
+        nodes = ctx.commit()
+        del graph.node[:]
+        graph.node.extend(nodes)
+        if ctx.dropped_initializers:
+            for k in range(len(graph.initializer) - 1, -1, -1):
+                if graph.initializer[k].name in ctx.dropped_initializers:
+                    del graph.initializer[k]
+        graph.initializer.extend(t for t in ctx.new_initializers if t.name not in ctx.dropped_initializers)
+        if ctx.retyped:
+            keep = [v for v in graph.value_info if v.name not in ctx.retyped]
+            del graph.value_info[:]
+            graph.value_info.extend(keep)
+    for n in graph.node:
+        for g in subgraphs(n):
+            _run_graph(g, passes, scope, stats, fixed_point)
+
+
+def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_point: bool) -> None:
+    for _ in range(_MAX_LOCAL_ROUNDS if fixed_point else 1):
+        n = 0
+        for p in passes:
+            n += p.rewrite(ctx)
+        stats.rewrites += n
+        if n == 0:
+            break
+    stats.rules.update(ctx.rules)
+    stats.removed.update(ctx.removed)
+    ctx.rules.clear()
+    ctx.removed.clear()
+
+
+def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: bool = True,
+               types: dict[str, int] | None = None) -> WalkStats:
+    """Run ``passes`` over every graph and function of ``model`` in place (to a local fixed point per graph)."""
+    stats = WalkStats()
+    opset = default_opset(model.opset_import)
+    scope = Scope(opset, collect_types(model.graph) if types is None else types)
+    _run_graph(model.graph, passes, scope, stats, fixed_point)
+    for fn in model.functions:
+        fscope = Scope(default_opset(fn.opset_import, opset), {})
+        ctx = GraphCtx(None, list(fn.node), list(fn.input), list(fn.output), fscope, is_function=True)
+        _apply(ctx, passes, stats, fixed_point)
+        if ctx.changed:
+            nodes = ctx.commit()
+            del fn.node[:]
+            fn.node.extend(nodes)
+        for n in fn.node:
+            for g in subgraphs(n):
+                _run_graph(g, passes, fscope, stats, fixed_point)
+    return stats
