@@ -1,0 +1,118 @@
+"""Prefix cache: full prompt blocks keyed by chained hashes, shared by reference count (vLLM v1's idea).
+
+A block's key is ``hash((parent_key, content))`` where content is the block's token ids or, for traces, the trace's
+block hash ids that cover it (``block_keys``). Equal keys therefore mean equal tokens *and* equal prefix.
+
+Safety conditions:
+- a block is registered only after its tokens were computed (the scheduler calls ``register`` after prefill);
+- a cached block whose last user finished stays cached-free (reusable on a hit) until space is needed; those are
+  reclaimed least-recently-freed first (LRU), and a block with a user is never reclaimed: only blocks whose
+  reference count is 0 sit in the LRU;
+- ``available`` (free + cached-free) is the true allocatable capacity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from trtforge.scheduler.block_pool import BlockPool, BlockPoolError
+from trtforge.scheduler.request import Request
+
+
+def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
+    """Chained keys of the request's full prompt blocks that its ``block_hashes`` cover completely.
+
+    A scheduler block of ``tokens_per_block`` tokens maps onto the trace blocks of ``hash_block_tokens`` tokens
+    that overlap it; the key names those trace ids and the block's offset, chained on the parent key.
+    """
+    hashes = request.block_hashes
+    if not hashes:
+        return ()
+    hb = request.hash_block_tokens
+    covered = min(request.prompt_tokens, len(hashes) * hb)
+    keys: list[int] = []
+    parent = 0
+    for i in range(covered // tokens_per_block):
+        start, end = i * tokens_per_block, (i + 1) * tokens_per_block
+        ids = tuple(hashes[start // hb:(end - 1) // hb + 1])
+        parent = hash((parent, ids, start % hb))
+        keys.append(parent)
+    return tuple(keys)
+
+
+class PrefixCache:
+    """Owns the block pool's allocation policy: free blocks first, then cached-free blocks in LRU order."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self._by_key: dict[int, int] = {}
+        self._key_of: dict[int, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks with reference count 0
+        self.queries = 0
+        self.hits = 0
+
+    @property
+    def num_cached_free(self) -> int:
+        return len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._by_key)
+
+    @property
+    def available(self) -> int:
+        return self.pool.num_free + len(self._lru)
+
+    def match(self, keys: Sequence[int]) -> tuple[list[int], int]:
+        """Longest cached prefix of ``keys``: (blocks, how many of them are cached-free). Does not take them."""
+        out: list[int] = []
+        idle = 0
+        for k in keys:
+            b = self._by_key.get(k)
+            if b is None:
+                break
+            out.append(b)
+            idle += b in self._lru
+        return out, idle
+
+    def take_hits(self, blocks: Sequence[int], queried: int) -> None:
+        """Reference matched blocks for a new user (removing cached-free ones from the LRU)."""
+        self.queries += queried
+        self.hits += len(blocks)
+        for b in blocks:
+            self._lru.pop(b, None)  # an idle cached block becomes in use: never reclaimable while referenced
+            self.pool.ref(b)
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` fresh blocks: from the free list, reclaiming LRU cached-free blocks when it runs short."""
+        short = n - self.pool.num_free
+        if short > len(self._lru):
+            raise BlockPoolError(f"asked for {n} blocks with {self.available} available")
+        for _ in range(max(short, 0)):
+            b, _ = self._lru.popitem(last=False)
+            del self._by_key[self._key_of.pop(b)]
+            self.pool.release(b)
+        return self.pool.allocate(n)
+
+    def register(self, block: int, key: int) -> None:
+        """Make a computed block findable by ``key`` (first writer wins; a duplicate stays private)."""
+        if key in self._by_key or block in self._key_of:
+            return
+        self._by_key[key] = block
+        self._key_of[block] = key
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Drop one user of each block; cached blocks with no user become cached-free (most recent last).
+
+        Freed in reverse so a request's tail blocks are reclaimed before its prefix (prefixes are shared more).
+        """
+        for b in reversed(blocks):
+            if self.pool.unref(b) == 0:
+                if b in self._key_of:
+                    self._lru[b] = None
+                else:
+                    self.pool.release(b)
+
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0

@@ -1,0 +1,340 @@
+"""The KV-aware request scheduler: admission by KV blocks, then the step's token budget (vLLM v1's split).
+
+``submit`` rejects what can never run (structured ``RejectReason``), ``step`` admits per the policy and returns
+this step's work (context chunks with chunked prefill, one decode token per decoding request) and *applies* it,
+assuming the executor runs it; ``finish`` (EOS) and ``cancel`` free a request's blocks and adapter slot. A request
+that reaches ``max_new_tokens`` is finished by ``step`` itself (listed in ``StepPlan.finished``).
+
+Invariants (checked by the stateful tests): a block is owned only through the block pool's reference counts, so
+blocks are never over-committed or freed twice; a reserve-to-completion policy allocates every block a request
+can need at admission, so an admitted request always completes; all blocks return when all requests end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trtforge.build_engine.errors import InputError
+from trtforge.scheduler.block_pool import BlockPool
+from trtforge.scheduler.lora_slots import LoraSlots
+from trtforge.scheduler.metrics import SchedulerMetrics
+from trtforge.scheduler.policies import Policy, get_policy
+from trtforge.scheduler.prefix_cache import PrefixCache, block_keys
+from trtforge.scheduler.request import Request, Seq
+
+RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter"]
+
+
+@dataclass(frozen=True)
+class RejectReason:
+    kind: RejectKind
+    blocks_needed: int
+    capacity_blocks: int
+    max_seq_len: int
+    message: str
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    status: Literal["admitted", "queued", "rejected"]
+    reason: RejectReason | None = None
+
+
+@dataclass
+class StepPlan:
+    """One step's work. ``context`` holds (request id, first token index, tokens) prefill chunks."""
+
+    step: int
+    context: list[tuple[str, int, int]] = field(default_factory=list)
+    decode: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    first_token: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    context_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.context_tokens + len(self.decode)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    num_blocks: int
+    tokens_per_block: int
+    policy: str = "cache-aware"
+    max_seq_len: int = 131072
+    token_budget: int = 8192
+    max_running: int = 256
+    lora_slots: int = 0
+    adapters: tuple[str, ...] = ()
+    skip_window: int | None = None
+    max_skips: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.tokens_per_block < 1:
+            raise InputError("num_blocks and tokens_per_block must be >= 1")
+        if self.max_running < 1 or self.token_budget < self.max_running:
+            raise InputError(f"token_budget ({self.token_budget}) must be >= max_running ({self.max_running}) >= 1 "
+                             "so every decoding request gets its token each step")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, metrics: bool = False) -> None:
+        self.config = config
+        self.policy: Policy = get_policy(config.policy, config.skip_window, config.max_skips)
+        self.pool = BlockPool(config.num_blocks)
+        self.cache = PrefixCache(self.pool)
+        self.lora = LoraSlots(config.lora_slots, config.adapters)
+        self.metrics = SchedulerMetrics() if metrics else None
+        self.step_no = 0
+        self.seqs: dict[str, Seq] = {}
+        self.queue: OrderedDict[str, Seq] = OrderedDict()
+        self.running: OrderedDict[str, Seq] = OrderedDict()  # admission order: newest last
+        self.prefilling: OrderedDict[str, Seq] = OrderedDict()
+        self.decoding: dict[str, Seq] = {}
+        self._finish_heap: list[tuple[int, int, str]] = []
+        self._grow_heap: list[tuple[int, int, str]] = []  # max-utilization: step at which a block is needed
+        self.counts = {"admitted": 0, "rejected": 0, "preempted": 0, "finished": 0, "cancelled": 0}
+
+    # ----------------------------------------------------------------------------------------------- public API
+    def submit(self, req: Request) -> SubmitResult:
+        if req.id in self.seqs:
+            raise InputError(f"request id {req.id!r} submitted twice")
+        reason = self._reject_reason(req)
+        seq = Seq(req, block_keys(req, self.config.tokens_per_block))
+        self.seqs[req.id] = seq
+        if reason is not None:
+            seq.state = "rejected"
+            self.counts["rejected"] += 1
+            if self.metrics:
+                self.metrics.rejected.inc()
+            return SubmitResult("rejected", reason)
+        seq.queued_step = self.step_no
+        if not self.queue and len(self.running) < self.config.max_running and self._try_admit(seq):
+            return SubmitResult("admitted")
+        self.queue[req.id] = seq
+        return SubmitResult("queued")
+
+    def step(self) -> StepPlan:
+        self.step_no += 1
+        t = self.step_no
+        plan = StepPlan(t)
+        self._admit(plan)
+        if self.policy.preempts:
+            self._grow(plan, t)
+        plan.decode = list(self.decoding)
+        budget = self.config.token_budget - len(plan.decode)
+        done_prefill: list[Seq] = []
+        for seq in self.prefilling.values():
+            if budget <= 0:
+                break
+            n = min(seq.prompt_len - seq.computed, budget)
+            plan.context.append((seq.req.id, seq.computed, n))
+            budget -= n
+            seq.computed += n
+            self._register(seq)
+            if seq.computed == seq.prompt_len:
+                done_prefill.append(seq)
+        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
+        for seq in done_prefill:  # the last prefill chunk produces the first (next) token
+            del self.prefilling[seq.req.id]
+            if seq.gen_base == 0:
+                plan.first_token.append(seq.req.id)
+            seq.gen_base += 1
+            seq.dec_base = t
+            if seq.gen_base >= seq.req.max_new_tokens:
+                self._end(seq, "finished")
+                plan.finished.append(seq.req.id)
+                continue
+            seq.decoding = True
+            self.decoding[seq.req.id] = seq
+            heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
+            if self.policy.preempts:
+                self._push_grow(seq)
+        heap = self._finish_heap
+        while heap and heap[0][0] <= t:
+            _, epoch, rid = heapq.heappop(heap)
+            seq = self.seqs[rid]
+            if seq.epoch == epoch and seq.decoding:
+                self._end(seq, "finished")
+                plan.finished.append(rid)
+        if self.metrics:
+            self.metrics.observe_step(self, plan)
+        return plan
+
+    def finish(self, request_id: str) -> None:
+        """The request stopped early (EOS): free its blocks and slot."""
+        seq = self._get(request_id)
+        if seq.state != "running":
+            raise InputError(f"request {request_id!r} is {seq.state}, not running; only running requests finish")
+        self._end(seq, "finished")
+
+    def cancel(self, request_id: str) -> None:
+        seq = self._get(request_id)
+        if seq.state == "queued":
+            del self.queue[request_id]
+            seq.state = "cancelled"
+            self.counts["cancelled"] += 1
+        elif seq.state == "running":
+            self._end(seq, "cancelled")
+        else:
+            raise InputError(f"request {request_id!r} is already {seq.state}")
+
+    def state(self, request_id: str) -> str:
+        return self._get(request_id).state
+
+    def capacity_blocks(self) -> int:
+        return self.config.num_blocks
+
+    def blocks_needed(self, req: Request) -> int:
+        return math.ceil(req.total_tokens / self.config.tokens_per_block)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.config.num_blocks - self.cache.available
+
+    # -------------------------------------------------------------------------------------------- admission
+    def _reject_reason(self, req: Request) -> RejectReason | None:
+        cfg = self.config
+        need = self.blocks_needed(req)
+        if req.adapter is not None and req.adapter not in self.lora.known:
+            return RejectReason("unknown-adapter", need, cfg.num_blocks, cfg.max_seq_len,
+                                f"request {req.id}: LoRA adapter {req.adapter!r} is not registered; load it "
+                                f"(known: {', '.join(sorted(self.lora.known)) or 'none'}) or drop the adapter")
+        if req.total_tokens > cfg.max_seq_len:
+            return RejectReason("prompt-too-long", need, cfg.num_blocks, cfg.max_seq_len,
+                                f"request {req.id}: prompt {req.prompt_tokens} + max_new_tokens "
+                                f"{req.max_new_tokens} = {req.total_tokens} tokens exceeds the engine's max "
+                                f"sequence length {cfg.max_seq_len}; shorten the prompt or lower max_new_tokens")
+        if self.policy.reject_never_fit and need > cfg.num_blocks:
+            fit = cfg.num_blocks * cfg.tokens_per_block
+            return RejectReason("kv-never-fits", need, cfg.num_blocks, cfg.max_seq_len,
+                                f"request {req.id}: needs {need} KV blocks ({req.total_tokens} tokens) but the "
+                                f"cache holds {cfg.num_blocks} blocks ({fit} tokens) even when empty; lower "
+                                f"max_new_tokens or the prompt to <= {fit} tokens in total, use fp8 KV, a GPU "
+                                f"with more memory, or more tensor parallelism")
+        return None
+
+    def _admit(self, plan: StepPlan) -> None:
+        if not self.queue:
+            return
+        admitted: list[str] = []
+        cap = self.config.max_running
+
+        def room() -> bool:
+            return len(self.running) < cap
+
+        def try_admit(seq: Seq) -> bool:
+            if self._try_admit(seq):
+                admitted.append(seq.req.id)
+                return True
+            return False
+
+        self.policy.select(self.queue.values(), try_admit, room)
+        for rid in admitted:
+            del self.queue[rid]
+        plan.admitted = admitted
+
+    def _try_admit(self, seq: Seq) -> bool:
+        """Admit ``seq`` if its blocks (and LoRA slot) are available now; allocate them."""
+        tpb = self.config.tokens_per_block
+        # never hit the block holding the last prompt token: at least one token must be computed to sample
+        usable = (seq.prompt_len - 1) // tpb
+        hits, idle = self.cache.match(seq.keys[:usable]) if seq.keys else ([], 0)
+        tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base if self.policy.reserve_to_completion \
+            else seq.prompt_len
+        total = math.ceil(tokens / tpb)
+        fresh = total - len(hits)
+        cost = fresh + idle if self.policy.credit_prefix else total
+        if cost > self.cache.available or not self.lora.can_acquire(seq.req.adapter):
+            return False
+        self.cache.take_hits(hits, min(len(seq.keys), usable))
+        seq.blocks = hits + self.cache.allocate(fresh)
+        seq.hits = len(hits)
+        seq.computed = len(hits) * tpb
+        seq.registered = len(hits)
+        seq.slot = self.lora.acquire(seq.req.adapter)
+        seq.state = "running"
+        seq.skips = 0
+        self.running[seq.req.id] = seq
+        self.prefilling[seq.req.id] = seq
+        self.counts["admitted"] += 1
+        if self.metrics:
+            self.metrics.admitted.inc()
+            self.metrics.queue_wait_steps.observe(self.step_no - seq.queued_step)
+        return True
+
+    def _register(self, seq: Seq) -> None:
+        full = min(seq.computed // self.config.tokens_per_block, len(seq.keys))
+        for i in range(seq.registered, full):
+            self.cache.register(seq.blocks[i], seq.keys[i])
+        seq.registered = max(seq.registered, full)
+
+    # ------------------------------------------------------------------------------- max-utilization growth
+    def _push_grow(self, seq: Seq) -> None:
+        # KV tokens after step s (a decode writes the previous token's K/V): prompt_len + generated(s - 1).
+        # Allocated blocks hold len(blocks) * tpb tokens; the next block is needed at the first s exceeding that.
+        s = len(seq.blocks) * self.config.tokens_per_block - seq.prompt_len - seq.gen_base + seq.dec_base + 2
+        if s <= seq.dec_base + seq.req.max_new_tokens - seq.gen_base:
+            heapq.heappush(self._grow_heap, (s, seq.epoch, seq.req.id))
+
+    def _grow(self, plan: StepPlan, t: int) -> None:
+        heap = self._grow_heap
+        while heap and heap[0][0] <= t:
+            _, epoch, rid = heapq.heappop(heap)
+            seq = self.seqs[rid]
+            if seq.epoch != epoch or not seq.decoding:
+                continue
+            while self.cache.available < 1 and seq.state == "running":
+                self._preempt(self._newest_running(), plan, t)
+            if seq.state != "running":
+                continue
+            seq.blocks += self.cache.allocate(1)
+            self._push_grow(seq)
+
+    def _newest_running(self) -> Seq:
+        return next(reversed(self.running.values()))
+
+    def _preempt(self, seq: Seq, plan: StepPlan, t: int) -> None:
+        generated = seq.generated(t - 1)
+        self._release(seq)
+        seq.state = "queued"
+        seq.prompt_len = seq.req.prompt_tokens + generated
+        seq.gen_base = generated
+        seq.computed = 0
+        seq.queued_step = self.step_no
+        self.queue[seq.req.id] = seq
+        self.queue.move_to_end(seq.req.id, last=False)
+        self.counts["preempted"] += 1
+        plan.preempted.append(seq.req.id)
+        if self.metrics:
+            self.metrics.preempted.inc()
+
+    # ------------------------------------------------------------------------------------------------ ending
+    def _release(self, seq: Seq) -> None:
+        rid = seq.req.id
+        self.running.pop(rid, None)
+        self.prefilling.pop(rid, None)
+        self.decoding.pop(rid, None)
+        seq.decoding = False
+        seq.epoch += 1
+        self.cache.free(seq.blocks)
+        seq.blocks = []
+        self.lora.release(seq.req.adapter)
+        seq.slot = -1
+
+    def _end(self, seq: Seq, state: str) -> None:
+        self._release(seq)
+        seq.state = state
+        self.counts[state] += 1
+
+    def _get(self, request_id: str) -> Seq:
+        try:
+            return self.seqs[request_id]
+        except KeyError:
+            raise InputError(f"unknown request id {request_id!r}") from None
