@@ -18,6 +18,13 @@ from typing import Any
 from trtforge.build_engine.errors import InputError
 
 
+def _default_mode(base: int) -> int:
+    """The mode a plain ``open()``/``mkdir()`` would give under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return base & ~umask
+
+
 def _check_parent(path: Path) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
@@ -36,6 +43,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, _default_mode(0o666))  # mkstemp makes 0600; outputs are read by Triton and colleagues
     try:
         yield tmp
         with open(tmp, "rb+") as fh:
@@ -72,6 +80,7 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool = False) -> Iterator
     if dest.exists() and not dest.is_dir():
         raise InputError(f"{dest} exists and is not a folder; remove it or choose another output folder")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or "."))
+    os.chmod(tmp, _default_mode(0o777))  # mkdtemp makes 0700
     try:
         yield tmp
         old: Path | None = None
