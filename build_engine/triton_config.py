@@ -149,6 +149,17 @@ def python_plugins(manifest: dict[str, Any]) -> list[str]:
             if p.get("implementation") == "python"]
 
 
+def serving_notes(manifest: dict[str, Any]) -> list[str]:
+    """Caveats Triton's config cannot express: which runtime must deserialize the plan."""
+    backend = manifest.get("backend") if isinstance(manifest.get("backend"), dict) else {}
+    name, version = backend.get("name", "?"), backend.get("version", "?")
+    if name == "tensorrt_rtx":
+        return [f"the plan was built by TensorRT-RTX {version}; Triton's stock tensorrt_plan backend links full "
+                "TensorRT and cannot deserialize it: serve it with a Triton TensorRT backend built against "
+                f"TensorRT-RTX {version}, or rebuild with 'trtforge build --backend tensorrt' for stock Triton"]
+    return [f"the plan was built by TensorRT {version}; Triton's TensorRT backend must use that same version"]
+
+
 def engine_max_batch(manifest: dict[str, Any]) -> int:
     """The largest batch every optimization profile admits, or 0 if the first dim is not a dynamic batch dim."""
     tensors = manifest["inputs"] + manifest["outputs"]

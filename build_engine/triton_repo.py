@@ -17,7 +17,7 @@ from typing import Any
 from trtforge.build_engine import fsutil
 from trtforge.build_engine.errors import CheckFailed, InputError
 from trtforge.build_engine.triton_config import (
-    TritonConfig, check_model_name, load_manifest, plan_config, render, validate_manifest,
+    TritonConfig, check_model_name, load_manifest, plan_config, render, serving_notes, validate_manifest,
 )
 from trtforge.build_engine.triton_validate import Problem, validate_text
 
@@ -30,6 +30,7 @@ class EntryReport:
     config: TritonConfig | None
     versions: tuple[int, ...]
     problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def _plan_path(engine_dir: Path, manifest: dict[str, Any]) -> Path:
@@ -59,6 +60,8 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     header = (f"Written by 'trtforge triton' from {engine.name}/manifest.json (backend {backend.get('name', '?')} "
               f"{backend.get('version', '?')}, profile {manifest.get('profile', '?')}, precision "
               f"{manifest.get('precision', '?')}).")
+    notes = serving_notes(manifest)
+    header += "\nNote: " + " ".join(notes)
     text = render(cfg, header)
     _, problems = validate_text(text, manifest, expected_name=name)
     if problems:  # a trtforge bug, never a user error: refuse to write a config Triton would reject
@@ -79,7 +82,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         if isinstance(want_sha, str) and sha256_file(vdir / "model.plan") != want_sha:
             raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was changed "
                              "after the build); rebuild the engine with 'trtforge build'")
-    return EntryReport(dest, cfg, (version,))
+    return EntryReport(dest, cfg, (version,), notes=tuple(notes))
 
 
 def _versions(model_dir: Path) -> list[int]:

@@ -53,6 +53,8 @@ def _run(args) -> int:
                 if cfg.max_batch_size else "max_batch_size 0 (no Triton batching: full dims)")
     print(f"wrote {report.model_dir}/config.pbtxt and {report.model_dir}/{args.version}/model.plan "
           f"({batching}; {cfg.instance_count} GPU instance(s), profiles {list(cfg.profiles)})")
+    for note in report.notes:
+        print(f"note: {note}")
     return 0
 
 

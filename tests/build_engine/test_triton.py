@@ -197,4 +197,9 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     assert [i.name for i in proto.input] == [t["name"] for t in manifest["inputs"]]
     assert [o.name for o in proto.output] == [t["name"] for t in manifest["outputs"]]
     assert len(proto.instance_group[0].profile) == manifest["optimization_profiles"]
+    first = manifest["inputs"][0]
+    assert proto.max_batch_size == min(p["max"][0] for p in first["profiles"])
+    assert [list(i.dims) for i in proto.input] == [t["shape"][1:] for t in manifest["inputs"]]
+    assert (tmp_path / "repo" / "llama" / "1" / "model.plan").read_bytes() == (tmp_path / "eng" / "model.plan").read_bytes()
+    assert "TensorRT-RTX" in res.out  # the runtime caveat is printed
     assert cli("triton", "--check", tmp_path / "repo" / "llama").code == 0
