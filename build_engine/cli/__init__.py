@@ -79,7 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import importlib
 
-    module = importlib.import_module(f"trtforge.build_engine.cli.{COMMANDS[name][0]}")
+    try:
+        module = importlib.import_module(f"trtforge.build_engine.cli.{COMMANDS[name][0]}")
+    except ImportError as exc:  # an optional dependency of this command is missing
+        if debug:
+            raise
+        print(f"error: 'trtforge {name}' cannot start: {exc}; install trtforge with its extras "
+              "(pip install 'trtforge[all]')", file=sys.stderr)
+        return 2
     if debug and "--debug" not in rest:
         rest = ["--debug", *rest]
     return int(module.main(rest))

@@ -1,0 +1,55 @@
+"""``trtforge demo [--workdir DIR]``: the whole pipeline on the bundled example model (see trtforge.build_engine.demo)."""
+
+from __future__ import annotations
+
+import time
+from argparse import ArgumentParser
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trtforge.build_engine.cli._common import make_parser, run_command, stdout_console
+from trtforge.build_engine.errors import InputError
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge demo", "Run the whole pipeline on the bundled example Llama: fold, precision, LoRA "
+                    "inject, TensorRT-RTX builds for a10 and a100, Triton repository, diffs, kv-plan, simulate.")
+    p.add_argument("--workdir", type=Path, default=Path("trtforge-demo"),
+                   help="folder for every step's output (default ./trtforge-demo; reused if it exists)")
+    return p
+
+
+def _run(args: Any) -> int:
+    from rich.table import Table
+
+    from trtforge.build_engine.demo import run_demo, write_summary
+
+    work: Path = args.workdir
+    if work.exists() and not work.is_dir():
+        raise InputError(f"{work} exists and is not a folder; pass --workdir with a folder path")
+    t0 = time.perf_counter()
+    results = run_demo(work)
+    total = time.perf_counter() - t0
+    write_summary(work, results)
+    table = Table(title=f"trtforge demo: {work} ({total:.0f} s)")
+    for col in ("step", "status", "s", "result"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        style = {"ok": "green", "failed": "bold red"}.get(r.status, "yellow")
+        table.add_row(r.name, f"[{style}]{r.status}[/]", f"{r.seconds:.1f}", r.detail)
+    console = stdout_console()
+    if not console.is_terminal:
+        console.width = 150  # logs and the README keep the table readable
+    console.print()
+    console.print(table)
+    failed = [r.name for r in results if r.status == "failed"]
+    console.print(f"summary: {work / 'summary.md'}; plot: {work / '08_sim' / 'cache-aware.png'}")
+    if failed:
+        console.print(f"[bold red]{len(failed)} step(s) failed:[/] {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)
