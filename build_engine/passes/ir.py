@@ -280,6 +280,12 @@ class GraphCtx:
             d[new] = d.get(new, 0) + 1
         return new
 
+    def position(self, node: Node) -> int:
+        """Index of ``node`` in the (topologically ordered) node list."""
+        if self._pos is None:
+            self._pos = {id(n): k for k, n in enumerate(self.nodes)}
+        return self._pos[id(node)]
+
     def add_initializer(self, tensor: TensorProto) -> None:
         self.new_initializers.append(tensor)
         self.initializers[tensor.name] = tensor

@@ -29,28 +29,21 @@ _PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference can
 
 
 def default_passes() -> tuple[GraphPass, ...]:
+    """Every exact rule, cheapest first; dead-node elimination last (it cleans what the others orphan)."""
     from trtforge.build_engine.passes.cast_chain import CollapseCastChain
     from trtforge.build_engine.passes.cast_round_trip import CollapseCastRoundTrip
+    from trtforge.build_engine.passes.const_cast import FoldConstantCast
     from trtforge.build_engine.passes.dead_nodes import RemoveDeadNodes
+    from trtforge.build_engine.passes.dedup_cast import MergeDuplicateCasts
+    from trtforge.build_engine.passes.gather_index_cast import GatherIndexCast
     from trtforge.build_engine.passes.identity import RemoveIdentity
     from trtforge.build_engine.passes.same_cast import RemoveSameTypeCast
+    from trtforge.build_engine.passes.shape_of_cast import ShapeOfCast
+    from trtforge.build_engine.passes.sink_cast import SinkCastThroughDataMovement
 
-    passes: list[GraphPass] = [RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain()]
-    passes += _optional_passes()
-    passes.append(RemoveDeadNodes())
-    return tuple(passes)
-
-
-def _optional_passes() -> list[GraphPass]:
-    out: list[GraphPass] = []
-    for mod, cls in (("const_cast", "FoldConstantCast"), ("shape_of_cast", "ShapeOfCast"),
-                     ("dedup_cast", "MergeDuplicateCasts"), ("sink_cast", "SinkCastThroughDataMovement")):
-        try:
-            module = __import__(f"trtforge.build_engine.passes.{mod}", fromlist=[cls])
-        except ModuleNotFoundError:
-            continue
-        out.append(getattr(module, cls)())
-    return out
+    return (RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain(),
+            FoldConstantCast(), ShapeOfCast(), GatherIndexCast(), MergeDuplicateCasts(),
+            SinkCastThroughDataMovement(), RemoveDeadNodes())
 
 
 class Pipeline:

@@ -1,0 +1,60 @@
+"""Fold ``Cast`` of a constant into a new constant."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from trtforge.build_engine.passes.base import GraphPass
+from trtforge.build_engine.passes.exact_cast import exact_cast
+from trtforge.build_engine.passes.ir import GraphCtx
+
+#: A cast result up to this many elements is folded even when the source constant stays alive (model grows a bit).
+SMALL_CONSTANT = 4096
+
+
+class FoldConstantCast(GraphPass):
+    """``y = Cast(c, to=U)`` where ``c`` is an initializer (not overridable as a graph input) or a Constant node's
+    value becomes a constant holding ``exact_cast(c)`` (an initializer named ``y``, or a Constant node producing
+    ``y`` inside functions and when ``y`` is a graph output).
+
+    Must not fire when:
+    - ``exact_cast`` refuses: out-of-range / NaN / inf float->int, out-of-range int narrowing, NaN->bool, casts to
+      float8, unknown types (left to the runtime, which defines them);
+    - ``c`` is an initializer that is also a graph input (it can be overridden at run time);
+    - the constant lives in external data that was not loaded, or ``to`` is a function attribute reference;
+    - the result is large (> ``SMALL_CONSTANT`` elements) and ``c`` has other readers (would duplicate weights).
+    """
+
+    name = "constant_cast"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        count = 0
+        for n in ctx.nodes:
+            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0] and len(n.outputs) == 1):
+                continue
+            src_name, y = n.inputs[0], n.outputs[0]
+            tensor = ctx.constant_tensor(src_name)
+            to = n.int_attr("to")
+            if tensor is None or to is None:
+                continue
+            try:
+                arr = numpy_helper.to_array(tensor)
+            except Exception:  # external data not loaded, unsupported storage
+                continue
+            if arr.size > SMALL_CONSTANT and ctx.num_uses(src_name) > 1:
+                continue
+            out = exact_cast(np.asarray(arr), tensor.data_type, to)
+            if out is None:
+                continue
+            value = numpy_helper.from_array(np.asarray(out), name=y)
+            value.data_type = to  # from_array picks the ONNX type from numpy; keep exactly `to`
+            if ctx.is_function or y in ctx.output_set or ctx.graph is None:
+                ctx.replace_node(n, helper.make_node("Constant", [], [y], value=value, name=n.proto.name))
+            else:
+                ctx.remove_node(n)
+                ctx.add_initializer(value)
+            ctx.types[y] = to
+            ctx.rules["constant_cast"] += 1
+            count += 1
+        return count

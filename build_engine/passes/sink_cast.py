@@ -1,0 +1,76 @@
+"""Move an exact Cast through pure data-movement ops so that it meets, and collapses with, the next Cast."""
+
+from __future__ import annotations
+
+from trtforge.build_engine.passes import dtypes as dt
+from trtforge.build_engine.passes.base import GraphPass
+from trtforge.build_engine.passes.ir import GraphCtx, Node
+
+_MAX_CHAIN = 32
+
+
+class SinkCastThroughDataMovement(GraphPass):
+    """``Cast(M_k(...M_1(Cast(x, U))...), V)`` with every ``M_i`` in ``dtypes.DATA_MOVEMENT`` (Reshape, Transpose,
+    Squeeze, Unsqueeze, Flatten, Expand, Slice, Gather/GatherElements/GatherND on the data input, Tile, ...)
+    becomes ``Cast(M_k(...M_1(x)...), V)``: data movement copies values, so it commutes with an exact Cast, and the
+    outer Cast then sees exactly the values of ``x`` (same-type/round-trip rules finish the job when ``V`` is
+    ``x``'s type).
+
+    Must not fire when:
+    - ``U`` does not embed ``T`` (the type of ``x``), or ``T`` is unknown, or this opset's generic ops cannot take
+      ``T`` (bfloat16 before opset 13, float8 before 19);
+    - the Cast feeds an ``M_i`` through a non-data input (Gather indices, Reshape shape, Slice starts, ...);
+    - an intermediate value has another reader, is a graph output or is read by a subgraph (it would change type
+      under that reader);
+    - it would not remove a Cast: the first Cast keeps other readers and ``V != T``.
+    """
+
+    name = "sink_cast"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        count = 0
+        for c1 in ctx.nodes:
+            if not (c1.alive and c1.op == "Cast" and c1.onnx_op and c1.inputs and c1.inputs[0]):
+                continue
+            x, y = c1.inputs[0], c1.outputs[0]
+            t, u = ctx.type_of(x), c1.int_attr("to")
+            if u is None or u == t or not dt.embeds(u, t) or not dt.op_accepts(t, ctx.opset):
+                continue
+            for m1 in ctx.consumers(y):
+                chain = self._chain(ctx, m1, y)
+                if chain is None:
+                    continue
+                c2 = chain.pop()
+                if ctx.num_uses(y) > 1 and c2.int_attr("to") != t:
+                    continue
+                ctx.set_input(chain[0], 0, x)
+                for m in chain:
+                    ctx.types[m.outputs[0]] = t
+                    ctx.retyped.add(m.outputs[0])
+                ctx.rules["sink_cast"] += 1
+                count += 1
+                break
+        return count
+
+    @staticmethod
+    def _chain(ctx: GraphCtx, first: Node, value: str) -> list[Node] | None:
+        """[M_1, ..., M_k, Cast] following single readers from ``first``; None when the path breaks."""
+        chain: list[Node] = []
+        node, cur = first, value
+        for _ in range(_MAX_CHAIN):
+            if not node.alive or not node.onnx_op:
+                return None
+            if node.op == "Cast":
+                return chain + [node] if chain and node.int_attr("to") is not None else None
+            if (node.op not in dt.DATA_MOVEMENT or len(node.outputs) != 1 or not node.inputs
+                    or node.inputs[0] != cur or cur in node.inputs[1:] or node.free):
+                return None
+            chain.append(node)
+            cur = node.outputs[0]
+            if cur in ctx.output_set or ctx.implicit.get(cur) or ctx.num_uses(cur) != 1:
+                return None
+            readers = ctx.consumers(cur)
+            if len(readers) != 1:
+                return None
+            node = readers[0]
+        return None
