@@ -145,6 +145,12 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
         from trtforge.build_engine.passes import fold
 
         model = fold(converted.model).model
+        precision = _effective_precision(model, prof.precision.dtype)
+        if precision != prof.precision.dtype:
+            import sys
+
+            print(f"note: {onnx_path} is already {precision}; building it as is (profile {prof.name!r} asks for "
+                  f"{prof.precision.dtype}; converting between 16-bit types would round twice)", file=sys.stderr)
     trt = chosen.module
     with fsutil.atomic_dir(out, force=force) as tmp:
         _umask_mode(tmp)
@@ -159,14 +165,17 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                 from trtforge.plugins import register_all
 
                 register_all(trt)
+            elif _has_non_onnx_ops(model):
+                # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
+                prepare_plugin_loading(chosen)
             logger = _make_logger(trt)
             builder = trt.Builder(logger)
             network = _create_network(chosen, builder)
             parser = trt.OnnxParser(network, logger)
             if not parser.parse_from_file(str(onnx_path_built)):
                 first = parser.get_error(0) if parser.num_errors else None
-                detail = (f"node {first.node_name() or first.node()!r}: {first.desc()}" if first is not None
-                          else (logger.errors[0] if logger.errors else "unknown error"))
+                detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
+                          if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
                 raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
             config = _configure(chosen, builder, network, prof, plans, cc)
             inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
@@ -190,13 +199,35 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             (tmp / PLAN_NAME).write_bytes(plan_bytes)
             manifest = make_manifest(
                 backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
-                precision=prof.precision.dtype, compute_capabilities=_built_ccs(chosen, cc),
+                precision=precision, compute_capabilities=_built_ccs(chosen, cc),
                 inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model, chosen),
                 onnx_sha256=onnx_sha, plan_sha256=hashlib.sha256(plan_bytes).hexdigest(),
                 build_seconds=time.perf_counter() - start,
             )
             fsutil.write_json(tmp / MANIFEST_NAME, manifest)
     return manifest
+
+
+def _has_non_onnx_ops(model: Any) -> bool:
+    import onnx
+
+    return any(not onnx.defs.has(n.op_type, n.domain if n.domain != "ai.onnx" else "") for n in model.graph.node)
+
+
+def _effective_precision(model: Any, wanted: str) -> str:
+    """The 16-bit type that holds most of the weights: the profile's, unless the model came in the other one."""
+    from onnx import TensorProto
+
+    size = {"fp16": 0, "bf16": 0}
+    for t in model.graph.initializer:
+        key = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}.get(t.data_type)
+        if key is not None:
+            n = 1
+            for d in t.dims:
+                n *= d
+            size[key] += n
+    other = "bf16" if wanted == "fp16" else "fp16"
+    return other if size[other] > size[wanted] else wanted
 
 
 def _umask_mode(folder: Path) -> None:

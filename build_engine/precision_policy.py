@@ -6,8 +6,9 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 ``position * inv_freq`` lose whole radians in fp16 once positions pass ~1000. The policy:
 
 1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32.
-2. ``Cast`` nodes keep their ``to`` type; a Cast to float32 from a non-float (positions, shapes) starts an *index*
-   chain that stays fp32.
+2. ``Cast`` nodes keep their ``to`` type. Values computed only from shapes (``Shape``/``Range`` and what derives from
+   them: positions, causal masks) form *index* chains; float32 tensors on them (``Cast(int -> float)``,
+   ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the decision.
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
@@ -109,7 +110,13 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm"
     out: dict[int, NodeDecision] = {}
+    index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     for idx, node in enumerate(model.graph.node):
+        dyn_all = [n for n in node.input if n and n not in constants]
+        from_index = node.op_type in ("Shape", "Size") or (
+            bool(dyn_all) and all(n in index_values or fp32_origin.get(n) == "index" for n in dyn_all))
+        if from_index:
+            index_values.update(n for n in node.output if n and types.get(n) not in FLOAT_TYPES)
         has_f32 = any(types.get(n) == FLOAT for n in [*node.input, *node.output] if n)
         if not has_f32:
             out[idx] = NodeDecision(Mode.UNTOUCHED, reason="no float32 tensors")
@@ -141,6 +148,9 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if node.op_type in keep_ops:
             decision = NodeDecision(Mode.KEEP, reason="numerically sensitive op")
             tag = "index" if is_index else "norm"
+        elif from_index:
+            decision = NodeDecision(Mode.KEEP, reason="computed from shapes / positions")
+            tag = "index"
         elif all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
             decision = NodeDecision(Mode.KEEP, reason="inputs computed in fp32")
             tag = "index" if is_index else "norm"
