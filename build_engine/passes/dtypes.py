@@ -9,7 +9,8 @@ entry holds, and every pair that is missing has a counterexample).
 
 Notable non-embeddings: float32 does not embed int32 (2**24 + 1), float16 does not embed bfloat16 (range), bfloat16
 does not embed float16 (precision), no integer type embeds a float type (truncation), bool embeds nothing but itself
-(``Cast(x, bool)`` maps every non-zero to true). Types not listed here (strings, complex, 4-bit types, float8e8m0)
+(``Cast(x, bool)`` maps every non-zero to true), and float8e5m2 embeds in nothing because Cast back to it
+saturates +-inf to +-57344 (its default ``saturate=1``). Types not listed here (strings, complex, 4-bit types, float8e8m0)
 embed nothing but themselves, so no rule fires on them.
 """
 
@@ -49,16 +50,26 @@ EMBEDDED_IN: dict[int, frozenset[int]] = {
     F64: frozenset(),
     E4M3FN: frozenset({F16, BF16, F32, F64}),
     E4M3FNUZ: frozenset({F16, BF16, F32, F64}),
-    E5M2: frozenset({F16, BF16, F32, F64}),
+    # float8e5m2 has +-inf, and Cast back to it saturates them to +-57344 by default (saturate=1): never a round trip
+    E5M2: frozenset(),
     E5M2FNUZ: frozenset({F16, BF16, F32, F64}),
 }
 
 
 def embeds(u: int, t: int) -> bool:
-    """True when type ``u`` holds every value of type ``t`` exactly (``u == t`` included for known types)."""
+    """True when type ``u`` holds every value of type ``t`` exactly and ``Cast(., to=t)`` (default attributes)
+    gives them back; ``u == t`` is true for every known type except float8e5m2 (saturation of +-inf)."""
     if u == t:
-        return t != TP.UNDEFINED
+        return t in KNOWN and t != E5M2
     return u in EMBEDDED_IN.get(t, frozenset())
+
+
+def same_type_cast_is_identity(t: int, saturate: int | None) -> bool:
+    """``Cast(x, to=t)`` on an ``x`` already of type ``t`` returns ``x``: always, except that float8e5m2 with
+    ``saturate=1`` (the default) turns +-inf into +-57344."""
+    if t == TP.UNDEFINED:
+        return False
+    return t != E5M2 or saturate == 0
 
 
 def name(t: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trtforge.build_engine.passes import dtypes as dt
 from trtforge.build_engine.passes.base import GraphPass
 from trtforge.build_engine.passes.ir import GraphCtx
 
@@ -14,7 +15,8 @@ class RemoveSameTypeCast(GraphPass):
       reference;
     - ``y`` is a graph output and ``x`` is a graph input, another graph output, an initializer or an outer value
       (the Identity rules of ``GraphCtx.bypass``).
-    ``saturate``/``round_mode`` do not matter: a same-type Cast never rounds.
+    - ``x`` is float8e5m2 and ``saturate`` is 1 (the default): that Cast turns +-inf into +-57344.
+    ``round_mode`` does not matter: a same-type Cast never rounds.
     """
 
     name = "same_type_cast"
@@ -25,6 +27,11 @@ class RemoveSameTypeCast(GraphPass):
             if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
                 continue
             to = n.int_attr("to")
-            if to is not None and to == ctx.type_of(n.inputs[0]) and ctx.bypass(n, n.inputs[0], "same_type_cast"):
+            if to is None or to != ctx.type_of(n.inputs[0]):
+                continue
+            sat = n.attr("saturate")
+            if not dt.same_type_cast_is_identity(to, 1 if sat is None else n.int_attr("saturate")):
+                continue
+            if ctx.bypass(n, n.inputs[0], "same_type_cast"):
                 count += 1
         return count
