@@ -46,6 +46,7 @@ FLOAT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")  # numpy / ml
 SLOT_DTYPE = "int32"
 SCALE_DTYPE = "float32"
 
+MAX_SLOTS = 4096  # the kernel's sort keeps 2 int32 counters per slot in shared memory (<= 32 KiB)
 MAX_RANK = 64  # the kernel keeps per-thread rank vectors in registers; 64 bounds them
 TILE_CHOICES: tuple[int, ...] = (32, 64, 128, 256)  # tactics: H elements staged per shared-memory step
 DEFAULT_TILE = 128
@@ -71,8 +72,8 @@ class LoraFields:
                 raise InputError(f"{PLUGIN_NAME} field {f.name!r} must be an int, got {value!r}")
         if not 1 <= self.max_rank <= MAX_RANK:
             raise InputError(f"{PLUGIN_NAME} field 'max_rank' is {self.max_rank}; it must be in 1..{MAX_RANK}")
-        if self.num_slots < 1:
-            raise InputError(f"{PLUGIN_NAME} field 'num_slots' is {self.num_slots}; it must be at least 1")
+        if not 1 <= self.num_slots <= MAX_SLOTS:
+            raise InputError(f"{PLUGIN_NAME} field 'num_slots' is {self.num_slots}; it must be in 1..{MAX_SLOTS}")
         for name in ("in_features", "out_features"):
             if getattr(self, name) < 1:
                 raise InputError(f"{PLUGIN_NAME} field {name!r} is {getattr(self, name)}; it must be positive")

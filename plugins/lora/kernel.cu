@@ -1,0 +1,300 @@
+// LoRAOpPluginDynamic: fused multi-adapter LoRA update, y[t] += scales[s] * (x[t] @ A[s]) @ B[s], s = slot of token t.
+//
+// One launch, three kinds of blocks (see README.md "Kernel design"). Every block takes a ticket from an atomic
+// counter; tickets, not blockIdx, decide the role, so a block only ever waits for blocks holding smaller tickets,
+// which are already resident (the ordering trick of CUB's single-pass scan): no deadlock, no cooperative launch.
+//   ticket 0                      SORT:   counting sort of the tokens by slot (slot -1 dropped) into chunks of
+//                                         LORA_TOKENS tokens of one slot; publishes the chunk table.
+//   tickets 1 .. C*n_hs           SHRINK: chunk c, H slice k: partial v[k][pos][r] = x[tok] . A[s][h in slice k][r]
+//   the next C*n_ot tickets       EXPAND: chunk c, O tile j: waits for c's n_hs shrink slices, v = scale * sum_k,
+//                                         y[tok][o] += v . B[s][:, o] for o in tile j.
+// Grouping tokens by slot makes each block read A[s] / B[s] once for up to LORA_TOKENS tokens, so at 2048 tokens
+// the adapter pools cost ~(T/16 + N) * (H*R + R*O) L2 bytes instead of T * (H*R + R*O); splitting H (shrink) and O
+// (expand) across blocks keeps small batches parallel. Tokens with slot -1 are never touched (y passes through).
+// The last block to finish resets the control words, so the scratch needs zeroing only once (at allocation) and
+// CUDA-graph replays work. Accumulation is fp32; y is read and rounded once.
+//
+// No CUDA headers: fp16/bf16 conversions are inline PTX, so NVRTC needs no include path. Needs sm_80+ (bf16 cvt).
+
+#define LORA_THREADS 256
+#define LORA_TOKENS 16
+#define LORA_MAX_RANK 64
+#define LORA_WARPS (LORA_THREADS / 32)
+#define LORA_SPIN_LIMIT (1u << 30)
+
+struct lora_f16 { unsigned short bits; };
+struct lora_bf16 { unsigned short bits; };
+
+__device__ __forceinline__ float lora_to_f(float v) { return v; }
+__device__ __forceinline__ float lora_to_f(lora_f16 v) {
+    float f;
+    asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+__device__ __forceinline__ float lora_to_f(lora_bf16 v) { return __uint_as_float(((unsigned int)v.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T lora_from_f(float f);
+template <> __device__ __forceinline__ float lora_from_f<float>(float f) { return f; }
+template <> __device__ __forceinline__ lora_f16 lora_from_f<lora_f16>(float f) {
+    lora_f16 r;
+    asm("{ .reg .b16 h; cvt.rn.f16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r.bits) : "f"(f));
+    return r;
+}
+template <> __device__ __forceinline__ lora_bf16 lora_from_f<lora_bf16>(float f) {
+    lora_bf16 r;
+    asm("{ .reg .b16 h; cvt.rn.bf16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r.bits) : "f"(f));
+    return r;
+}
+
+// Scratch layout (int32 words; the launcher allocates scratch_bytes() and zeroes it once):
+//   ctrl[0] ticket   ctrl[1] blocks done   ctrl[2] chunk table ready   ctrl[3] number of chunks
+//   chunk_done[max_chunks]  chunk_start[max_chunks]  chunk_len[max_chunks]  chunk_slot[max_chunks]
+//   sorted[num_tokens]      then (float) vpart[n_hs][num_tokens][rank]
+struct LoraScratch {
+    int* ctrl; int* chunk_done; int* chunk_start; int* chunk_len; int* chunk_slot; int* sorted; float* vpart;
+};
+
+__device__ __forceinline__ LoraScratch lora_scratch(int* base, int max_chunks, int num_tokens) {
+    LoraScratch s;
+    s.ctrl = base;
+    s.chunk_done = base + 4;
+    s.chunk_start = s.chunk_done + max_chunks;
+    s.chunk_len = s.chunk_start + max_chunks;
+    s.chunk_slot = s.chunk_len + max_chunks;
+    s.sorted = s.chunk_slot + max_chunks;
+    s.vpart = reinterpret_cast<float*>(s.sorted + num_tokens);
+    return s;
+}
+
+__device__ __forceinline__ int lora_load_volatile(const int* p) { return *((volatile const int*)p); }
+
+__device__ __forceinline__ void lora_spin_until(const int* p, int value) {
+    unsigned int spins = 0;
+    while (lora_load_volatile(p) < value) {
+        if (++spins > LORA_SPIN_LIMIT) __trap();  // a bug, never a hang: turn it into a launch error
+        __nanosleep(64);
+    }
+    __threadfence();
+}
+
+// SORT role: one block. Warp-aggregated shared atomics (__match_any_sync) keep 8 hot slots from serializing.
+__device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int tokens_per_slot, int num_slots,
+                          LoraScratch sc, int* hist /* shared, 2*num_slots ints */) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    int* cursor = hist + num_slots;
+    for (int s = tid; s < num_slots; s += LORA_THREADS) hist[s] = 0;
+    __syncthreads();
+    for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS) {
+        const int t = t0 + tid;
+        const int s = t < num_tokens ? slot_ids[t / tokens_per_slot] : -1;
+        const bool ok = s >= 0 && s < num_slots;
+        const unsigned peers = __match_any_sync(0xffffffffu, ok ? s : -1);
+        if (ok && (__ffs(peers) - 1) == lane) atomicAdd(&hist[s], __popc(peers));
+    }
+    __syncthreads();
+    if (tid == 0) {  // serial prefix + chunk table: num_slots and the chunk count are small
+        int off = 0, c = 0;
+        for (int s = 0; s < num_slots; ++s) {
+            const int n = hist[s];
+            cursor[s] = off;
+            for (int i = 0; i < n; i += LORA_TOKENS, ++c) {
+                sc.chunk_start[c] = off + i;
+                sc.chunk_len[c] = min(LORA_TOKENS, n - i);
+                sc.chunk_slot[c] = s;
+            }
+            off += n;
+        }
+        sc.ctrl[3] = c;
+    }
+    __syncthreads();
+    for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS) {
+        const int t = t0 + tid;
+        const int s = t < num_tokens ? slot_ids[t / tokens_per_slot] : -1;
+        const bool ok = s >= 0 && s < num_slots;
+        const unsigned peers = __match_any_sync(0xffffffffu, ok ? s : -1);
+        const int leader = __ffs(peers) - 1;
+        int base = 0;
+        if (ok && leader == lane) base = atomicAdd(&cursor[s], __popc(peers));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        if (ok) sc.sorted[base + __popc(peers & ((1u << lane) - 1u))] = t;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicExch(&sc.ctrl[2], 1);
+}
+
+// SHRINK role: chunk c, H slice k. Thread (r = tid % rp, hsub = tid / rp) sums rows hsub, hsub + LORA_THREADS/rp,
+// ... of each staged x tile for all tokens of the chunk; the hsub partials are then reduced in shared memory.
+template <typename T>
+__device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_a, int in_features, int rank,
+                            int tile, int h_per_slice, int num_tokens, int c, int k, LoraScratch sc, float* smem) {
+    const int tid = threadIdx.x;
+    __shared__ int tok[LORA_TOKENS];
+    const int start = __ldcg(sc.chunk_start + c), count = __ldcg(sc.chunk_len + c), slot = __ldcg(sc.chunk_slot + c);
+    if (tid < count) tok[tid] = __ldcg(sc.sorted + start + tid);
+    int rp = 1;
+    while (rp < rank) rp <<= 1;
+    const int r = tid % rp, hsub = tid / rp, nsub = LORA_THREADS / rp;
+    float acc[LORA_TOKENS];
+#pragma unroll
+    for (int g = 0; g < LORA_TOKENS; ++g) acc[g] = 0.f;
+    const T* a_s = lora_a + (size_t)slot * in_features * rank;
+    const int h_begin = k * h_per_slice, h_end = min(in_features, h_begin + h_per_slice);
+    float* xs = smem;  // [LORA_TOKENS][tile]
+    __syncthreads();
+    for (int h0 = h_begin; h0 < h_end; h0 += tile) {
+        const int hn = min(tile, h_end - h0);
+        for (int i = tid; i < count * tile; i += LORA_THREADS) {
+            const int g = i / tile, h = i - g * tile;
+            xs[i] = h < hn ? lora_to_f(x[(size_t)tok[g] * in_features + h0 + h]) : 0.f;
+        }
+        __syncthreads();
+        if (r < rank) {
+#pragma unroll 4
+            for (int h = hsub; h < hn; h += nsub) {
+                const float a = lora_to_f(a_s[(size_t)(h0 + h) * rank + r]);
+#pragma unroll
+                for (int g = 0; g < LORA_TOKENS; ++g)
+                    if (g < count) acc[g] += xs[g * tile + h] * a;
+            }
+        }
+        __syncthreads();
+    }
+    float* red = smem;  // [nsub][LORA_TOKENS][rp] = LORA_THREADS * LORA_TOKENS floats
+#pragma unroll
+    for (int g = 0; g < LORA_TOKENS; ++g) red[(hsub * LORA_TOKENS + g) * rp + r] = acc[g];
+    __syncthreads();
+    float* vpart = sc.vpart + (size_t)k * num_tokens * rank;
+    for (int p = tid; p < count * rank; p += LORA_THREADS) {
+        const int g = p / rank, rr = p - g * rank;
+        float s = 0.f;
+        for (int j = 0; j < nsub; ++j) s += red[(j * LORA_TOKENS + g) * rp + rr];
+        vpart[(size_t)(start + g) * rank + rr] = s;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(&sc.chunk_done[c], 1);
+}
+
+// EXPAND role: chunk c, O tile j: v = scale * sum_k vpart (fp32, in shared memory), then for each column o of the
+// tile (one per thread at a time, coalesced): acc[g] = sum_r v[g][r] * B[s][r][o] for the chunk's tokens, and
+// y[tok][o] += acc[g]. Each B element is loaded once per block and reused for all tokens of the chunk.
+template <typename T>
+__device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, const float* __restrict__ scales,
+                            int out_features, int rank, int n_hs, int o_tile, int num_tokens, int c, int j,
+                            LoraScratch sc) {
+    const int tid = threadIdx.x;
+    __shared__ int tok[LORA_TOKENS];
+    __shared__ float v[LORA_TOKENS * LORA_MAX_RANK];
+    if (tid == 0) lora_spin_until(&sc.chunk_done[c], n_hs);
+    __syncthreads();
+    const int start = __ldcg(sc.chunk_start + c), count = __ldcg(sc.chunk_len + c), slot = __ldcg(sc.chunk_slot + c);
+    if (tid < count) tok[tid] = __ldcg(sc.sorted + start + tid);
+    const float scale = scales[slot];
+    for (int p = tid; p < count * rank; p += LORA_THREADS) {
+        const int g = p / rank, rr = p - g * rank;
+        float s = 0.f;
+        for (int k = 0; k < n_hs; ++k)  // written by other blocks in this launch: bypass L1 (ld.global.cg)
+            s += __ldcg(sc.vpart + ((size_t)k * num_tokens + start + g) * rank + rr);
+        v[g * LORA_MAX_RANK + rr] = s * scale;
+    }
+    __syncthreads();
+    const T* b_s = lora_b + (size_t)slot * rank * out_features;
+    const int o_end = min(out_features, (j + 1) * o_tile);
+    for (int o = j * o_tile + tid; o < o_end; o += LORA_THREADS) {
+        float acc[LORA_TOKENS];
+#pragma unroll
+        for (int g = 0; g < LORA_TOKENS; ++g) acc[g] = 0.f;
+#pragma unroll 4
+        for (int rr = 0; rr < rank; ++rr) {
+            const float b = lora_to_f(b_s[(size_t)rr * out_features + o]);
+#pragma unroll
+            for (int g = 0; g < LORA_TOKENS; ++g)
+                if (g < count) acc[g] += v[g * LORA_MAX_RANK + rr] * b;
+        }
+#pragma unroll
+        for (int g = 0; g < LORA_TOKENS; ++g) {
+            if (g < count) {
+                T* yp = y + (size_t)tok[g] * out_features + o;
+                *yp = lora_from_f<T>(lora_to_f(*yp) + acc[g]);
+            }
+        }
+    }
+}
+
+template <typename T>
+__device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ lora_a,
+                           const T* __restrict__ lora_b, const int* __restrict__ slot_ids,
+                           const float* __restrict__ scales, int* __restrict__ scratch, int num_tokens,
+                           int in_features, int out_features, int rank, int num_slots, int tokens_per_slot, int tile,
+                           int n_hs, int n_ot, int max_chunks) {
+    extern __shared__ float smem[];
+    __shared__ int ticket_s, last_s;
+    const LoraScratch sc = lora_scratch(scratch, max_chunks, num_tokens);
+    if (threadIdx.x == 0) ticket_s = atomicAdd(&sc.ctrl[0], 1);
+    __syncthreads();
+    const int ticket = ticket_s;
+    const int n_shrink = max_chunks * n_hs;
+    if (ticket == 0) {
+        lora_sort(slot_ids, num_tokens, tokens_per_slot, num_slots, sc, reinterpret_cast<int*>(smem));
+    } else {
+        if (threadIdx.x == 0) lora_spin_until(&sc.ctrl[2], 1);
+        __syncthreads();
+        const int n_chunks = lora_load_volatile(&sc.ctrl[3]);
+        const int i = ticket - 1;
+        if (i < n_shrink) {
+            const int c = i / n_hs, k = i - c * n_hs;
+            const int h_per_slice = ((in_features + n_hs - 1) / n_hs + tile - 1) / tile * tile;
+            if (c < n_chunks && k * h_per_slice < in_features)
+                lora_shrink<T>(x, lora_a, in_features, rank, tile, h_per_slice, num_tokens, c, k, sc, smem);
+            else if (c < n_chunks && threadIdx.x == 0)
+                atomicAdd(&sc.chunk_done[c], 1);  // empty H slice still counts as done
+        } else {
+            const int e = i - n_shrink, c = e / n_ot, j = e - c * n_ot;
+            const int o_tile = ((out_features + n_ot - 1) / n_ot + 31) / 32 * 32;
+            if (c < n_chunks && j * o_tile < out_features)
+                lora_expand<T>(y, lora_b, scales, out_features, rank, n_hs, o_tile, num_tokens, c, j, sc);
+        }
+    }
+    // The last block out resets the control words for the next launch (same stream => launches do not overlap).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last_s = atomicAdd(&sc.ctrl[1], 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last_s) {
+        for (int c = threadIdx.x; c < max_chunks; c += LORA_THREADS) sc.chunk_done[c] = 0;
+        if (threadIdx.x == 0) { sc.ctrl[0] = 0; sc.ctrl[2] = 0; sc.ctrl[3] = 0; sc.ctrl[1] = 0; }
+        __threadfence();
+    }
+}
+
+// Entry points, one per dtype (extern "C": stable PTX names lora_fused_f16 / lora_fused_bf16 / lora_fused_f32).
+// Parameters (T = num_tokens = product of x.shape[:-1]; H = in_features; O = out_features; R = rank; N = num_slots):
+#define LORA_ENTRY(NAME, TYPE)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(LORA_THREADS, 2) NAME(                                                 \
+        const TYPE* __restrict__ x,         /* [T, H] activations, dtype D, row-major */                            \
+        TYPE* __restrict__ y,               /* [T, O] projection output, dtype D, updated in place */               \
+        const TYPE* __restrict__ lora_a,    /* [N, H, R] down-projection pool, dtype D */                           \
+        const TYPE* __restrict__ lora_b,    /* [N, R, O] up-projection pool, dtype D */                             \
+        const int* __restrict__ slot_ids,   /* [T / tokens_per_slot] int32, slot in [0, N) or -1 (no adapter) */    \
+        const float* __restrict__ scales,   /* [N] float32, alpha / rank per slot */                                \
+        int* __restrict__ scratch,          /* scratch_bytes() bytes, zeroed once at allocation, int32 words */     \
+        int num_tokens,                     /* T */                                                                 \
+        int in_features,                    /* H */                                                                 \
+        int out_features,                   /* O */                                                                 \
+        int rank,                           /* R, 1..64 */                                                          \
+        int num_slots,                      /* N */                                                                 \
+        int tokens_per_slot,                /* 1 per token, S per sequence */                                       \
+        int tile,                           /* H elements staged per shared-memory step (the tactic) */             \
+        int n_hs,                           /* H slices per chunk (shrink blocks per chunk) */                      \
+        int n_ot,                           /* O tiles per chunk (expand blocks per chunk) */                       \
+        int max_chunks) {                   /* upper bound on chunks: ceil(T / 16) + min(N, T) */                   \
+        lora_fused<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, scratch, num_tokens, in_features, out_features,    \
+                         rank, num_slots, tokens_per_slot, tile, n_hs, n_ot, max_chunks);                            \
+    }
+
+LORA_ENTRY(lora_fused_f16, lora_f16)
+LORA_ENTRY(lora_fused_bf16, lora_bf16)
+LORA_ENTRY(lora_fused_f32, float)

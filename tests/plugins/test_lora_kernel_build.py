@@ -1,0 +1,102 @@
+"""The CUDA kernel compiles to PTX for sm_80/86/90 (NVRTC or nvcc) and the launch planning is consistent."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trtforge.build_engine.errors import InputError
+from trtforge.plugins.lora import spec
+from trtforge.plugins.lora.launch import kernel_args, max_chunks, plan_launch, scratch_bytes
+from trtforge.plugins.lora.ptx import ENTRY_NAMES, compile_ptx, kernel_define, normalize_arch
+
+
+def _compiler_or_skip() -> None:
+    from trtforge.plugins.lora.ptx import _find_nvcc
+
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        load_nvidia_dynamic_lib("nvrtc")
+        return
+    except Exception:
+        if _find_nvcc() is None:
+            pytest.skip("neither libnvrtc nor nvcc is available")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90"])
+def test_ptx_compiles_with_entry_points(arch, tmp_path, monkeypatch):
+    _compiler_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ptx = compile_ptx(arch, use_cache=False)
+    assert ptx.target == arch
+    assert set(ptx.entries) == set(ENTRY_NAMES.values())
+    assert b".version" in ptx.text and b"\0" not in ptx.text
+    # every entry takes 7 pointers + 10 int32s, in launch.kernel_args order
+    for name in ENTRY_NAMES.values():
+        body = ptx.text.split(f".entry {name}(".encode(), 1)[1].split(b")", 1)[0]
+        assert body.count(b".param .u64") == 7 and body.count(b".param .u32") == 10, body
+
+
+def test_ptx_disk_cache_round_trip(tmp_path, monkeypatch):
+    _compiler_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = compile_ptx("8.6")
+    cached = list((tmp_path / "trtforge" / "ptx").glob("*-sm_86-*.ptx"))
+    assert len(cached) == 1 and cached[0].read_bytes() == first.text
+    assert compile_ptx("sm_86") == first
+
+
+def test_normalize_arch():
+    assert normalize_arch("8.0") == "sm_80" and normalize_arch("sm_90") == "sm_90" and normalize_arch("86") == "sm_86"
+    with pytest.raises(InputError, match="sm_80"):
+        normalize_arch("7.5")
+
+
+def test_defines_match_spec():
+    assert kernel_define("LORA_MAX_RANK") == spec.MAX_RANK
+    assert kernel_define("LORA_THREADS") % 64 == 0  # every power-of-two rank <= 64 divides the block
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 128, 2048, 4099])
+@pytest.mark.parametrize("tile", spec.TILE_CHOICES)
+def test_plan_launch_covers_the_problem(tokens, tile):
+    f = spec.LoraFields(max_rank=16, num_slots=8, in_features=4096, out_features=4000, tile=tile)
+    p = plan_launch(f, tokens, "float16", sm_count=132)
+    g = kernel_define("LORA_TOKENS")
+    threads = kernel_define("LORA_THREADS")
+    assert p.kernel == "lora_fused_f16" and p.block == (threads, 1, 1)
+    assert p.max_chunks == math.ceil(tokens / g) + min(8, tokens) == max_chunks(tokens, 8)
+    assert p.grid == (1 + p.max_chunks * (p.n_hs + p.n_ot), 1, 1)
+    # the H slices (rounded to the tile) and O tiles (rounded to 32) cover H and O
+    h_slice = math.ceil(math.ceil(4096 / p.n_hs) / tile) * tile
+    o_tile = math.ceil(math.ceil(4000 / p.n_ot) / 32) * 32
+    assert h_slice * p.n_hs >= 4096 and o_tile * p.n_ot >= 4000
+    assert 1 <= p.n_hs <= math.ceil(4096 / tile) and 1 <= p.n_ot <= math.ceil(4000 / threads)
+    assert p.shared_bytes <= 48 * 1024 and p.shared_bytes >= 4 * g * tile
+    assert p.scratch_bytes == scratch_bytes(tokens, 8, 16, p.n_hs) >= 4 * p.n_hs * tokens * 16
+    # about two work blocks per SM once there is enough work, never fewer than one block per chunk and role
+    work = p.grid[0] - 1
+    assert work >= 2 * p.max_chunks
+
+
+def test_plan_launch_small_batches_spread_over_sms():
+    f = spec.LoraFields(16, 8, 4096, 4096, 128)
+    p1 = plan_launch(f, 1, "bfloat16", sm_count=132)
+    assert p1.n_hs == 32 and p1.n_ot == 16  # one token: H split in 32 slices, O in 16 tiles
+    big = plan_launch(f, 2048, "bfloat16", sm_count=132)
+    assert big.n_hs <= 2 and big.n_ot <= 2  # many chunks: little splitting, so little re-reading
+
+
+def test_plan_launch_refusals_and_args():
+    f = spec.LoraFields(8, 4, 64, 32, 64)
+    with pytest.raises(InputError, match="dtype"):
+        plan_launch(f, 4, "int8")
+    with pytest.raises(InputError, match="tile"):
+        plan_launch(f, 4, "float32", tile=48)
+    p = plan_launch(f, 5, "float32")
+    values, types = kernel_args(p, f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, scratch=7, num_tokens=5,
+                                tokens_per_slot=1)
+    assert len(values) == len(types) == 17
+    assert values[7:] == (5, 64, 32, 8, 4, 1, 64, p.n_hs, p.n_ot, p.max_chunks)
