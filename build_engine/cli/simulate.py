@@ -1,0 +1,83 @@
+"""``trtforge simulate``: replay a request trace against the KV-aware scheduler and print/save metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge simulate", "replay a trace (Azure CSV, Mooncake JSONL or synthetic) against the "
+                                         "scheduler with a roofline step-time model of the profile's GPU")
+    p.add_argument("--trace", required=True, help="Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N'")
+    p.add_argument("--profile", required=True, help="GPU profile (a10, a100, h100) or a .toml path")
+    p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
+    p.add_argument("--policy", required=True, choices=("fcfs-no-evict", "max-utilization", "cache-aware"))
+    p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1)")
+    p.add_argument("--router", choices=("round-robin", "prefix-affinity"), default="round-robin")
+    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--kv-scale", type=float, default=1.0,
+                   help="use this fraction of the planned KV blocks (e.g. 0.25 to create KV pressure)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival times (0.5 = twice the arrival rate)")
+    p.add_argument("--max-running", type=int, default=256, help="max concurrent requests (default 256)")
+    p.add_argument("--token-budget", type=int, default=8192, help="tokens per step (default 8192)")
+    p.add_argument("--horizon", type=float, default=600.0, help="seconds simulated past the last arrival")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
+    p.add_argument("--json", metavar="OUT", default=None, help="write the metrics JSON here")
+    p.add_argument("--plot", metavar="OUT.png", default=None, help="write KV utilization / queue / TTFT plot")
+    return p
+
+
+def _run(args) -> int:
+    from dataclasses import replace
+
+    from trtforge.build_engine.errors import InputError
+    from trtforge.build_engine.fsutil import write_json
+    from trtforge.build_engine.profiles import load_profile
+    from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+    from trtforge.scheduler.simulator import simulate
+    from trtforge.scheduler.step_time import StepTimeModel
+    from trtforge.scheduler.traces import load_trace
+
+    if not 0 < args.kv_scale <= 1:
+        raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")
+    if args.time_scale <= 0:
+        raise InputError(f"--time-scale must be > 0, got {args.time_scale}")
+    if args.max_requests is not None and args.max_requests < 1:
+        raise InputError(f"--max-requests must be >= 1, got {args.max_requests}")
+    profile = load_profile(args.profile)
+    spec = load_model_spec(args.model)
+    kv = plan_kv(profile, spec, max_num_tokens=args.token_budget, max_batch=args.max_running)
+    reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
+    if args.time_scale != 1.0:
+        reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
+    blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
+    cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
+                          max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
+                          max_running=args.max_running)
+    model = StepTimeModel.from_profile(profile, spec)
+    res = simulate(reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
+                   horizon_s=args.horizon)
+    summary = {**res.summary, "router": args.router, "trace": args.trace, "profile": profile.name,
+               "model": spec.name, "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_scale": args.kv_scale,
+               "time_scale": args.time_scale}
+    if args.json:
+        write_json(args.json, {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                               for k, v in summary.items()})
+    if args.plot:
+        from trtforge.scheduler.plots import plot_results
+
+        plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
+    keys = ("policy", "requests", "completed", "rejected", "preempted", "stuck", "req_per_s", "throughput_tok_s",
+            "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
+    print(json.dumps({k: summary[k] for k in keys}, indent=1))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

@@ -1,0 +1,180 @@
+"""Request traces: Azure LLM inference CSV, Mooncake JSONL, and a synthetic generator with Mooncake's shape.
+
+- Azure 2023 (Patel et al., Splitwise, ISCA 2024; CC-BY 4.0): ``TIMESTAMP,ContextTokens,GeneratedTokens`` with
+  timestamps like ``2023-11-16 18:15:46.6805900``; no prompt content, so no prefix sharing.
+- Mooncake (Qin et al., FAST 2025; Apache-2.0): JSON lines ``{"timestamp": ms, "input_length", "output_length",
+  "hash_ids": [...]}``, one hash id per 512-token prompt block; equal ids mean equal prefix blocks.
+- ``synthetic_trace``: Poisson arrivals, lognormal prompt and output lengths, and conversations that extend a
+  shared system prompt and their own earlier turns, emitted as Mooncake-style hash ids (deterministic by seed).
+
+A malformed file raises ``InputError`` with one line naming the file, the line number and what is wrong.
+Arrival times are seconds from the first request. A zero ``GeneratedTokens`` is read as 1 (the request still
+produces its first token).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from datetime import datetime
+from pathlib import Path
+
+from trtforge.build_engine.errors import InputError
+from trtforge.scheduler.request import Request
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}")
+    try:
+        n = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}") from exc
+    if n < minimum or (isinstance(value, float) and value != n):
+        raise InputError(f"{path}:{line}: {key} must be an integer >= {minimum}, got {value!r}")
+    return n
+
+
+def _timestamp(text: str, path: Path, line: int) -> float:
+    try:
+        head, _, frac = text.strip().partition(".")
+        base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+        return base.timestamp() + (float("0." + frac) if frac else 0.0)
+    except ValueError as exc:
+        raise InputError(f"{path}:{line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'") from exc
+
+
+def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Request]:
+    p = Path(path)
+    out: list[Request] = []
+    try:
+        with open(p, newline="") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
+            need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+            if header[:3] != need:
+                raise InputError(f"{p}:1: header must be {','.join(need)}, got {','.join(header) or 'nothing'}")
+            t0: float | None = None
+            for row in reader:
+                line = reader.line_num
+                if not row or not "".join(row).strip():
+                    continue
+                if len(row) < 3:
+                    raise InputError(f"{p}:{line}: expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), "
+                                     f"got {len(row)}")
+                t = _timestamp(row[0], p, line)
+                t0 = t if t0 is None else t0
+                prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
+                new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
+                out.append(Request(f"azure-{len(out)}", t - t0, prompt, new))
+                if max_requests is not None and len(out) >= max_requests:
+                    break
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read trace ({exc.strerror or exc}); check the path") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{p}: not a text CSV file ({exc.reason})") from exc
+    return _sorted(out, p)
+
+
+def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> list[Request]:
+    p = Path(path)
+    out: list[Request] = []
+    t0: float | None = None
+    try:
+        with open(p) as fh:
+            for line_no, text in enumerate(fh, 1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
+                if not isinstance(obj, dict):
+                    raise InputError(f"{p}:{line_no}: each line must be a JSON object")
+                for key in ("timestamp", "input_length", "output_length"):
+                    if key not in obj:
+                        raise InputError(f"{p}:{line_no}: missing key {key!r} (Mooncake format: timestamp, "
+                                         "input_length, output_length, hash_ids)")
+                ts = obj["timestamp"]
+                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
+                    raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
+                t = float(ts) / 1000.0
+                t0 = t if t0 is None else t0
+                hashes = obj.get("hash_ids", [])
+                if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                           for h in hashes):
+                    raise InputError(f"{p}:{line_no}: hash_ids must be a list of integers")
+                out.append(Request(f"mooncake-{len(out)}", t - t0,
+                                   _int(obj["input_length"], p, line_no, "input_length", 1),
+                                   max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
+                                   block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS))
+                if max_requests is not None and len(out) >= max_requests:
+                    break
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read trace ({exc.strerror or exc}); check the path") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{p}: not a text JSONL file ({exc.reason})") from exc
+    return _sorted(out, p)
+
+
+def _sorted(reqs: list[Request], p: Path) -> list[Request]:
+    if not reqs:
+        raise InputError(f"{p}: the trace holds no requests")
+    return sorted(reqs, key=lambda r: r.arrival)  # stable: ties keep file order
+
+
+def synthetic_trace(num_requests: int = 2000, rate: float = 4.0, seed: int = 0, *,
+                    prompt_median: int = 2000, prompt_sigma: float = 1.0, output_median: int = 250,
+                    output_sigma: float = 0.8, system_prompt_blocks: int = 2, conversations: int = 300,
+                    max_prompt: int = 100_000, max_output: int = 2000) -> list[Request]:
+    """A Mooncake-shaped trace: Poisson arrivals at ``rate``/s, lognormal lengths, shared prefixes.
+
+    Every request starts with a shared system prompt (``system_prompt_blocks`` 512-token blocks); it belongs to
+    one of ``conversations`` conversations, repeats that conversation's previous prompt as its prefix and adds a
+    new turn of lognormal length (median ``prompt_median``). Deterministic for a given seed.
+    """
+    if num_requests < 1 or rate <= 0:
+        raise InputError("synthetic trace: num_requests must be >= 1 and rate > 0")
+    rng = random.Random(seed)
+    next_id = system_prompt_blocks
+    history: dict[int, list[int]] = {}
+    out: list[Request] = []
+    t = 0.0
+    for i in range(num_requests):
+        t += rng.expovariate(rate)
+        conv = rng.randrange(conversations)
+        prefix = history.get(conv, list(range(system_prompt_blocks)))
+        turn = int(max(16, rng.lognormvariate(math.log(prompt_median), prompt_sigma)))
+        if len(prefix) * MOONCAKE_BLOCK_TOKENS + turn > max_prompt:  # conversation too long: start over
+            prefix = list(range(system_prompt_blocks))
+        length = min(max_prompt, len(prefix) * MOONCAKE_BLOCK_TOKENS + turn)
+        hashes = prefix + [next_id + k for k in range(math.ceil(length / MOONCAKE_BLOCK_TOKENS) - len(prefix))]
+        next_id += len(hashes) - len(prefix)
+        # the next turn repeats this prompt's full blocks (a partial last block is re-sent with new content)
+        history[conv] = hashes[:length // MOONCAKE_BLOCK_TOKENS]
+        new = int(min(max_output, max(1, rng.lognormvariate(math.log(output_median), output_sigma))))
+        out.append(Request(f"synthetic-{i}", t, length, new, block_hashes=tuple(hashes),
+                           hash_block_tokens=MOONCAKE_BLOCK_TOKENS))
+    return out
+
+
+def load_trace(spec: str, max_requests: int | None = None, seed: int = 0) -> list[Request]:
+    """``synthetic`` (or ``synthetic:N``), a ``.csv`` (Azure) or a ``.jsonl`` (Mooncake) path."""
+    if spec == "synthetic" or spec.startswith("synthetic:"):
+        n = max_requests or 2000
+        if ":" in spec:
+            try:
+                n = int(spec.split(":", 1)[1])
+            except ValueError as exc:
+                raise InputError(f"--trace {spec!r}: write synthetic:N with N a number of requests") from exc
+        return synthetic_trace(min(n, max_requests or n), seed=seed)
+    p = Path(spec)
+    if p.suffix.lower() == ".csv":
+        return read_azure_csv(p, max_requests)
+    if p.suffix.lower() in (".jsonl", ".json"):
+        return read_mooncake_jsonl(p, max_requests)
+    raise InputError(f"--trace {spec}: unknown trace format; give an Azure .csv, a Mooncake .jsonl or 'synthetic'")

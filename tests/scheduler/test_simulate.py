@@ -1,0 +1,83 @@
+"""Simulator behaviour and the ``trtforge simulate`` CLI contract."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import assert_one_line_error
+from trtforge.build_engine.profiles import load_profile
+from trtforge.scheduler.kv_plan import PRESETS
+from trtforge.scheduler.request import Request
+from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+from trtforge.scheduler.simulator import calibrate, percentile, simulate
+from trtforge.scheduler.step_time import StepTimeModel
+from trtforge.scheduler.traces import synthetic_trace
+
+KEYS = ("policy", "requests", "completed", "rejected", "preempted", "throughput_tok_s", "ttft_p50_s",
+        "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
+
+
+def _model() -> StepTimeModel:
+    return StepTimeModel.from_profile(load_profile("h100"), PRESETS["llama-3.1-8b"])
+
+
+def test_step_time_roofline_regimes() -> None:
+    m = _model()
+    one = m.step_seconds([], 1000, 1)
+    # decode is memory-bound: ~16 GB of bf16 weights / (3.35 TB/s * 0.8) + overhead
+    assert abs(one - (m.weights_bytes / (3350e9 * 0.8) + m.overhead_s)) / one < 0.02
+    # doubling a compute-bound prefill roughly doubles its time; doubling a small decode batch barely moves it
+    p1, p2 = m.step_seconds([(0, 4096)], 0, 0), m.step_seconds([(0, 8192)], 0, 0)
+    assert 1.8 < (p2 - m.overhead_s) / (p1 - m.overhead_s) < 2.5
+    assert m.step_seconds([], 2000, 2) / one < 1.05
+
+
+def test_never_fit_under_fcfs_terminates_and_reports_stuck() -> None:
+    reqs = [Request("huge", 0.0, 5000, 100)] + [Request(f"r{k}", 0.01 * k, 300, 20) for k in range(1, 20)]
+    out = {}
+    for policy in ("fcfs-no-evict", "cache-aware"):
+        cfg = SchedulerConfig(num_blocks=40, tokens_per_block=64, policy=policy, max_running=16)
+        out[policy] = simulate(reqs, lambda: Scheduler(cfg), _model(), horizon_s=30).summary
+    assert out["fcfs-no-evict"]["stuck"] == 20 and out["fcfs-no-evict"]["completed"] == 0
+    assert out["cache-aware"]["rejected"] == 1 and out["cache-aware"]["completed"] == 19
+    assert out["cache-aware"]["rejected_by_kind"] == {"kv-never-fits": 1}
+
+
+def test_prefix_affinity_routes_conversations_together() -> None:
+    reqs = synthetic_trace(300, rate=6.0, seed=1)
+    rates = {}
+    for router in ("round-robin", "prefix-affinity"):
+        cfg = SchedulerConfig(num_blocks=3000, tokens_per_block=64, policy="cache-aware")
+        rates[router] = simulate(reqs, lambda: Scheduler(cfg), _model(), replicas=4, router=router).summary
+    assert rates["prefix-affinity"]["prefix_hit_rate"] > rates["round-robin"]["prefix_hit_rate"]
+    assert rates["prefix-affinity"]["completed"] == 300
+
+
+def test_calibration_ratio_is_reported() -> None:
+    cal = calibrate(load_profile("h100"))
+    assert cal["published_output_tok_s"] == 15270.02
+    assert cal["ratio_model_over_published"] == cal["model_output_tok_s"] / 15270.02 > 0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_cli_simulate_json_and_plot(cli, tmp_path) -> None:
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    res = cli("simulate", "--trace", "synthetic:150", "--profile", "h100", "--model", "llama-3.1-8b",
+              "--policy", "cache-aware", "--replicas", "2", "--router", "prefix-affinity", "--kv-scale", "0.2",
+              "--json", out, "--plot", png)
+    assert res.code == 0, res.err
+    data = json.loads(out.read_text())
+    for key in KEYS:
+        assert key in data
+    assert data["requests"] == 150 and data["completed"] + data["rejected"] + data["stuck"] == 150
+    assert data["preempted"] == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_simulate_errors(cli, tmp_path) -> None:
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    res = cli("simulate", "--trace", bad, "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "cache-aware")
+    assert_one_line_error(res, 2, "t.jsonl:1", "input_length")
+    res = cli("simulate", "--trace", "synthetic", "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "lifo")
+    assert_one_line_error(res, 2, "--policy")
