@@ -25,7 +25,7 @@ class CollapseCastRoundTrip(GraphPass):
         for n in ctx.nodes:
             if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
                 continue
-            inner = ctx.producer.get(n.inputs[0])
+            inner = ctx.source(n.inputs[0])
             if inner is None or inner.op != "Cast" or not inner.onnx_op or not inner.inputs[0]:
                 continue
             x = inner.inputs[0]

@@ -29,7 +29,7 @@ class GatherIndexCast(GraphPass):
         for n in ctx.nodes:
             if not (n.alive and n.op in _OPS and n.onnx_op and len(n.inputs) == 2 and n.inputs[1]):
                 continue
-            c = ctx.producer.get(n.inputs[1])
+            c = ctx.source(n.inputs[1])
             if c is None or c.op != "Cast" or not c.onnx_op or not c.inputs[0] or n.inputs[0] == n.inputs[1]:
                 continue
             src, u = ctx.type_of(c.inputs[0]), c.int_attr("to")

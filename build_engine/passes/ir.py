@@ -13,7 +13,7 @@ before the node it replaces).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -97,6 +97,8 @@ class Scope:
 
     opset: int
     types: dict[str, int] = field(default_factory=dict)
+    #: producers in enclosing graphs (read-only), so a body can see that an outer value is a Cast
+    outer: Mapping[str, Node] = field(default_factory=dict)
 
 
 class GraphCtx:
@@ -111,6 +113,7 @@ class GraphCtx:
         self.outputs = list(outputs)
         self.output_set = set(outputs)
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
+        self.outer = scope.outer
         self.types = scope.types  # shared with enclosing graphs: value names are unique across scopes (SSA)
         for t in initializers:
             self.types.setdefault(t.name, t.data_type)
@@ -170,6 +173,15 @@ class GraphCtx:
         return self.types.get(name, TensorProto.UNDEFINED)
 
     # ----------------------------------------------------------------- queries
+    def source(self, name: str) -> Node | None:
+        """The node producing ``name``, in this graph or (read-only) in an enclosing one."""
+        n = self.producer.get(name)
+        if n is None:
+            n = self.outer.get(name)
+            if n is not None and not n.alive:
+                return None
+        return n
+
     def consumers(self, name: str) -> list[Node]:
         return list(self.uses.get(name, {}))
 

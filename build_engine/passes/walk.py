@@ -7,7 +7,7 @@ function fixes itself (Cast ``to``, Constant) are known there, so type-dependent
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -68,9 +68,10 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
             keep = [v for v in graph.value_info if v.name not in ctx.retyped]
             del graph.value_info[:]
             graph.value_info.extend(keep)
+    inner = Scope(scope.opset, scope.types, ChainMap(ctx.producer, scope.outer))  # type: ignore[arg-type]
     for n in graph.node:
         for g in subgraphs(n):
-            _run_graph(g, passes, scope, stats, fixed_point)
+            _run_graph(g, passes, inner, stats, fixed_point)
 
 
 def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_point: bool) -> None:
@@ -102,7 +103,8 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
             nodes = ctx.commit()
             del fn.node[:]
             fn.node.extend(nodes)
+        inner = Scope(fscope.opset, fscope.types, dict(ctx.producer))
         for n in fn.node:
             for g in subgraphs(n):
-                _run_graph(g, passes, fscope, stats, fixed_point)
+                _run_graph(g, passes, inner, stats, fixed_point)
     return stats
