@@ -13,6 +13,7 @@ only when everything succeeded (``fsutil.atomic_dir``).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,10 +154,11 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                   f"{prof.precision.dtype}; converting between 16-bit types would round twice)", file=sys.stderr)
     trt = chosen.module
     with fsutil.atomic_dir(out, force=force) as tmp:
-        _umask_mode(tmp)
         with _Timer(timings, "write_onnx"):
             onnx_path_built = tmp / ONNX_NAME
-            onnx_io.save_model(model, onnx_path_built, external_data=loaded.external_data or None)
+            # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
+            external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
+            onnx_io.save_model(model, onnx_path_built, external_data=external)
         with _Timer(timings, "parse"):
             from trtforge.plugins import has_plugin_nodes
 
@@ -195,7 +197,7 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                 raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
                                  f"{prof.name!r} (compute capability {cc}): {detail}")
         with _Timer(timings, "write_plan"):
-            plan_bytes = bytes(serialized)
+            plan_bytes = memoryview(serialized)  # IHostMemory exposes the buffer protocol: no 2nd copy of the plan
             (tmp / PLAN_NAME).write_bytes(plan_bytes)
             manifest = make_manifest(
                 backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
@@ -204,7 +206,9 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                 onnx_sha256=onnx_sha, plan_sha256=hashlib.sha256(plan_bytes).hexdigest(),
                 build_seconds=time.perf_counter() - start,
             )
-            fsutil.write_json(tmp / MANIFEST_NAME, manifest)
+            # Plain write: the temporary folder becomes OUTDIR only by atomic_dir's rename, so nothing half-written
+            # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.
+            (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -228,15 +232,6 @@ def _effective_precision(model: Any, wanted: str) -> str:
             size[key] += n
     other = "bf16" if wanted == "fp16" else "fp16"
     return other if size[other] > size[wanted] else wanted
-
-
-def _umask_mode(folder: Path) -> None:
-    """mkdtemp makes 0700 folders; an engine folder is read by other users (Triton), so apply the umask instead."""
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(folder, 0o777 & ~mask)
 
 
 def _built_ccs(backend: Backend, cc: str) -> list[str]:

@@ -39,9 +39,36 @@ class PrecisionResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
+_SKELETON_MIN_ELEMENTS = 1024  # initializers at least this big are stood in for by typed graph inputs
+
+
+def _skeleton(model: ModelProto) -> ModelProto:
+    """The model with its big initializers replaced by graph inputs of the same type and shape.
+
+    Shape inference and the checker serialise the whole model; weights are most of its bytes but only their type
+    and shape matter to them (small initializers, e.g. Reshape targets, stay because inference reads their values).
+    """
+    skel = ModelProto()
+    skel.CopyFrom(model)
+    g = skel.graph
+    small = []
+    declared = {i.name for i in g.input}
+    for t in model.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n < _SKELETON_MIN_ELEMENTS:
+            small.append(t)
+        elif t.name not in declared:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    del g.initializer[:]
+    g.initializer.extend(small)
+    return skel
+
+
 def _value_types(model: ModelProto) -> dict[str, int]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False)
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model), strict_mode=False, data_prop=False)
     except Exception as exc:
         raise ModelError(f"shape inference failed before precision conversion ({exc}); fix the model") from exc
     g = inferred.graph
@@ -49,7 +76,7 @@ def _value_types(model: ModelProto) -> dict[str, int]:
     for vi in [*g.input, *g.value_info, *g.output]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
-    for init in g.initializer:
+    for init in model.graph.initializer:
         types[init.name] = init.data_type
     for node in g.node:
         if node.op_type == "Constant":
@@ -180,10 +207,12 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     g.initializer.extend([*kept_inits, *new_inits])
     del g.value_info[:]
     try:
-        converted = onnx.shape_inference.infer_shapes(src, strict_mode=True)
-        onnx.checker.check_model(converted)
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(src), strict_mode=True)
+        onnx.checker.check_model(inferred)
     except Exception as exc:  # a bug in the conversion, not in the user's model
         raise ModelError(f"precision conversion to {to} produced an invalid model ({exc})") from exc
+    g.value_info.extend(inferred.graph.value_info)
+    converted = src
     modes = Counter(d.mode.value for d in decisions.values())
     kept = Counter(model.graph.node[i].op_type for i, d in decisions.items() if d.mode is Mode.KEEP)
     report: dict[str, Any] = {
