@@ -1,0 +1,73 @@
+"""``trtforge fold IN.onnx -o OUT.onnx [--report R.json] [--check]``: exact Cast/Identity folding.
+
+Exit codes: 0 folded (and, with ``--check``, outputs proven bit-identical on random inputs); 1 ``--check`` found a
+differing output (the model is then NOT written; the report is, with ``check.passed: false``); 2 bad input (not
+ONNX, truncated, missing or escaping external data, cycle, dangling input, unwritable output) with one line.
+External data in means external data out (``OUT.onnx.data`` beside the output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command, stdout_console
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge fold", "Remove every Cast and Identity that can go without changing a single output "
+                                     "bit (DESIGN section 4), and nothing else.")
+    p.add_argument("input", help="input .onnx model")
+    p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
+    p.add_argument("--report", help="write the fold report (JSON) here")
+    p.add_argument("--check", action="store_true",
+                   help="run both models on fresh random inputs (onnx.reference for fp16/bf16 models, onnxruntime "
+                        "otherwise) and fail (exit 1) unless every output is bit-identical")
+    p.add_argument("--seed", type=int, default=0, help="seed for --check's random inputs (default 0)")
+    return p
+
+
+def _summary(report: dict[str, Any], output: str, written: bool) -> None:
+    console = stdout_console()
+    removed = ", ".join(f"{op} {n}" for op, n in report["removed"].items()) or "nothing"
+    rules = ", ".join(f"{r} {n}" for r, n in report["rules"].items()) or "none fired"
+    console.print(f"[bold]{output}[/bold]: {report['nodes_before']} -> {report['nodes_after']} nodes "
+                  f"in {report['seconds']:.3f} s" + ("" if written else " [red](not written)[/red]"))
+    console.print(f"  removed: {removed}")
+    console.print(f"  rules:   {rules}")
+    check = report.get("check")
+    if check is not None:
+        verdict = "[green]bit-identical[/green]" if check["passed"] else "[red]OUTPUTS DIFFER[/red]"
+        console.print(f"  check:   {verdict} on random inputs ({check['runtime']}, max |diff| "
+                      f"{check['max_abs_diff']:g})")
+
+
+def _run(args: Any) -> int:
+    from trtforge.build_engine import fsutil, onnx_io
+    from trtforge.build_engine.errors import InputError
+    from trtforge.build_engine.passes import fold
+
+    if args.report and str(args.report) == str(args.output):
+        raise InputError(f"{args.report}: --report and -o name the same file; choose another report path")
+    loaded = onnx_io.load(args.input)
+    result = fold(loaded.model)
+    report = dict(result.report)
+    report["input"] = str(args.input)
+    report["output"] = str(args.output)
+    passed = True
+    if args.check:
+        from trtforge.build_engine.fold_check import check_equivalent
+
+        chk = check_equivalent(loaded.model, result.model, seed=args.seed)
+        report["check"] = chk.as_dict()
+        passed = chk.passed
+    if passed:
+        onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+    if args.report:
+        fsutil.write_json(args.report, report)
+    _summary(report, args.output, passed)
+    return 0 if passed else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

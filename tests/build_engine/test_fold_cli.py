@@ -1,0 +1,135 @@
+"""``trtforge fold``: report, --check, external data, and the bad-input contract (exit 2, one line, no output)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from tests.conftest import assert_one_line_error
+
+
+def _model(big: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    w = nh.from_array(rng.standard_normal((64, 64) if big else (4, 4)).astype(np.float32), "w")
+    nodes = [h.make_node("Identity", ["x"], ["xi"]), h.make_node("Cast", ["xi"], ["x64"], to=T.DOUBLE),
+             h.make_node("Cast", ["x64"], ["x32"], to=T.FLOAT), h.make_node("MatMul", ["x32", "w"], ["m"]),
+             h.make_node("Cast", ["m"], ["m16"], to=T.FLOAT16), h.make_node("Cast", ["m16"], ["y"], to=T.FLOAT)]
+    n = 64 if big else 4
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", n])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", n])], initializer=[w])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    m.ir_version = 10
+    return m
+
+
+def test_fold_writes_model_and_report(cli, tmp_path: Path) -> None:
+    src, out, rep = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save_model(_model(), src)
+    res = cli("fold", src, "-o", out, "--report", rep, "--check")
+    assert res.code == 0, res.err
+    report = json.loads(rep.read_text())
+    assert report["nodes_before"] == 6 and report["nodes_after"] == 3
+    assert report["removed"] == {"Cast": 2, "Identity": 1}
+    assert report["check"]["passed"] is True and report["check"]["max_abs_diff"] == 0.0
+    assert report["seconds"] >= 0 and "bit-identical" in res.out
+    folded = onnx.load(out)
+    assert [n.op_type for n in folded.graph.node] == ["MatMul", "Cast", "Cast"]  # fp32->fp16->fp32 stays
+
+
+def test_check_fails_with_exit_1_when_outputs_differ(cli, tmp_path: Path) -> None:
+    """A pass that is not exact is caught by --check (exercised with a deliberately lossy pass)."""
+    from trtforge.build_engine.fold_check import check_equivalent
+    from trtforge.build_engine.passes import fold
+    from trtforge.build_engine.passes.base import GraphPass
+
+    class DropLossyRoundTrip(GraphPass):  # NOT exact: removes fp32->fp16->fp32
+        name = "lossy"
+
+        def rewrite(self, ctx) -> int:
+            n = 0
+            for node in ctx.nodes:
+                src = ctx.source(node.inputs[0]) if node.alive and node.op == "Cast" and node.inputs else None
+                if src is not None and src.op == "Cast" and ctx.bypass(node, src.inputs[0], "lossy"):
+                    n += 1
+            return n
+
+    model = _model()
+    bad = fold(model, passes=[DropLossyRoundTrip()]).model
+    res = check_equivalent(model, bad, seed=3)
+    assert not res.passed and res.max_abs_diff > 0 and res.mismatched == ("y",)
+
+
+def test_external_data_round_trip(cli, tmp_path: Path) -> None:
+    src, out = tmp_path / "in.onnx", tmp_path / "o" / "out.onnx"
+    out.parent.mkdir()
+    onnx.save_model(_model(big=True), src, save_as_external_data=True, location="in.onnx.data", size_threshold=64)
+    assert (tmp_path / "in.onnx.data").exists()
+    res = cli("fold", src, "-o", out, "--check")
+    assert res.code == 0, res.err
+    assert (out.parent / "out.onnx.data").exists()
+    stub = onnx.load(out, load_external_data=False)
+    assert next(t for t in stub.graph.initializer if t.name == "w").data_location == T.EXTERNAL
+    folded = onnx.load(out)
+    w = next(t for t in folded.graph.initializer if t.name == "w")
+    assert np.array_equal(nh.to_array(w), nh.to_array(_model(big=True).graph.initializer[0]))
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    cases: dict[str, tuple[Path, str]] = {}
+    p = tmp_path / "text.onnx"
+    p.write_text("this is not onnx\n" * 10)
+    cases["not_onnx"] = (p, "text.onnx")
+    full = _model().SerializeToString()
+    p = tmp_path / "trunc.onnx"
+    p.write_bytes(full[: len(full) // 2])
+    cases["truncated"] = (p, "trunc.onnx")
+    for name, loc in (("missing", "gone.data"), ("absolute", "/etc/passwd"), ("dotdot", "../outside.data")):
+        m = _model(big=True)
+        t = m.graph.initializer[0]
+        raw = t.raw_data or nh.from_array(nh.to_array(t)).raw_data
+        t.ClearField("float_data")
+        t.ClearField("raw_data")
+        t.data_location = T.EXTERNAL
+        for k, v in (("location", loc), ("offset", "0"), ("length", str(len(raw)))):
+            t.external_data.add(key=k, value=v)
+        p = tmp_path / f"{name}.onnx"
+        p.write_bytes(m.SerializeToString())
+        cases[name] = (p, f"{name}.onnx")
+    m = _model()
+    m.graph.node[0].input[0] = "y"  # Identity reads the last node's output: a cycle
+    p = tmp_path / "cycle.onnx"
+    p.write_bytes(m.SerializeToString())
+    cases["cycle"] = (p, "cycle")
+    m = _model()
+    m.graph.node[3].input[1] = "nowhere"
+    p = tmp_path / "dangling.onnx"
+    p.write_bytes(m.SerializeToString())
+    cases["dangling"] = (p, "nowhere")
+    return cases
+
+
+@pytest.mark.parametrize("case", ["not_onnx", "truncated", "missing", "absolute", "dotdot", "cycle", "dangling"])
+def test_bad_input_exit_2_one_line_and_no_output(cli, tmp_path: Path, case: str) -> None:
+    (tmp_path / "outside.data").write_bytes(b"\0" * 64 * 64 * 4)
+    work = tmp_path / "models"
+    work.mkdir()
+    path, needle = _bad_inputs(work)[case]
+    out, rep = tmp_path / "out" / "o.onnx", tmp_path / "out" / "r.json"
+    out.parent.mkdir()
+    res = cli("fold", path, "-o", out, "--report", rep)
+    assert_one_line_error(res, 2, needle)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_unwritable_output_folder_is_bad_input(cli, tmp_path: Path) -> None:
+    src = tmp_path / "in.onnx"
+    onnx.save_model(_model(), src)
+    res = cli("fold", src, "-o", tmp_path / "no" / "such" / "out.onnx")
+    assert_one_line_error(res, 2, "does not exist")
