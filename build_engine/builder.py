@@ -162,7 +162,8 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
         with _Timer(timings, "parse"):
             from trtforge.plugins import has_plugin_nodes
 
-            if has_plugin_nodes(model):
+            plugins = has_plugin_nodes(model)
+            if plugins:
                 prepare_plugin_loading(chosen)
                 from trtforge.plugins import register_all
 
@@ -180,6 +181,8 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                           if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
                 raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
             config = _configure(chosen, builder, network, prof, plans, cc)
+            if plugins:
+                _enable_aliased_plugin_io(trt, config)
             inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
             outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
         with _Timer(timings, "build"):
@@ -210,6 +213,14 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _enable_aliased_plugin_io(trt: ModuleType, config: Any) -> None:
+    """The LoRA plugin's output may alias its ``y`` input (in-place update); TensorRT 10.3+ and TensorRT-RTX refuse
+    aliased plugin I/O unless this preview feature is on."""
+    feature = getattr(getattr(trt, "PreviewFeature", None), "ALIASED_PLUGIN_IO_10_03", None)
+    if feature is not None:
+        config.set_preview_feature(feature, True)
 
 
 def _has_non_onnx_ops(model: Any) -> bool:

@@ -213,3 +213,26 @@ def test_fresh_inputs_run_the_kept_onnx(built: dict) -> None:
     out = ort.InferenceSession(str(kept)).run(None, {"input_ids": ids})[0]
     ref = ort.InferenceSession(make_llama(seed=7).SerializeToString()).run(None, {"input_ids": ids})[0]
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 5e-3
+
+
+def test_lora_plugin_model_builds_with_progress(models: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A bf16 model with LoRAOpPluginDynamic nodes: plugin link + registration, aliased plugin I/O, manifest."""
+    inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
+    from trtforge.plugins.lora.spec import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+    model = inject_mod.inject(onnx.load(models["bf16"]), ["q_proj", "v_proj"], max_rank=8, slots=4)
+    path = tmp_path / "lora.onnx"
+    onnx.save(model, path)
+    manifest = build_engine(path, "a100", tmp_path / "e", progress=True)
+    assert manifest["plugins"] == [{"name": PLUGIN_NAME, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION,
+                                    "implementation": "python"}]
+    assert (tmp_path / "e" / "model.plan").stat().st_size > 100_000
+    by_name = {i["name"]: i for i in manifest["inputs"]}
+    assert [i.name for i in model.graph.input] == list(by_name)
+    for vi in model.graph.input:
+        entry = by_name[vi.name]
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in vi.type.tensor_type.shape.dim]
+        assert entry["shape"] == dims
+        if -1 not in dims:  # adapter pools and scales are static: one shape in every optimization profile
+            assert all(p["min"] == p["max"] == dims for p in entry["profiles"])
+    assert "Traceback" not in capsys.readouterr().err
