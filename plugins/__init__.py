@@ -20,6 +20,18 @@ def register_all(trt_module: ModuleType) -> list[str]:
     return [register(trt_module)]
 
 
+def configure_builder(trt_module: ModuleType, config: Any) -> None:
+    """Enable on a builder config what trtforge plugins may need: aliased plugin I/O.
+
+    The LoRA plugin aliases its output to ``y`` only when ``TRTFORGE_LORA_ALIAS=1`` (opt-in); TensorRT (10.3+) and
+    TensorRT-RTX then refuse to build unless the preview feature ``ALIASED_PLUGIN_IO_10_03`` is on. Enabling it is
+    harmless otherwise, so builders call this for every config of a network that holds plugin nodes.
+    """
+    feature = getattr(getattr(trt_module, "PreviewFeature", None), "ALIASED_PLUGIN_IO_10_03", None)
+    if feature is not None:
+        config.set_preview_feature(feature, True)
+
+
 def has_plugin_nodes(model: Any) -> bool:
     """True when an ``onnx.ModelProto`` holds a node of any trtforge plugin (main graph or subgraphs)."""
     from trtforge.plugins.lora import spec

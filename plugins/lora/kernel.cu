@@ -270,6 +270,74 @@ __device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* 
     }
 }
 
+// SIMPLE variant (no scratch, out-of-place allowed): one block per (O tile, token); each block recomputes its
+// token's rank-R shrink (x row and A[s] slices stay in L2 across the O tiles). Used by the ahead-of-time TensorRT
+// plugin, which can pass only tensors and int32 scalars (no persistent scratch), and as a cross-check in tests.
+// Tokens with slot -1 copy y to out (a no-op when out == y).
+template <typename T>
+__device__ void lora_simple(const T* __restrict__ x, const T* y, const T* __restrict__ lora_a,
+                            const T* __restrict__ lora_b, const int* __restrict__ slot_ids,
+                            const float* __restrict__ scales, T* out, int in_features, int out_features, int rank,
+                            int num_slots, int tokens_per_slot, int o_tile) {
+    __shared__ float red[LORA_THREADS];
+    __shared__ float v[LORA_MAX_RANK];
+    const int tid = threadIdx.x, t = blockIdx.y;
+    const int o0 = blockIdx.x * o_tile, o1 = min(out_features, o0 + o_tile);
+    const int slot = slot_ids[t / tokens_per_slot];
+    const T* yr = y + (size_t)t * out_features;
+    T* outr = out + (size_t)t * out_features;
+    if (slot < 0 || slot >= num_slots) {
+        if (outr != yr)
+            for (int o = o0 + tid; o < o1; o += LORA_THREADS) outr[o] = yr[o];
+        return;
+    }
+    int rp = 1;
+    while (rp < rank) rp <<= 1;
+    const int r = tid % rp, hsub = tid / rp, nsub = LORA_THREADS / rp;
+    const T* xr = x + (size_t)t * in_features;
+    const T* a_s = lora_a + (size_t)slot * in_features * rank;
+    float acc = 0.f;
+    if (r < rank)
+        for (int h = hsub; h < in_features; h += nsub) acc += lora_to_f(xr[h]) * lora_to_f(a_s[(size_t)h * rank + r]);
+    red[tid] = acc;
+    __syncthreads();
+    if (tid < rank) {
+        float s = 0.f;
+        for (int j = 0; j < nsub; ++j) s += red[j * rp + tid];
+        v[tid] = s * scales[slot];
+    }
+    __syncthreads();
+    const T* b_s = lora_b + (size_t)slot * rank * out_features;
+    for (int o = o0 + tid; o < o1; o += LORA_THREADS) {
+        float s = 0.f;
+        for (int rr = 0; rr < rank; ++rr) s += v[rr] * lora_to_f(b_s[(size_t)rr * out_features + o]);
+        outr[o] = lora_from_f<T>(lora_to_f(yr[o]) + s);
+    }
+}
+
+#define LORA_SIMPLE_ENTRY(NAME, TYPE)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(LORA_THREADS) NAME(                                                 \
+        const TYPE* __restrict__ x,         /* [T, H] activations, dtype D */                                       \
+        const TYPE* y,                      /* [T, O] projection output, dtype D (may equal out) */                 \
+        const TYPE* __restrict__ lora_a,    /* [N, H, R] down-projection pool, dtype D */                           \
+        const TYPE* __restrict__ lora_b,    /* [N, R, O] up-projection pool, dtype D */                             \
+        const int* __restrict__ slot_ids,   /* [T / tokens_per_slot] int32, slot in [0, N) or -1 */                 \
+        const float* __restrict__ scales,   /* [N] float32 */                                                       \
+        TYPE* out,                          /* [T, O] output, dtype D (may equal y) */                              \
+        int in_features,                    /* H */                                                                 \
+        int out_features,                   /* O */                                                                 \
+        int rank,                           /* R, 1..64 */                                                          \
+        int num_slots,                      /* N */                                                                 \
+        int tokens_per_slot,                /* 1 per token, S per sequence */                                       \
+        int o_tile) {                       /* output columns per block; grid = (ceil(O / o_tile), T) */            \
+        lora_simple<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, out, in_features, out_features, rank, num_slots,  \
+                          tokens_per_slot, o_tile);                                                                 \
+    }
+
+LORA_SIMPLE_ENTRY(lora_simple_f16, lora_f16)
+LORA_SIMPLE_ENTRY(lora_simple_bf16, lora_bf16)
+LORA_SIMPLE_ENTRY(lora_simple_f32, float)
+
 // Entry points, one per dtype (extern "C": stable PTX names lora_fused_f16 / lora_fused_bf16 / lora_fused_f32).
 // Parameters (T = num_tokens = product of x.shape[:-1]; H = in_features; O = out_features; R = rank; N = num_slots):
 #define LORA_ENTRY(NAME, TYPE)                                                                                        \

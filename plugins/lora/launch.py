@@ -21,7 +21,7 @@ from typing import Any
 
 from trtforge.build_engine.errors import BackendError, InputError
 from trtforge.plugins.lora import spec
-from trtforge.plugins.lora.ptx import ENTRY_NAMES, compile_ptx, kernel_define
+from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define
 
 DEFAULT_SM_COUNT = 132  # H100/H200 SXM; the launcher reads the real count from the device
 
@@ -83,6 +83,31 @@ def kernel_args(p: LaunchParams, fields: spec.LoraFields, *, x: int, y: int, lor
     return (*ptrs, *ints), (*(ctypes.c_void_p,) * len(ptrs), *(ctypes.c_int,) * len(ints))
 
 
+def simple_o_tile(out_features: int) -> int:
+    """Columns per block of the scratch-free kernel: 1 per thread, at most 1024 (4 per thread) for wide outputs."""
+    threads = kernel_define("LORA_THREADS")
+    return threads if out_features <= 8 * threads else 4 * threads
+
+
+def plan_simple(fields: spec.LoraFields, num_tokens: int, dtype: str) -> LaunchParams:
+    """Launch of the scratch-free kernel (``lora_simple_*``): grid (ceil(O / o_tile), T); used by the AOT plugin."""
+    if dtype not in SIMPLE_ENTRY_NAMES:
+        raise InputError(f"{spec.PLUGIN_NAME}: dtype {dtype!r} is not supported; use one of {list(ENTRY_NAMES)}")
+    threads = kernel_define("LORA_THREADS")
+    o_tile = simple_o_tile(fields.out_features)
+    return LaunchParams(kernel=SIMPLE_ENTRY_NAMES[dtype], grid=(-(-fields.out_features // o_tile), num_tokens, 1),
+                        block=(threads, 1, 1), shared_bytes=0, scratch_bytes=0, tile=fields.tile, n_hs=1,
+                        n_ot=-(-fields.out_features // o_tile), max_chunks=0)
+
+
+def simple_args(fields: spec.LoraFields, *, x: int, y: int, lora_a: int, lora_b: int, slot_ids: int, scales: int,
+                out: int, tokens_per_slot: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, out)
+    ints = (fields.in_features, fields.out_features, fields.max_rank, fields.num_slots, tokens_per_slot,
+            simple_o_tile(fields.out_features))
+    return (*ptrs, *ints), (*(ctypes.c_void_p,) * len(ptrs), *(ctypes.c_int,) * len(ints))
+
+
 def _check(result: Any) -> Any:
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
@@ -113,6 +138,8 @@ class LoraLauncher:
         self._module = _check(driver.cuModuleLoadData(self.ptx.text + b"\0"))
         self._functions = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()))
                            for dt, name in ENTRY_NAMES.items()}
+        self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()))
+                        for dt, name in SIMPLE_ENTRY_NAMES.items()}
         self._scratch = 0
         self._scratch_size = 0
 
@@ -137,6 +164,15 @@ class LoraLauncher:
         args = kernel_args(p, fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales,
                            scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot)
         _check(self._drv.cuLaunchKernel(self._functions[dtype], *p.grid, *p.block, p.shared_bytes, stream, args, 0))
+
+    def launch_simple(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int,
+                      lora_b: int, slot_ids: int, scales: int, out: int, num_tokens: int,
+                      tokens_per_slot: int = 1) -> None:
+        """The scratch-free kernel (what the AOT plugin embeds): out = y + update; out may equal y."""
+        p = plan_simple(fields, num_tokens, dtype)
+        args = simple_args(fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales, out=out,
+                           tokens_per_slot=tokens_per_slot)
+        _check(self._drv.cuLaunchKernel(self._simple[dtype], *p.grid, *p.block, 0, stream, args, 0))
 
     def close(self) -> None:
         if self._scratch:

@@ -22,6 +22,8 @@ from trtforge.build_engine.errors import BackendError, BuildError, InputError
 KERNEL_PATH = Path(__file__).with_name("kernel.cu")
 ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_90")  # A100, A10, H100/H200 (what the profiles target)
 ENTRY_NAMES: dict[str, str] = {"float16": "lora_fused_f16", "bfloat16": "lora_fused_bf16", "float32": "lora_fused_f32"}
+SIMPLE_ENTRY_NAMES: dict[str, str] = {"float16": "lora_simple_f16", "bfloat16": "lora_simple_bf16",
+                                      "float32": "lora_simple_f32"}
 
 _memory: dict[tuple[str, str], Ptx] = {}
 

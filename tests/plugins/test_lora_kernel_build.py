@@ -9,7 +9,7 @@ import pytest
 from trtforge.build_engine.errors import InputError
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.launch import kernel_args, max_chunks, plan_launch, scratch_bytes
-from trtforge.plugins.lora.ptx import ENTRY_NAMES, compile_ptx, kernel_define, normalize_arch
+from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define, normalize_arch
 
 
 def _compiler_or_skip() -> None:
@@ -31,12 +31,13 @@ def test_ptx_compiles_with_entry_points(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     ptx = compile_ptx(arch, use_cache=False)
     assert ptx.target == arch
-    assert set(ptx.entries) == set(ENTRY_NAMES.values())
+    assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values())
     assert b".version" in ptx.text and b"\0" not in ptx.text
-    # every entry takes 7 pointers + 10 int32s, in launch.kernel_args order
-    for name in ENTRY_NAMES.values():
-        body = ptx.text.split(f".entry {name}(".encode(), 1)[1].split(b")", 1)[0]
-        assert body.count(b".param .u64") == 7 and body.count(b".param .u32") == 10, body
+    # parameters as launch.kernel_args / simple_args pass them: 7 pointers + 10 (fused) or 6 (simple) int32s
+    for names, n_int in ((ENTRY_NAMES, 10), (SIMPLE_ENTRY_NAMES, 6)):
+        for name in names.values():
+            body = ptx.text.split(f".entry {name}(".encode(), 1)[1].split(b")", 1)[0]
+            assert body.count(b".param .u64") == 7 and body.count(b".param .u32") == n_int, body
 
 
 def test_ptx_disk_cache_round_trip(tmp_path, monkeypatch):
@@ -100,3 +101,34 @@ def test_plan_launch_refusals_and_args():
                                 tokens_per_slot=1)
     assert len(values) == len(types) == 17
     assert values[7:] == (5, 64, 32, 8, 4, 1, 64, p.n_hs, p.n_ot, p.max_chunks)
+
+
+def test_plan_simple():
+    from trtforge.plugins.lora.launch import plan_simple, simple_args
+
+    f = spec.LoraFields(16, 8, 4096, 4096, 128)
+    p = plan_simple(f, 7, "float16")
+    assert p.kernel == "lora_simple_f16" and p.grid == (4, 7, 1) and p.block == (256, 1, 1)
+    small = plan_simple(spec.LoraFields(8, 2, 64, 100, 32), 3, "float32")
+    assert small.grid == (1, 3, 1)
+    values, types = simple_args(f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, out=7, tokens_per_slot=5)
+    assert values[7:] == (4096, 4096, 16, 8, 5, 1024) and len(types) == 13
+
+
+def test_aot_launch_spec(tmp_path, monkeypatch):
+    _compiler_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    from trtforge.plugins.lora.aot_plugin import aot_launch_spec
+
+    f = spec.LoraFields(16, 8, 4096, 1024, 128)
+    tok = aot_launch_spec(f, 3, 2, "bfloat16", "sm_90")
+    assert tok.kernel == "lora_simple_bf16" and f".entry {tok.kernel}(".encode() in tok.ptx
+    assert tok.grid_x == 4 and tok.grid_y == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 256
+    assert tok.extra_args == (("const", 4096), ("const", 1024), ("const", 16), ("const", 8), ("const", 1),
+                              ("const", 256))
+    seq = aot_launch_spec(f, 3, 1, "float16", "sm_90")
+    assert seq.extra_args[4] == ("x_dim", 1)  # per sequence: S tokens share a slot id
+    flat = aot_launch_spec(f, 2, 1, "float32", "sm_80")
+    assert flat.grid_y == (("x_dim", 0),) and flat.extra_args[4] == ("const", 1)
+    with pytest.raises(ValueError):
+        aot_launch_spec(f, 2, 2, "float32", "sm_80")
