@@ -80,3 +80,22 @@ def test_polygraphy_convert_builds_lora_model(tmp_path: Path) -> None:
     assert proc.returncode == 0, log[-3000:]
     assert "Failed to load plugin" not in log, log[-3000:]
     assert plan.is_file() and plan.stat().st_size > 0
+    # the engine holds the plugin layers (serialized by creator name and namespace), not a plugin-free fallback
+    data = plan.read_bytes()
+    assert b"LoRAOpPluginDynamic" in data and b"trtforge" in data
+
+
+def test_without_rtx_variable_nothing_is_imported(tmp_path: Path) -> None:
+    """Without POLYGRAPHY_USE_TENSORRT_RTX, the hook targets full TensorRT, which is absent here: it registers
+    nothing and imports no TensorRT module, so unrelated Polygraphy commands are unaffected."""
+    code = ("import sys; from trtforge.plugins.polygraphy_plugin import register; "
+            "assert register() == []; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'tensorrt_rtx')))")
+    env = {k: v for k, v in os.environ.items() if k != "POLYGRAPHY_USE_TENSORRT_RTX"}
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("full TensorRT is installed here; the hook would register into it")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
