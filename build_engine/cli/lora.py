@@ -1,0 +1,115 @@
+"""``trtforge lora inject | decompose | pack``: LoRAOpPluginDynamic graph passes and PEFT adapter packing."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from trtforge.build_engine.cli._common import ArgumentParser, add_debug, make_parser, run_command
+from trtforge.build_engine.errors import InputError
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge lora", "Inject or decompose LoRAOpPluginDynamic nodes; pack PEFT adapters into pools.")
+    sub = p.add_subparsers(dest="sub", metavar="{inject,decompose,pack}", parser_class=ArgumentParser)
+    sub.required = True
+
+    inj = sub.add_parser("inject", help="put a LoRA plugin node after each target projection")
+    add_debug(inj)
+    inj.add_argument("input", type=Path, help="ONNX model")
+    inj.add_argument("-o", "--output", type=Path, required=True, help="output ONNX model")
+    inj.add_argument("--targets", required=True, help="comma-separated module names, e.g. q_proj,v_proj")
+    inj.add_argument("--max-rank", type=int, default=16, help="pool rank R (max adapter rank), 1..64 (default 16)")
+    inj.add_argument("--slots", type=int, default=8, help="adapter slots N (default 8)")
+    inj.add_argument("--tile", type=int, default=None, help="kernel tile along H (default from spec)")
+    inj.add_argument("--per-sequence", action="store_true", help="one slot per sequence ([batch]) not per token")
+
+    dec = sub.add_parser("decompose", help="lower plugin nodes to standard ONNX ops")
+    add_debug(dec)
+    dec.add_argument("input", type=Path)
+    dec.add_argument("-o", "--output", type=Path, required=True)
+
+    pk = sub.add_parser("pack", help="PEFT adapter folders -> slot-pool safetensors (adapter i -> slot i)")
+    add_debug(pk)
+    pk.add_argument("adapters", type=Path, nargs="+", help="PEFT adapter folders")
+    pk.add_argument("-o", "--output", type=Path, required=True, help="POOL.safetensors")
+    pk.add_argument("--max-rank", type=int, default=None, help="pool rank (default: the model's, else the max r)")
+    pk.add_argument("--slots", type=int, default=None, help="slots (default: the model's, else one per adapter)")
+    src = pk.add_mutually_exclusive_group()
+    src.add_argument("--model", type=Path, help="injected ONNX model whose lora_* inputs fix names, shapes and dtype")
+    src.add_argument("--targets", help="comma-separated module names to pack (without --model)")
+    pk.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default=None,
+                    help="pool dtype (default: the model's, else float32)")
+    return p
+
+
+def _targets(text: str) -> list[str]:
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    if not out:
+        raise InputError("--targets is empty; pass module names such as q_proj,v_proj")
+    return out
+
+
+def _inject(args: argparse.Namespace) -> int:
+    from trtforge.build_engine.onnx_io import load_model, save_model
+    from trtforge.plugins.lora import spec
+    from trtforge.plugins.lora.inject import inject
+
+    model = load_model(args.input)
+    try:
+        out = inject(model, _targets(args.targets), args.max_rank, args.slots, per_sequence=args.per_sequence,
+                     tile=args.tile if args.tile is not None else spec.DEFAULT_TILE)
+    except InputError as exc:
+        raise InputError(f"{args.input}: {exc.message}") from exc
+    save_model(out, args.output)
+    n = sum(1 for node in out.graph.node if node.op_type == spec.PLUGIN_NAME)
+    print(f"{args.output}: {n} {spec.PLUGIN_NAME} node(s), rank {args.max_rank}, {args.slots} slots")
+    return 0
+
+
+def _decompose(args: argparse.Namespace) -> int:
+    from trtforge.build_engine.onnx_io import load_model, save_model
+    from trtforge.plugins import has_plugin_nodes
+    from trtforge.plugins.lora.decompose import decompose
+
+    model = load_model(args.input)
+    if not has_plugin_nodes(model):
+        raise InputError(f"{args.input}: has no LoRAOpPluginDynamic nodes; nothing to decompose")
+    try:
+        out = decompose(model)
+    except InputError as exc:
+        raise InputError(f"{args.input}: {exc.message}") from exc
+    save_model(out, args.output)
+    print(f"{args.output}: plugin nodes lowered to standard ONNX ops")
+    return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from trtforge.plugins.lora import pack as pk
+
+    adapters = [pk.load_adapter(Path(a)) for a in args.adapters]
+    if args.model is not None:
+        layout = pk.layout_from_model(args.model)
+        over = {"max-rank": (args.max_rank, layout.max_rank), "slots": (args.slots, layout.num_slots),
+                "dtype": (args.dtype, layout.dtype)}
+        for key, (value, model_value) in over.items():
+            if value is not None and value != model_value:
+                raise InputError(f"--{key} {value} disagrees with {args.model} ({model_value}); drop the option "
+                                 "or re-inject")
+    else:
+        targets = _targets(args.targets) if args.targets else None
+        layout = pk.layout_from_adapters(adapters, targets, args.max_rank, args.slots, args.dtype or "float32")
+    tensors = pk.pack(adapters, layout)
+    pk.write_pool(tensors, adapters, args.output)
+    print(f"{args.output}: {len(adapters)} adapter(s) in {layout.num_slots} slots, rank {layout.max_rank}, "
+          f"{len(layout.modules)} module(s)")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    return {"inject": _inject, "decompose": _decompose, "pack": _pack}[args.sub](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

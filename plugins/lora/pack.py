@@ -1,0 +1,206 @@
+"""PEFT adapter folders -> slot-pool tensors named like the injected graph's inputs.
+
+An adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``, ``use_rslora``) and
+``adapter_model.safetensors`` with ``base_model.model.<module path>.lora_A.weight`` [r, H] and ``...lora_B.weight``
+[O, r]. Adapter ``i`` goes to slot ``i``. For each module path the pool holds ``lora_a.<path>`` [N, H, R] (A
+transposed), ``lora_b.<path>`` [N, R, O] (B transposed), zero-padded to R, and ``lora_scales.<path>`` float32 [N]
+with ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` for rsLoRA). Slots whose adapter does not adapt a module hold zeros
+and scale 0, which adds exactly nothing.
+
+Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a rank
+above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
+not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), and ``rank_pattern`` /
+``alpha_pattern`` configs (per-module ranks are not supported yet).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtforge.build_engine.errors import InputError
+from trtforge.plugins.lora import spec
+
+_KEY = re.compile(r"^base_model\.model\.(?P<path>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
+_ST_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Adapter:
+    folder: Path
+    rank: int
+    scale: float
+    targets: tuple[str, ...]
+    a: Mapping[str, np.ndarray]  # module path -> [r, H]
+    b: Mapping[str, np.ndarray]  # module path -> [O, r]
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """What the pool must look like: module path -> (H, O), plus slots and max rank (from a model or the adapters)."""
+
+    modules: Mapping[str, tuple[int, int]]
+    num_slots: int
+    max_rank: int
+    dtype: str
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Read a safetensors file with NumPy (including BF16, which ``safetensors.numpy`` cannot load)."""
+    import ml_dtypes
+
+    data = path.read_bytes()
+    try:
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        body = memoryview(data)[8 + n:]
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dt = _ST_DTYPES[info["dtype"]]
+            dt = ml_dtypes.bfloat16 if dt == "bfloat16" else dt
+            lo, hi = info["data_offsets"]
+            out[name] = np.frombuffer(body[lo:hi], dtype=dt).reshape(info["shape"]).copy()
+        return out
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}); re-save it "
+                         "with safetensors") from exc
+
+
+def load_adapter(folder: Path) -> Adapter:
+    cfg_path, w_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise InputError(f"{folder}: {p.name} is missing; an adapter folder holds adapter_config.json and "
+                             "adapter_model.safetensors (PEFT save_pretrained)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        r, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{cfg_path}: needs integer 'r' and number 'lora_alpha' ({exc})") from exc
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        raise InputError(f"{cfg_path}: rank_pattern/alpha_pattern are not supported; use one r and lora_alpha")
+    if r < 1:
+        raise InputError(f"{cfg_path}: r is {r}; it must be positive")
+    tm = cfg.get("target_modules") or []
+    targets = (tm,) if isinstance(tm, str) else tuple(tm)
+    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    a: dict[str, np.ndarray] = {}
+    b: dict[str, np.ndarray] = {}
+    for key, t in read_safetensors(w_path).items():
+        m = _KEY.match(key)
+        if not m:
+            continue
+        path = m["path"]
+        if targets and not _targeted(path, targets):
+            raise InputError(f"{folder}: tensor {key} adapts module {path!r}, which is not in target_modules "
+                             f"{list(targets)}; fix adapter_config.json")
+        (a if m["ab"] == "A" else b)[path] = t
+    if not a:
+        raise InputError(f"{w_path}: no base_model.model.<module>.lora_A.weight tensors found")
+    for path in sorted(set(a) | set(b)):
+        if path not in a or path not in b:
+            half = "lora_B" if path not in b else "lora_A"
+            raise InputError(f"{folder}: module {path!r} has no {half}.weight tensor")
+        if a[path].ndim != 2 or b[path].ndim != 2 or a[path].shape[0] != r or b[path].shape[1] != r:
+            raise InputError(f"{folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a[path].shape)} "
+                             f"and {list(b[path].shape)} do not match [r, H] and [O, r] with r = {r}")
+    return Adapter(folder, r, scale, targets, a, b)
+
+
+def _targeted(path: str, targets: Sequence[str]) -> bool:
+    parts = path.split(".")
+    return any(t in parts or path.endswith("." + t) or path == t for t in targets)
+
+
+def layout_from_model(model_path: Path) -> PoolLayout:
+    """Read the pool layout from an injected ONNX model's ``lora_a.*``/``lora_b.*`` graph inputs."""
+    import onnx
+
+    from trtforge.build_engine.onnx_io import load_model
+
+    model = load_model(model_path)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    dtypes = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    modules: dict[str, tuple[int, int]] = {}
+    n = r = 0
+    dtype = "float32"
+    for name, shape in shapes.items():
+        if name.startswith("lora_a."):
+            path = name[len("lora_a."):]
+            b = shapes.get(spec.input_name("lora_b", path))
+            if b is None or len(shape) != 3:
+                continue
+            n, _, r = shape
+            modules[path] = (shape[1], b[2])
+            dtype = str(onnx.helper.tensor_dtype_to_np_dtype(dtypes[name]))
+    if not modules:
+        raise InputError(f"{model_path}: has no lora_a.* inputs; run 'trtforge lora inject' first or pass --targets")
+    return PoolLayout(modules, n, r, dtype)
+
+
+def layout_from_adapters(adapters: Sequence[Adapter], targets: Sequence[str] | None, max_rank: int | None,
+                         slots: int | None, dtype: str) -> PoolLayout:
+    modules: dict[str, tuple[int, int]] = {}
+    for ad in adapters:
+        for path, a in ad.a.items():
+            if targets and not _targeted(path, targets):
+                raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A.weight adapts a module not in "
+                                 f"--targets {list(targets)}")
+            hw = (a.shape[1], ad.b[path].shape[0])
+            if modules.setdefault(path, hw) != hw:
+                raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A/B.weight gives [H, O] = "
+                                 f"{list(hw)} but other adapters give {list(modules[path])}")
+    r = max_rank if max_rank is not None else max(ad.rank for ad in adapters)
+    return PoolLayout(modules, slots if slots is not None else len(adapters), r, dtype)
+
+
+def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarray]:
+    """The pool tensors (pure: no files). Adapter i fills slot i."""
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if layout.dtype == "bfloat16" else np.dtype(layout.dtype)
+    n, r = layout.num_slots, layout.max_rank
+    if not 1 <= r <= spec.MAX_RANK:
+        raise InputError(f"max rank {r} is outside 1..{spec.MAX_RANK}")
+    if len(adapters) > n:
+        raise InputError(f"{len(adapters)} adapters do not fit in {n} slots; pass fewer adapters or more --slots")
+    out: dict[str, np.ndarray] = {}
+    for path, (h, o) in layout.modules.items():
+        out[spec.input_name("lora_a", path)] = np.zeros((n, h, r), dt)
+        out[spec.input_name("lora_b", path)] = np.zeros((n, r, o), dt)
+        out[spec.input_name("lora_scales", path)] = np.zeros((n,), np.float32)
+    for slot, ad in enumerate(adapters):
+        if ad.rank > r:
+            raise InputError(f"{ad.folder}: rank r={ad.rank} is above the max rank {r}; pass --max-rank {ad.rank} "
+                             "or larger (and inject with the same)")
+        for path, a in ad.a.items():
+            if path not in layout.modules:
+                raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A.weight adapts module {path!r}, "
+                                 f"which the model has no LoRA inputs for; known: {', '.join(sorted(layout.modules))}")
+            h, o = layout.modules[path]
+            b = ad.b[path]
+            if a.shape != (ad.rank, h) or b.shape != (o, ad.rank):
+                raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a.shape)}/"
+                                 f"{list(b.shape)} do not match the pool's [r, {h}] / [{o}, r]")
+            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = a.T.astype(dt)
+            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = b.T.astype(dt)
+            out[spec.input_name("lora_scales", path)][slot] = ad.scale
+    return out
+
+
+def write_pool(tensors: Mapping[str, np.ndarray], adapters: Sequence[Adapter], path: Path) -> None:
+    """Atomically write the pool as safetensors; metadata records which folder sits in which slot."""
+    from safetensors.numpy import save
+
+    from trtforge.build_engine.fsutil import write_bytes
+
+    meta = {"format": "trtforge-lora-pool-1", "slots": json.dumps([str(a.folder) for a in adapters])}
+    write_bytes(path, save(dict(tensors), metadata=meta))

@@ -1,0 +1,142 @@
+"""``trtforge lora inject | decompose | pack`` through the real CLI, with PEFT folders written in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from trtforge_testing import assert_one_line_error
+
+from trtforge.plugins.lora import spec
+from trtforge.plugins.lora.pack import read_safetensors
+
+H = 256  # example model hidden size; v_proj out = 64
+
+
+def _example(tmp_path: Path) -> Path:
+    from trtforge.examples.llama import make_llama
+
+    path = tmp_path / "model.onnx"
+    onnx.save(make_llama(), path)
+    return path
+
+
+def _adapter(folder: Path, r: int, alpha: float, modules: dict[str, tuple[int, int]], *, rslora: bool = False,
+             target_modules: list[str] | None = None, seed: int | None = None) -> dict[str, np.ndarray]:
+    from safetensors.numpy import save_file
+
+    g = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    tensors = {}
+    for path, (h, o) in modules.items():
+        tensors[f"base_model.model.{path}.lora_A.weight"] = g.standard_normal((r, h)).astype(np.float32)
+        tensors[f"base_model.model.{path}.lora_B.weight"] = g.standard_normal((o, r)).astype(np.float32)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    cfg = {"r": r, "lora_alpha": alpha, "use_rslora": rslora, "peft_type": "LORA",
+           "target_modules": target_modules or sorted({p.split(".")[-1] for p in modules})}
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    return tensors
+
+
+def test_inject_decompose_cli(cli, tmp_path):
+    model = _example(tmp_path)
+    res = cli("lora", "inject", model, "-o", tmp_path / "lora.onnx", "--targets", "q_proj,v_proj", "--max-rank", "8",
+              "--slots", "4")
+    assert res.code == 0, res.err
+    lora = onnx.load(tmp_path / "lora.onnx")
+    assert sum(n.op_type == spec.PLUGIN_NAME for n in lora.graph.node) == 4
+    res = cli("lora", "decompose", tmp_path / "lora.onnx", "-o", tmp_path / "ref.onnx")
+    assert res.code == 0, res.err
+    ref = onnx.load(tmp_path / "ref.onnx")
+    onnx.checker.check_model(ref)
+    assert not any(n.domain == spec.ONNX_DOMAIN for n in ref.graph.node)
+    assert {i.name for i in ref.graph.input} == {i.name for i in lora.graph.input}
+
+
+def test_inject_unknown_target_is_exit_2_naming_found(cli, tmp_path):
+    model = _example(tmp_path)
+    res = cli("lora", "inject", model, "-o", tmp_path / "x.onnx", "--targets", "qkv_proj")
+    assert_one_line_error(res, 2, "qkv_proj", "q_proj", "v_proj", "down_proj")
+    assert not (tmp_path / "x.onnx").exists()
+    res = cli("lora", "inject", model, "-o", tmp_path / "x.onnx", "--targets", "q_proj", "--max-rank", "65")
+    assert_one_line_error(res, 2, "max_rank")
+    res = cli("lora", "decompose", model, "-o", tmp_path / "x.onnx")
+    assert_one_line_error(res, 2, "no LoRAOpPluginDynamic")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_pack_against_injected_model(cli, tmp_path):
+    model = _example(tmp_path)
+    assert cli("lora", "inject", model, "-o", tmp_path / "lora.onnx", "--targets", "q_proj,v_proj",
+               "--max-rank", "16", "--slots", "4").code == 0
+    q0, v1 = "model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.v_proj"
+    a = _adapter(tmp_path / "a", 8, 16.0, {q0: (H, 256), v1: (H, 64)})
+    b = _adapter(tmp_path / "b", 16, 8.0, {v1: (H, 64)}, rslora=True)
+    res = cli("lora", "pack", tmp_path / "a", tmp_path / "b", "--model", tmp_path / "lora.onnx",
+              "-o", tmp_path / "pool.safetensors")
+    assert res.code == 0, res.err
+    pool = read_safetensors(tmp_path / "pool.safetensors")
+    inputs = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(tmp_path / "lora.onnx").graph.input}
+    for name, t in pool.items():  # names and shapes are exactly the injected graph's inputs
+        assert inputs[name] == list(t.shape), name
+    assert set(pool) == {n for n in inputs if n.startswith(("lora_a.", "lora_b.", "lora_scales."))}
+    qa, qb = pool[f"lora_a.{q0}"], pool[f"lora_b.{q0}"]
+    np.testing.assert_array_equal(qa[0, :, :8], a[f"base_model.model.{q0}.lora_A.weight"].T)
+    np.testing.assert_array_equal(qb[0, :8, :], a[f"base_model.model.{q0}.lora_B.weight"].T)
+    assert not qa[0, :, 8:].any() and not qb[0, 8:].any() and not qa[1:].any()  # padding and empty slots
+    np.testing.assert_array_equal(pool[f"lora_a.{v1}"][1], b[f"base_model.model.{v1}.lora_A.weight"].T)
+    np.testing.assert_allclose(pool[f"lora_scales.{q0}"], [16 / 8, 0, 0, 0])
+    np.testing.assert_allclose(pool[f"lora_scales.{v1}"], [16 / 8, 8 / math.sqrt(16), 0, 0], rtol=1e-6)
+
+
+def test_pack_with_targets_and_errors(cli, tmp_path):
+    q0 = "model.layers.0.self_attn.q_proj"
+    _adapter(tmp_path / "ok", 4, 8.0, {q0: (32, 16)})
+    res = cli("lora", "pack", tmp_path / "ok", "--targets", "q_proj", "--max-rank", "8", "--slots", "3",
+              "--dtype", "float16", "-o", tmp_path / "pool.safetensors")
+    assert res.code == 0, res.err
+    pool = read_safetensors(tmp_path / "pool.safetensors")
+    assert pool[f"lora_a.{q0}"].shape == (3, 32, 8) and pool[f"lora_a.{q0}"].dtype == np.float16
+    assert cli("lora", "pack", tmp_path / "ok", "--dtype", "bfloat16", "-o", tmp_path / "bf.safetensors").code == 0
+    bf = read_safetensors(tmp_path / "bf.safetensors")[f"lora_a.{q0}"]
+    assert str(bf.dtype) == "bfloat16" and bf.shape == (1, 32, 4) and bf.astype(np.float32).any()
+
+    _adapter(tmp_path / "big", 32, 8.0, {q0: (32, 16)})
+    res = cli("lora", "pack", tmp_path / "big", "--targets", "q_proj", "--max-rank", "16", "-o", tmp_path / "p2.st")
+    assert_one_line_error(res, 2, str(tmp_path / "big"), "rank r=32", "max rank 16")
+    assert not (tmp_path / "p2.st").exists()
+
+    _adapter(tmp_path / "other", 4, 8.0, {"model.layers.0.mlp.up_proj": (32, 16)})
+    res = cli("lora", "pack", tmp_path / "other", "--targets", "q_proj", "-o", tmp_path / "p3.st")
+    assert_one_line_error(res, 2, str(tmp_path / "other"), "model.layers.0.mlp.up_proj.lora_A.weight")
+
+    _adapter(tmp_path / "untargeted", 4, 8.0, {q0: (32, 16)}, target_modules=["v_proj"])
+    res = cli("lora", "pack", tmp_path / "untargeted", "-o", tmp_path / "p4.st")
+    assert_one_line_error(res, 2, str(tmp_path / "untargeted"), f"base_model.model.{q0}.lora_A.weight")
+
+    _adapter(tmp_path / "wide", 4, 8.0, {q0: (48, 16)})
+    res = cli("lora", "pack", tmp_path / "ok", tmp_path / "wide", "--targets", "q_proj", "-o", tmp_path / "p5.st")
+    assert_one_line_error(res, 2, str(tmp_path / "wide"), f"base_model.model.{q0}.lora_A")
+
+    bad = tmp_path / "badshape"
+    tensors = _adapter(bad, 4, 8.0, {q0: (32, 16)})
+    from safetensors.numpy import save_file
+
+    tensors[f"base_model.model.{q0}.lora_B.weight"] = np.ones((16, 3), np.float32)
+    save_file(tensors, str(bad / "adapter_model.safetensors"))
+    res = cli("lora", "pack", bad, "-o", tmp_path / "p6.st")
+    assert_one_line_error(res, 2, str(bad), f"base_model.model.{q0}.lora_A/B.weight")
+
+    (tmp_path / "empty").mkdir()
+    res = cli("lora", "pack", tmp_path / "empty", "-o", tmp_path / "p7.st")
+    assert_one_line_error(res, 2, "adapter_config.json")
+    assert not any(tmp_path.glob("p*.st"))
+
+
+@pytest.mark.parametrize("argv", [["lora"], ["lora", "frobnicate"], ["lora", "inject", "x.onnx"]])
+def test_usage_errors(cli, argv):
+    assert_one_line_error(cli(*argv), 2)
