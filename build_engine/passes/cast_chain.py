@@ -26,13 +26,13 @@ class CollapseCastChain(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         for n in ctx.nodes:
-            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
+            if not n.is_cast:
                 continue
             inner = ctx.source(n.inputs[0])
-            if inner is None or inner.op != "Cast" or not inner.onnx_op or not inner.inputs[0]:
+            if inner is None or not inner.is_cast:
                 continue
             x = inner.inputs[0]
-            t, u, v = ctx.type_of(x), inner.int_attr("to"), n.int_attr("to")
+            t, u, v = ctx.type_of(x), inner.to, n.to
             if u is None or v is None or v == t or not dt.embeds(u, t) or t not in dt.KNOWN:
                 continue
             ctx.set_input(n, 0, x)

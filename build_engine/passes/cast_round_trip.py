@@ -23,14 +23,14 @@ class CollapseCastRoundTrip(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         for n in ctx.nodes:
-            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
+            if not n.is_cast:
                 continue
             inner = ctx.source(n.inputs[0])
-            if inner is None or inner.op != "Cast" or not inner.onnx_op or not inner.inputs[0]:
+            if inner is None or not inner.is_cast:
                 continue
             x = inner.inputs[0]
-            t, u, t2 = ctx.type_of(x), inner.int_attr("to"), n.int_attr("to")
-            if u is None or t2 is None or t2 != t or not dt.embeds(u, t):
+            t, u, t2 = ctx.type_of(x), inner.to, n.to
+            if u is None or t2 != t or not dt.embeds(u, t):
                 continue
             if ctx.bypass(n, x, "cast_round_trip"):
                 count += 1

@@ -31,11 +31,11 @@ class FoldConstantCast(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         for n in ctx.nodes:
-            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0] and len(n.outputs) == 1):
+            if not n.is_cast or len(n.outputs) != 1:
                 continue
             src_name, y = n.inputs[0], n.outputs[0]
             tensor = ctx.constant_tensor(src_name)
-            to = n.int_attr("to")
+            to = n.to
             if tensor is None or to is None:
                 continue
             try:

@@ -6,9 +6,14 @@ from trtforge.build_engine.passes.base import GraphPass
 from trtforge.build_engine.passes.ir import GraphCtx, Node
 
 
-def _key(n: Node) -> tuple:
-    attrs = tuple(sorted((a.name, a.SerializeToString()) for a in n.proto.attribute))
-    return (n.inputs[0], attrs)
+def _key(n: Node) -> tuple | None:
+    """Identity of a Cast's computation: input and attributes (None when an attribute is a function reference)."""
+    attrs = n.proto.attribute
+    if len(attrs) == 1:  # just `to` (the common case): no serialization
+        return (n.inputs[0], n.to)
+    if any(a.ref_attr_name for a in attrs):
+        return None
+    return (n.inputs[0], tuple(sorted((a.name, a.SerializeToString()) for a in attrs)))
 
 
 class MergeDuplicateCasts(GraphPass):
@@ -25,19 +30,16 @@ class MergeDuplicateCasts(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        for name, readers in list(ctx.uses.items()):
-            casts = [n for n in readers if n.op == "Cast" and n.onnx_op and n.alive and n.inputs[0] == name]
-            if len(casts) < 2:
+        seen: dict[tuple, Node] = {}
+        for c in ctx.nodes:  # topological order: the first of a group dominates the others' readers
+            if not c.is_cast:
                 continue
-            casts.sort(key=ctx.position)
-            seen: dict[tuple, Node] = {}
-            for c in casts:
-                if any(a.ref_attr_name for a in c.proto.attribute):
-                    continue
-                k = _key(c)
-                first = seen.get(k)
-                if first is None:
-                    seen[k] = c
-                elif c.outputs[0] not in ctx.output_set and ctx.bypass(c, first.outputs[0], "duplicate_cast"):
-                    count += 1
+            k = _key(c)
+            if k is None:
+                continue
+            first = seen.get(k)
+            if first is None or not first.alive:
+                seen[k] = c
+            elif c.outputs[0] not in ctx.output_set and ctx.bypass(c, first.outputs[0], "duplicate_cast"):
+                count += 1
         return count

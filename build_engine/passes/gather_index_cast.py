@@ -30,9 +30,9 @@ class GatherIndexCast(GraphPass):
             if not (n.alive and n.op in _OPS and n.onnx_op and len(n.inputs) == 2 and n.inputs[1]):
                 continue
             c = ctx.source(n.inputs[1])
-            if c is None or c.op != "Cast" or not c.onnx_op or not c.inputs[0] or n.inputs[0] == n.inputs[1]:
+            if c is None or not c.is_cast or n.inputs[0] == n.inputs[1]:
                 continue
-            src, u = ctx.type_of(c.inputs[0]), c.int_attr("to")
+            src, u = ctx.type_of(c.inputs[0]), c.to
             if src in _INDEX_TYPES and u in _INDEX_TYPES and u != src and dt.embeds(u, src):
                 ctx.set_input(n, 1, c.inputs[0])
                 ctx.rules["gather_index_cast"] += 1

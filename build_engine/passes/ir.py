@@ -32,6 +32,7 @@ class Node:
     free: frozenset[str]  # names of this scope read by the node's subgraphs
     alive: bool = True
     dirty: bool = False
+    to: int | None = None  # a default-domain Cast's target type (None: not a Cast, or a function attr reference)
 
     def attr(self, name: str) -> AttributeProto | None:
         for a in self.proto.attribute:
@@ -48,7 +49,20 @@ class Node:
 
     @property
     def onnx_op(self) -> bool:
-        return self.domain in ("", "ai.onnx")
+        return self.domain == "" or self.domain == "ai.onnx"
+
+    @property
+    def is_cast(self) -> bool:
+        """A default-domain Cast with a known target type and a named input."""
+        return self.to is not None and self.alive and bool(self.inputs) and bool(self.inputs[0])
+
+
+#: Default-domain ops that carry graph attributes; custom-domain nodes are always inspected.
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def may_have_subgraphs(node: NodeProto) -> bool:
+    return node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")
 
 
 def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
@@ -128,10 +142,15 @@ class GraphCtx:
         self.dropped_initializers: set[str] = set()
         self._pos: dict[int, int] | None = None
         self.changed = False
+        empty: frozenset[str] = frozenset()
         for p in nodes:
-            sub = list(subgraphs(p))
-            free: frozenset[str] = frozenset().union(*(free_names(g) for g in sub)) if sub else frozenset()
+            free = empty
+            if may_have_subgraphs(p):
+                sub = list(subgraphs(p))
+                free = frozenset().union(*(free_names(g) for g in sub)) if sub else empty
             n = Node(p, p.op_type, p.domain, list(p.input), list(p.output), free)
+            if n.op == "Cast" and n.onnx_op:
+                n.to = n.int_attr("to")
             self.nodes.append(n)
             for o in n.outputs:
                 if o:
@@ -153,9 +172,8 @@ class GraphCtx:
         if not n.onnx_op:
             return
         if n.op == "Cast":
-            to = n.int_attr("to")
-            if to is not None:
-                self.types[out] = to
+            if n.to is not None:
+                self.types[out] = n.to
         elif n.op in ("Shape", "Size"):
             self.types[out] = TensorProto.INT64
         elif n.op == "Constant":
@@ -280,6 +298,8 @@ class GraphCtx:
         self.remove_node(node)
         new = Node(proto, proto.op_type, proto.domain, list(proto.input), list(proto.output), frozenset(),
                    dirty=False)
+        if new.op == "Cast" and new.onnx_op:
+            new.to = new.int_attr("to")
         if self._pos is None:
             self._pos = {id(n): k for k, n in enumerate(self.nodes)}
         idx = self._pos.pop(id(node))

@@ -24,10 +24,10 @@ class RemoveSameTypeCast(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         for n in ctx.nodes:
-            if not (n.alive and n.op == "Cast" and n.onnx_op and n.inputs and n.inputs[0]):
+            if not n.is_cast:
                 continue
-            to = n.int_attr("to")
-            if to is None or to != ctx.type_of(n.inputs[0]):
+            to = n.to
+            if to != ctx.type_of(n.inputs[0]):
                 continue
             sat = n.attr("saturate")
             if not dt.same_type_cast_is_identity(to, 1 if sat is None else n.int_attr("saturate")):

@@ -23,7 +23,7 @@ class ShapeOfCast(GraphPass):
             if not (n.alive and n.op in ("Shape", "Size") and n.onnx_op and n.inputs and n.inputs[0]):
                 continue
             c = ctx.source(n.inputs[0])
-            if c is None or c.op != "Cast" or not c.onnx_op or not c.inputs or not c.inputs[0]:
+            if c is None or not c.is_cast:
                 continue
             if ctx.is_function and not ctx.type_of(c.inputs[0]):
                 continue

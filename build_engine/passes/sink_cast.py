@@ -30,10 +30,10 @@ class SinkCastThroughDataMovement(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         for c1 in ctx.nodes:
-            if not (c1.alive and c1.op == "Cast" and c1.onnx_op and c1.inputs and c1.inputs[0]):
+            if not c1.is_cast:
                 continue
             x, y = c1.inputs[0], c1.outputs[0]
-            t, u = ctx.type_of(x), c1.int_attr("to")
+            t, u = ctx.type_of(x), c1.to
             if u is None or u == t or not dt.embeds(u, t) or not dt.op_accepts(t, ctx.opset):
                 continue
             for m1 in ctx.consumers(y):
@@ -41,7 +41,7 @@ class SinkCastThroughDataMovement(GraphPass):
                 if chain is None:
                     continue
                 c2 = chain.pop()
-                if ctx.num_uses(y) > 1 and c2.int_attr("to") != t:
+                if ctx.num_uses(y) > 1 and c2.to != t:
                     continue
                 ctx.set_input(chain[0], 0, x)
                 for m in chain:
@@ -61,7 +61,7 @@ class SinkCastThroughDataMovement(GraphPass):
             if not node.alive or not node.onnx_op:
                 return None
             if node.op == "Cast":
-                return chain + [node] if chain and node.int_attr("to") is not None else None
+                return chain + [node] if chain and node.to is not None else None
             if (node.op not in dt.DATA_MOVEMENT or len(node.outputs) != 1 or not node.inputs
                     or node.inputs[0] != cur or cur in node.inputs[1:] or node.free):
                 return None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from onnx import GraphProto, ModelProto
 
-from trtforge.build_engine.passes.ir import GraphCtx, Scope, subgraphs
+from trtforge.build_engine.passes.ir import GraphCtx, Scope, may_have_subgraphs, subgraphs
 
 if TYPE_CHECKING:
     from trtforge.build_engine.passes.base import GraphPass
@@ -25,6 +25,7 @@ _MAX_LOCAL_ROUNDS = 64
 @dataclass
 class WalkStats:
     rewrites: int = 0
+    nested: bool = False  # a subgraph or function was visited (then one graph's fixed point is not the model's)
     rules: Counter[str] = field(default_factory=Counter)
     removed: Counter[str] = field(default_factory=Counter)
 
@@ -45,8 +46,9 @@ def collect_types(graph: GraphProto, types: dict[str, int] | None = None) -> dic
     for t in graph.initializer:
         types[t.name] = t.data_type
     for n in graph.node:
-        for g in subgraphs(n):
-            collect_types(g, types)
+        if may_have_subgraphs(n):
+            for g in subgraphs(n):
+                collect_types(g, types)
     return types
 
 
@@ -70,8 +72,10 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
             graph.value_info.extend(keep)
     inner = Scope(scope.opset, scope.types, ChainMap(ctx.producer, scope.outer))  # type: ignore[arg-type]
     for n in graph.node:
-        for g in subgraphs(n):
-            _run_graph(g, passes, inner, stats, fixed_point)
+        if may_have_subgraphs(n):
+            for g in subgraphs(n):
+                stats.nested = True
+                _run_graph(g, passes, inner, stats, fixed_point)
 
 
 def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_point: bool) -> None:
@@ -96,6 +100,7 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
     scope = Scope(opset, collect_types(model.graph) if types is None else types)
     _run_graph(model.graph, passes, scope, stats, fixed_point)
     for fn in model.functions:
+        stats.nested = True
         fscope = Scope(default_opset(fn.opset_import, opset), {})
         ctx = GraphCtx(None, list(fn.node), list(fn.input), list(fn.output), fscope, is_function=True)
         _apply(ctx, passes, stats, fixed_point)
