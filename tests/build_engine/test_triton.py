@@ -203,3 +203,33 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     assert (tmp_path / "repo" / "llama" / "1" / "model.plan").read_bytes() == (tmp_path / "eng" / "model.plan").read_bytes()
     assert "TensorRT-RTX" in res.out  # the runtime caveat is printed
     assert cli("triton", "--check", tmp_path / "repo" / "llama").code == 0
+
+
+def test_real_lora_engine_refused(tmp_path: Path, cli) -> None:
+    """A LoRA-injected model built by the real builder records its Python plugin; Triton output is refused."""
+    pytest.importorskip("tensorrt_rtx")
+    try:
+        from trtforge.build_engine.builder import build_engine  # noqa: F401
+        from trtforge.plugins.lora.inject import inject
+    except ImportError as exc:
+        pytest.skip(f"builder or LoRA inject not available yet: {exc}")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    h = 32
+    w = numpy_helper.from_array(np.random.default_rng().standard_normal((h, h)).astype(np.float32),
+                                "model.layers.0.self_attn.q_proj.weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", w.name], ["y"], name="/model/layers.0/self_attn/q_proj/MatMul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", h])], [w])
+    model = inject(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ["q_proj"], max_rank=4,
+                   slots=2)
+    onnx.save(model, tmp_path / "lora.onnx")
+    res = cli("build", tmp_path / "lora.onnx", "--profile", "a100", "-o", tmp_path / "eng")
+    assert res.code == 0, res.err
+    manifest = json.loads((tmp_path / "eng" / "manifest.json").read_text())
+    assert any(p.get("implementation") == "python" for p in manifest["plugins"])
+    res = cli("triton", tmp_path / "eng", "--repo", tmp_path / "repo", "--name", "lora")
+    assert_one_line_error(res, 2, "Python plugin", "--backend tensorrt", "lora decompose")
+    assert not (tmp_path / "repo" / "lora").exists()
