@@ -87,12 +87,16 @@ def _value_types(model: ModelProto) -> dict[str, int]:
 
 
 def _constant_tensors(model: ModelProto) -> dict[str, TensorProto]:
+    """Initializers, Constant nodes' values, and Identity aliases of those (exporters put Identity on tied or
+    shared weights), so a low consumer gets a converted initializer instead of a runtime Cast of fp32 weights."""
     consts = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant":
             for a in node.attribute:
                 if a.name == "value" and a.HasField("t"):
                     consts[node.output[0]] = a.t
+        elif node.op_type == "Identity" and node.input and node.input[0] in consts:
+            consts[node.output[0]] = consts[node.input[0]]
     return consts
 
 

@@ -13,7 +13,9 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
    stays fp32.
-4. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
+4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
+   as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
+5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
    schema (custom domains, plugins) and ops with subgraphs stay fp32 and untouched.
 """
 
@@ -40,6 +42,8 @@ KEEP_OPS: frozenset[str] = frozenset({
     "Pow", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
     "Sin", "Cos", "Range",
 })
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                                "Multinomial", "Bernoulli", "Dropout"})
 HEAVY_OPS: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger"})
 
 
@@ -111,7 +115,14 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm"
     out: dict[int, NodeDecision] = {}
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
+    constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
     for idx, node in enumerate(model.graph.node):
+        if node.input and node.op_type not in _NONDETERMINISTIC and all(not n or n in constants for n in node.input):
+            # A constant subgraph: TensorRT folds it; leaving it in fp32 keeps e.g. rotary inv_freq exact, and its
+            # low consumers get a Cast of the folded value.
+            constants.update(n for n in node.output if n)
+            out[idx] = NodeDecision(Mode.KEEP, reason="constant subgraph")
+            continue
         dyn_all = [n for n in node.input if n and n not in constants]
         from_index = node.op_type in ("Shape", "Size") or (
             bool(dyn_all) and all(n in index_values or fp32_origin.get(n) == "index" for n in dyn_all))

@@ -100,6 +100,29 @@ def test_structure(fp32_model: onnx.ModelProto, converted: dict, to: str) -> Non
 
 
 @pytest.mark.parametrize("to", ["fp16", "bf16"])
+def test_rotary_angles_and_weights(converted: dict, to: str) -> None:
+    """Rotary angles (positions * inv_freq) are computed in fp32 end to end: at position ~1000 a bf16 angle is off by
+    up to 4 rad. And every big weight (projections, embedding, lm_head) is stored in the low type."""
+    model = converted[to]
+    types = _types(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    for trig in (n for n in model.graph.node if n.op_type in ("Sin", "Cos")):
+        seen, todo = set(), list(trig.input)
+        while todo:
+            name = todo.pop()
+            if name in seen or not name:
+                continue
+            seen.add(name)
+            assert types.get(name) not in (T.FLOAT16, T.BFLOAT16), (trig.name, name)
+            if name in producer:
+                todo.extend(producer[name].input)
+        assert any("inv_freq" in v for v in seen), seen
+    big_fp32 = [t.name for t in model.graph.initializer
+                if t.data_type == T.FLOAT and int(np.prod(t.dims)) >= LlamaConfig().hidden * 4]
+    assert big_fp32 == [], big_fp32
+
+
+@pytest.mark.parametrize("to", ["fp16", "bf16"])
 def test_no_redundant_cast_left(converted: dict, to: str) -> None:
     model = converted[to]
     types = _types(model)
