@@ -113,7 +113,9 @@ def _configure(backend: Backend, builder: Any, network: Any, profile: Profile, p
     return config
 
 
-def _plugins_used(model: Any, backend: Backend) -> list[dict[str, str]]:
+def _plugins_used(model: Any) -> list[dict[str, str]]:
+    """Plugins in the built graph. "python": the IPluginV3 Python plugin, the one ``register_all`` registers with
+    both backends (it needs Python at runtime; Triton's TensorRT backend cannot load it)."""
     from trtforge.plugins.lora.spec import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
     names = {n.op_type for n in model.graph.node}
@@ -182,7 +184,9 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                 raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
             config = _configure(chosen, builder, network, prof, plans, cc)
             if plugins:
-                _enable_aliased_plugin_io(trt, config)
+                from trtforge.plugins import configure_builder
+
+                configure_builder(trt, config)  # aliased plugin I/O preview feature
             inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
             outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
         with _Timer(timings, "build"):
@@ -205,7 +209,7 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             manifest = make_manifest(
                 backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
                 precision=precision, compute_capabilities=_built_ccs(chosen, cc),
-                inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model, chosen),
+                inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model),
                 onnx_sha256=onnx_sha, plan_sha256=hashlib.sha256(plan_bytes).hexdigest(),
                 build_seconds=time.perf_counter() - start,
             )
@@ -213,14 +217,6 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
-
-
-def _enable_aliased_plugin_io(trt: ModuleType, config: Any) -> None:
-    """The LoRA plugin's output may alias its ``y`` input (in-place update); TensorRT 10.3+ and TensorRT-RTX refuse
-    aliased plugin I/O unless this preview feature is on."""
-    feature = getattr(getattr(trt, "PreviewFeature", None), "ALIASED_PLUGIN_IO_10_03", None)
-    if feature is not None:
-        config.set_preview_feature(feature, True)
 
 
 def _has_non_onnx_ops(model: Any) -> bool:
