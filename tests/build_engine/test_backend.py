@@ -12,7 +12,7 @@ import pytest
 
 from trtforge.build_engine import backend as backend_mod
 from trtforge.build_engine.backend import (
-    Backend, local_gpu_compute_capabilities, normalize_cc, prepare_plugin_loading, rtx_libs_dir, select_backend,
+    local_gpu_compute_capabilities, normalize_cc, prepare_plugin_loading, rtx_libs_dir, select_backend,
 )
 from trtforge.build_engine.errors import BackendError
 
@@ -114,13 +114,6 @@ def test_plugin_link_in_the_real_wheel() -> None:
     prepare_plugin_loading(b)
     assert (libs / "libtensorrt_rtx.so").exists()
     assert (libs / "libtensorrt_rtx.so").resolve() == (libs / "libtensorrt_rtx.so.1").resolve()
-
-
-def test_full_tensorrt_prepare_is_a_noop(tmp_path: Path) -> None:
-    fake_module = type(os)("tensorrt")
-    b = Backend(name="tensorrt", version="10", module=fake_module, targets=(), can_run=False)
-    prepare_plugin_loading(b, tmp_path)
-    assert list(tmp_path.iterdir()) == []
 
 
 @needs_rtx
