@@ -105,6 +105,21 @@ def tolerances(precision: str, atol: float | None = None, rtol: float | None = N
     return float(atol), float(rtol)
 
 
+def parse_value_args(items: Sequence[str]) -> dict[str, float]:
+    """``["lora_slot_ids=-1"]`` -> ``{"lora_slot_ids": -1.0}`` (an input filled with one constant)."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not sep or not name or not np.isfinite(value):
+            raise InputError(f"--value {item!r}: expected NAME=NUMBER, e.g. lora_slot_ids=-1")
+        out[name] = value
+    return out
+
+
 def parse_shape_args(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """``["input_ids:2,16", "mask:2x16"]`` -> ``{"input_ids": (2, 16), ...}``."""
     out: dict[str, tuple[int, ...]] = {}
@@ -168,44 +183,55 @@ def _int_range(model: Any, name: str) -> tuple[int, int] | None:
     return best
 
 
-def plan_inputs(model: Any, shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[InputSpec, ...]:
-    """Pure planning of the random inputs (dtypes, concrete shapes, value ranges) for a model."""
+def plan_inputs(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
+                values: Mapping[str, float] | None = None) -> tuple[InputSpec, ...]:
+    """Pure planning of the random inputs (dtypes, concrete shapes, value ranges) for one model or several
+    (the union of their inputs; the first model that has an input decides its spec; a ``dim_param`` has one size
+    across all). ``values`` pins an input to a constant (e.g. ``lora_slot_ids`` = -1: no adapter)."""
     from onnx import helper
 
-    shapes = dict(shapes or {})
-    names = {vi.name for vi in _graph_inputs(model)}
-    unknown = sorted(set(shapes) - names)
-    if unknown:
-        raise InputError(f"--shape names {unknown} are not graph inputs (inputs: {sorted(names)})")
+    models = list(models) if isinstance(models, (list, tuple)) else [models]
+    shapes, values = dict(shapes or {}), dict(values or {})
+    names = {vi.name for m in models for vi in _graph_inputs(m)}
+    for what, given in (("--shape", shapes), ("--value", values)):
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise InputError(f"{what} names {unknown} are not graph inputs (inputs: {sorted(names)})")
     by_param: dict[str, int] = {}
-    specs: list[InputSpec] = []
-    for vi in _graph_inputs(model):
-        tt = vi.type.tensor_type
-        try:
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"input {vi.name!r}: element type {tt.elem_type} is not supported by diff") from exc
-        if vi.name in shapes:
-            shape = shapes[vi.name]
-            if len(shape) != len(tt.shape.dim):
-                raise InputError(f"--shape {vi.name}: rank {len(shape)} but the input has rank {len(tt.shape.dim)}")
-        else:
-            dims = []
-            for i, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value"):
-                    dims.append(d.dim_value)
-                else:
-                    size = 2 if i == 0 else 4
-                    dims.append(by_param.setdefault(d.dim_param, size) if d.dim_param else size)
-            shape = tuple(dims)
-        if dtype == "bool":
-            low, high = 0, 1
-        elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
-            low, high = _int_range(model, vi.name) or _DEFAULT_INT_RANGE
-        else:
-            low, high = -1.0, 1.0
-        specs.append(InputSpec(vi.name, dtype, shape, low, high))
-    return tuple(specs)
+    specs: dict[str, InputSpec] = {}
+    for model in models:
+        for vi in _graph_inputs(model):
+            if vi.name in specs:
+                continue
+            tt = vi.type.tensor_type
+            try:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+            except (KeyError, TypeError) as exc:
+                raise InputError(f"input {vi.name!r}: element type {tt.elem_type} is not supported by diff") from exc
+            if vi.name in shapes:
+                shape = shapes[vi.name]
+                if len(shape) != len(tt.shape.dim):
+                    raise InputError(f"--shape {vi.name}: rank {len(shape)} but the input has rank "
+                                     f"{len(tt.shape.dim)}")
+            else:
+                dims = []
+                for i, d in enumerate(tt.shape.dim):
+                    if d.HasField("dim_value"):
+                        dims.append(d.dim_value)
+                    else:
+                        size = 2 if i == 0 else 4
+                        dims.append(by_param.setdefault(d.dim_param, size) if d.dim_param else size)
+                shape = tuple(dims)
+            if vi.name in values:
+                low = high = values[vi.name]
+            elif dtype == "bool":
+                low, high = 0, 1
+            elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
+                low, high = _int_range(model, vi.name) or _DEFAULT_INT_RANGE
+            else:
+                low, high = -1.0, 1.0
+            specs[vi.name] = InputSpec(vi.name, dtype, shape, low, high)
+    return tuple(specs.values())
 
 
 def _io_names(model: Any) -> tuple[list[str], list[str]]:
@@ -286,23 +312,29 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
 
 def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: float | None = None,
              rtol: float | None = None, seed: int = 0, shapes: Mapping[str, tuple[int, ...]] | None = None,
+             values: Mapping[str, float] | None = None, extra_inputs: bool = False,
              ort_optimize: bool = False) -> DiffResult:
-    """Compare models ``a`` and ``b`` (ONNX files; or engine folders where TensorRT and a GPU exist)."""
+    """Compare models ``a`` and ``b`` (ONNX files; or engine folders where TensorRT and a GPU exist).
+
+    Both must have the same output names, and the same input names unless ``extra_inputs``: then an input only
+    one model has is generated for that model alone (Polygraphy's loader cache drops it from the other runner's
+    feed), e.g. a LoRA-injected model against its original with ``values={"lora_slot_ids": -1}``.
+    """
     atol, rtol = tolerances(precision, atol, rtol)
     pa, pb = Path(a), Path(b)
     for p in (pa, pb):
         if not p.exists():
             raise InputError(f"{p}: not found; give an ONNX model (or an engine folder)")
     ma, mb = _load(pa), _load(pb)
-    ref = ma if ma is not None else mb
-    if ref is None:
+    if ma is None and mb is None:
         raise InputError("diff needs at least one ONNX model to derive inputs from; both sides are engine folders")
     if ma is not None and mb is not None:
         (ia, oa), (ib, ob) = _io_names(ma), _io_names(mb)
-        if ia != ib or sorted(oa) != sorted(ob):
+        if sorted(oa) != sorted(ob) or (ia != ib and not extra_inputs):
+            hint = "" if sorted(oa) != sorted(ob) else " (or pass --extra-inputs to feed inputs only one model has)"
             raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
-                             f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names")
-    specs = plan_inputs(ref, shapes)
+                             f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names{hint}")
+    specs = plan_inputs([m for m in (ma, mb) if m is not None], shapes, values)
     name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
     with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:
         paths, decomposed = [], []

@@ -1,7 +1,7 @@
 """``trtforge diff A.onnx B.onnx``: compare two models' outputs through Polygraphy (exit 1 on mismatch).
 
     trtforge diff A.onnx B.onnx [--precision fp32|fp16|bf16] [--atol X] [--rtol Y] [--seed S]
-                  [--shape NAME:D0,D1 ...] [--save R.json] [--ort-optimize]
+                  [--shape NAME:D0,D1 ...] [--value NAME=V ...] [--extra-inputs] [--save R.json] [--ort-optimize]
 
 Exit codes: 0 every output within tolerance; 1 some output differs; 2 bad input (missing file, different
 input/output names, bad --shape).
@@ -27,6 +27,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
                    help="concrete shape for an input, e.g. input_ids:2,16 (repeatable)")
+    p.add_argument("--value", action="append", default=[], metavar="NAME=V",
+                   help="fill an input with one constant, e.g. lora_slot_ids=-1 (repeatable)")
+    p.add_argument("--extra-inputs", action="store_true",
+                   help="allow inputs only one model has (generated for that model alone), e.g. LoRA pools")
     p.add_argument("--save", metavar="R.json", help="save Polygraphy RunResults JSON (plus R.accuracy.json and "
                                                     "R.summary.json beside it)")
     p.add_argument("--ort-optimize", action="store_true",
@@ -37,10 +41,11 @@ def build_parser() -> ArgumentParser:
 def _run(args) -> int:
     from rich.table import Table
 
-    from trtforge.build_engine.diff import check, parse_shape_args, run_diff, save_results
+    from trtforge.build_engine.diff import check, parse_shape_args, parse_value_args, run_diff, save_results
 
     result = run_diff(args.a, args.b, precision=args.precision, atol=args.atol, rtol=args.rtol, seed=args.seed,
-                      shapes=parse_shape_args(args.shape), ort_optimize=args.ort_optimize)
+                      shapes=parse_shape_args(args.shape), values=parse_value_args(args.value),
+                      extra_inputs=args.extra_inputs, ort_optimize=args.ort_optimize)
     table = Table(title=f"{args.a} vs {args.b} (atol={result.atol:g}, rtol={result.rtol:g}, seed={result.seed})")
     for col in ("output", "max abs", "max rel", "mismatches", "pass"):
         table.add_column(col, justify="left" if col == "output" else "right")

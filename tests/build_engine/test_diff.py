@@ -146,3 +146,29 @@ def test_plugin_models_are_decomposed(tmp_path: Path, cli) -> None:
     assert result.passed and len(result.decomposed) == 2
     slots = next(i for i in result.inputs if i.dtype == "int32")
     assert (slots.low, slots.high) == (-1, 2)  # slot ids bounded by the pool (num_slots 3), -1 = no adapter
+
+
+def test_injected_with_no_adapter_equals_original(tmp_path: Path, cli) -> None:
+    """Original vs LoRA-injected (decomposed): with every slot id -1 the outputs are bitwise equal; with random
+    slot ids and random pools they differ. The pool inputs exist only in the injected model (--extra-inputs)."""
+    inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
+    from trtforge.plugins.lora import spec
+
+    rng = np.random.default_rng()
+    h = 16
+    w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32),
+                                "model.layers.0.self_attn.q_proj.weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", w.name], ["y"], name="/model/layers.0/self_attn/q_proj/MatMul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", h])], [w])
+    base = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(base, tmp_path / "base.onnx")
+    onnx.save(inject_mod.inject(base, ["q_proj"], max_rank=4, slots=3), tmp_path / "lora.onnx")
+    args = ("diff", tmp_path / "base.onnx", tmp_path / "lora.onnx", "--extra-inputs")
+    res = cli(*args, "--value", f"{spec.SLOT_IDS_INPUT}=-1", "--atol", "0", "--rtol", "0")
+    assert res.code == 0, res.out + res.err
+    assert "decomposed" in res.out
+    assert cli(*args).code == 1  # slot ids drawn from [-1, 3): adapters change y
+    assert_one_line_error(cli("diff", tmp_path / "base.onnx", tmp_path / "lora.onnx"), 2, "--extra-inputs")
+    assert_one_line_error(cli(*args, "--value", "nope=1"), 2, "nope")
