@@ -33,6 +33,10 @@ class SchedulerMetrics:
         self.queue_wait_steps = Histogram(f"{prefix}_queue_wait_steps", "scheduler steps between queueing and "
                                           "admission", buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
                                           registry=r)
+        self.queue_wait_seconds = Histogram(f"{prefix}_queue_wait_seconds", "seconds between queueing and "
+                                            "admission (the scheduler's clock)", buckets=(0.01, 0.1, 0.5, 1, 2, 5,
+                                                                                         10, 30, 60, 300, 1800),
+                                            registry=r)
 
     def observe_step(self, sched: Scheduler, plan: StepPlan) -> None:
         cache = sched.cache

@@ -61,7 +61,7 @@ class Seq:
     """
 
     __slots__ = ("req", "state", "blocks", "keys", "prompt_len", "computed", "gen_base", "dec_base", "skips",
-                 "epoch", "registered", "slot", "queued_step", "decoding", "hits")
+                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits")
 
     def __init__(self, req: Request, keys: tuple[int, ...]) -> None:
         self.req = req
@@ -77,6 +77,7 @@ class Seq:
         self.registered = 0
         self.slot = -1
         self.queued_step = 0
+        self.queued_at = 0.0
         self.decoding = False
         self.hits = 0
 

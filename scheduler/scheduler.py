@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,8 +86,11 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, metrics: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, metrics: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock`` times queue waits for the metrics (the simulator passes its simulated clock)."""
         self.config = config
+        self.clock = clock
         self.policy: Policy = get_policy(config.policy, config.skip_window, config.max_skips)
         self.pool = BlockPool(config.num_blocks)
         self.cache = PrefixCache(self.pool)
@@ -115,6 +120,7 @@ class Scheduler:
                 self.metrics.rejected.inc()
             return SubmitResult("rejected", reason)
         seq.queued_step = self.step_no
+        seq.queued_at = self.clock()
         if not self.queue and len(self.running) < self.config.max_running and self._try_admit(seq):
             return SubmitResult("admitted")
         self.queue[req.id] = seq
@@ -267,6 +273,7 @@ class Scheduler:
         if self.metrics:
             self.metrics.admitted.inc()
             self.metrics.queue_wait_steps.observe(self.step_no - seq.queued_step)
+            self.metrics.queue_wait_seconds.observe(self.clock() - seq.queued_at)
         return True
 
     def _register(self, seq: Seq) -> None:
@@ -308,6 +315,7 @@ class Scheduler:
         seq.gen_base = generated
         seq.computed = 0
         seq.queued_step = self.step_no
+        seq.queued_at = self.clock()
         self.queue[seq.req.id] = seq
         self.queue.move_to_end(seq.req.id, last=False)
         self.counts["preempted"] += 1

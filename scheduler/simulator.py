@@ -90,6 +90,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     t_start = reqs[0].arrival
     for r in reps:
         r.clock = t_start
+        r.sched.clock = lambda r=r: r.clock  # queue-wait metrics in simulated seconds
     deadline = reqs[-1].arrival + horizon_s
     first: dict[str, float] = {}
     done: dict[str, float] = {}

@@ -43,6 +43,24 @@ def test_never_fit_under_fcfs_terminates_and_reports_stuck() -> None:
     assert out["cache-aware"]["rejected_by_kind"] == {"kv-never-fits": 1}
 
 
+def test_metrics_queue_wait_in_simulated_seconds() -> None:
+    reqs = [Request(f"r{k}", 0.0, 3000, 50) for k in range(6)]  # 4 fit at once; 2 wait for the first to finish
+    scheds: list[Scheduler] = []
+    cfg = SchedulerConfig(num_blocks=200, tokens_per_block=64, policy="cache-aware", max_running=16)
+
+    def make() -> Scheduler:
+        scheds.append(Scheduler(cfg, metrics=True))
+        return scheds[-1]
+
+    res = simulate(reqs, make, _model()).summary
+    m = scheds[0].metrics
+    assert res["completed"] == 6
+    assert m.sample("trtforge_scheduler_queue_wait_seconds_count") == 6
+    waited = m.sample("trtforge_scheduler_queue_wait_seconds_sum")
+    assert waited > 0 and waited <= 2 * res["duration_s"]
+    assert m.sample("trtforge_scheduler_used_blocks") == 0  # nothing leaked at the end
+
+
 def test_prefix_affinity_routes_conversations_together() -> None:
     reqs = synthetic_trace(300, rate=6.0, seed=1)
     rates = {}
