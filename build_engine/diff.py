@@ -113,14 +113,29 @@ def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple
 
 
 def _runner(path: str, name: str, optimize: bool) -> Any:
+    """An ``OnnxrtRunner`` whose session runs each op as written unless ``optimize``.
+
+    Why both switches: with graph optimizations on, onnxruntime rewrites the two graphs (constant folding,
+    fusions) before running them; with them off it still *prepacks* constant MatMul weights, and a prepacked GEMM
+    sums in another order than the unpacked one. So a weight behind a Cast in one graph and a plain initializer in
+    the other (exactly what folding produces) would differ in the last bit although the graphs are equivalent.
+    Turning off both makes every MatMul use the same kernel whatever produced its weight.
+    """
     if Path(path).is_dir():
         return _engine_runner(Path(path), name)
     import onnxruntime as ort
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.backend.onnxrt import OnnxrtRunner
 
-    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return OnnxrtRunner(SessionFromOnnx(path, providers=["CPUExecutionProvider"], graph_optimization_level=level),
-                        name=name)
+    def session() -> Any:
+        opts = ort.SessionOptions()
+        if optimize:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        else:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+        return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+    return OnnxrtRunner(session, name=name)
 
 
 def _engine_runner(engine_dir: Path, name: str) -> Any:
@@ -136,9 +151,9 @@ def _engine_runner(engine_dir: Path, name: str) -> Any:
         raise InputError(f"{engine_dir}: comparing an engine needs polygraphy's TensorRT backend ({exc})") from exc
     trt = lazy_import_trt()
     if manifest.get("plugins"):
-        from trtforge.plugins import register_all
+        from trtforge.plugins.polygraphy_plugin import register_plugins
 
-        register_all(trt)
+        register_plugins(trt)
     return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest["plan"]))), name=name)
 
 

@@ -34,7 +34,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--save", metavar="R.json", help="save Polygraphy RunResults JSON (plus R.accuracy.json and "
                                                     "R.summary.json beside it)")
     p.add_argument("--ort-optimize", action="store_true",
-                   help="let onnxruntime optimize the graphs (off by default so fusions cannot change numerics)")
+                   help="let onnxruntime optimize the graphs and prepack weights (off by default: then every op runs "
+                        "as written, so equivalent graphs give bitwise equal outputs)")
     return p
 
 

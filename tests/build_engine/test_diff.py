@@ -172,3 +172,21 @@ def test_injected_with_no_adapter_equals_original(tmp_path: Path, cli) -> None:
     assert cli(*args).code == 1  # slot ids drawn from [-1, 3): adapters change y
     assert_one_line_error(cli("diff", tmp_path / "base.onnx", tmp_path / "lora.onnx"), 2, "--extra-inputs")
     assert_one_line_error(cli(*args, "--value", "nope=1"), 2, "nope")
+
+
+def test_folded_weight_is_bitwise_equal(tmp_path: Path, cli) -> None:
+    """``x @ Identity(W)`` vs ``x @ W`` (what folding produces) must compare bitwise equal: onnxruntime prepacks
+    only constant weights and a prepacked GEMM sums in another order, so diff runs sessions without prepacking or
+    graph rewrites by default."""
+    rng = np.random.default_rng()
+    h = 256
+    w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", h])
+    with_identity = [helper.make_node("Identity", ["w"], ["w2"]), helper.make_node("MatMul", ["x", "w2"], ["y"])]
+    plain = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    for name, nodes in (("a.onnx", with_identity), ("b.onnx", plain)):
+        onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w]),
+                                    opset_imports=[helper.make_opsetid("", 17)]), tmp_path / name)
+    res = cli("diff", tmp_path / "a.onnx", tmp_path / "b.onnx", "--atol", "0", "--rtol", "0", "--shape", "x:2,4,256")
+    assert res.code == 0, res.out + res.err
