@@ -18,7 +18,8 @@ class SinkCastThroughDataMovement(GraphPass):
 
     Must not fire when:
     - ``U`` does not embed ``T`` (the type of ``x``), or ``T`` is unknown, or this opset's generic ops cannot take
-      ``T`` (bfloat16 before opset 13, float8 before 19);
+      ``T`` (bfloat16 before opset 13), or ``T`` is a float8 type (several data-movement ops, e.g. Gather-13 and
+      Tile-13, do not take float8 at any opset);
     - the Cast feeds an ``M_i`` through a non-data input (Gather indices, Reshape shape, Slice starts, ...);
     - an intermediate value has another reader, is a graph output or is read by a subgraph (it would change type
       under that reader);
@@ -34,7 +35,8 @@ class SinkCastThroughDataMovement(GraphPass):
                 continue
             x, y = c1.inputs[0], c1.outputs[0]
             t, u = ctx.type_of(x), c1.to
-            if u is None or u == t or not dt.embeds(u, t) or not dt.op_accepts(t, ctx.opset):
+            if (u is None or u == t or not dt.embeds(u, t) or not dt.op_accepts(t, ctx.opset)
+                    or t in dt.FLOAT8):
                 continue
             for m1 in ctx.consumers(y):
                 chain = self._chain(ctx, m1, y)
