@@ -243,8 +243,11 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[Input
         try:
             results = Comparator.run(runners, data_loader=loader)
         except (PolygraphyException, Exception) as exc:
-            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {exc}; check the models run in onnxruntime "
-                             "and pass --shape for inputs whose size matters") from exc
+            text = str(exc)
+            hint = ("onnxruntime's CPU provider lacks a kernel for this op and type (it has no bf16 MatMul): compare "
+                    "the fp32 or fp16 variant, or an engine on a GPU" if "NOT_IMPLEMENTED" in text else
+                    "check the models run in onnxruntime and pass --shape for inputs whose size matters")
+            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {hint}") from exc
         func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)
     return results, accuracy
