@@ -133,3 +133,24 @@ def test_unwritable_output_folder_is_bad_input(cli, tmp_path: Path) -> None:
     onnx.save_model(_model(), src)
     res = cli("fold", src, "-o", tmp_path / "no" / "such" / "out.onnx")
     assert_one_line_error(res, 2, "does not exist")
+
+
+def test_check_uses_reference_for_fp16_models_and_token_ids_stay_in_vocab(cli, tmp_path: Path) -> None:
+    emb = nh.from_array(np.random.default_rng(1).standard_normal((11, 4)).astype(np.float16), "emb")
+    nodes = [h.make_node("Gather", ["emb", "ids"], ["e"]), h.make_node("Cast", ["e"], ["e32"], to=T.FLOAT),
+             h.make_node("Cast", ["e32"], ["e16"], to=T.FLOAT16), h.make_node("Identity", ["e16"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", T.INT64, ["batch", "sequence"])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, ["batch", "sequence", 4])], initializer=[emb])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    m.ir_version = 10
+    src, out, rep = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--report", rep, "--check")
+    assert res.code == 0, res.err
+    report = json.loads(rep.read_text())
+    assert report["check"]["runtime"] == "onnx.reference" and report["check"]["passed"]
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["Gather"]
+    from trtforge.build_engine.fold_check import random_inputs
+
+    ids = random_inputs(m, seed=5)["ids"]
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 11 and ids.ndim == 2
