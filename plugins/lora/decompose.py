@@ -10,8 +10,9 @@ reference an engine with the plugin is diffed against. Per node, with ``ids`` th
     out = Where(ids >= 0, y + u * Cast(Gather(scales, c), D), y)
 
 Where(..., y) returns y's own bits for slot -1, so a model with every slot at -1 computes exactly what the original
-model computed. Per token vs per sequence comes from the ranks of x and slot_ids (shape inference); a node whose x
-rank is unknown is refused. The gathered per-token pools are [tokens, H, R] tensors: fine for a reference, not fast.
+model computed. Per token vs per sequence comes from the ranks of x and slot_ids (shape inference; a node whose x
+rank inference cannot see, because it lies downstream of another plugin node, takes the rank of a node sharing its
+slot_ids input); a node whose layout stays unknown is refused. The gathered per-token pools are [tokens, H, R] tensors: fine for a reference, not fast.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def decompose(model: ModelProto) -> ModelProto:
         raise InputError(f"decompose needs default-domain opset >= 13 (model has {default_opset(model)}); "
                          "convert the model with onnx.version_converter first")
     types = value_types(model)
+    # Shape inference stops at plugin nodes, so a target downstream of another one (o_proj after q_proj) may have an
+    # unknown x rank. Nodes sharing one slot_ids input share one layout (inject enforces it): learn it from any node
+    # whose rank is known.
+    known_rank: dict[str, int] = {}
+    for node in model.graph.node:
+        xt = types.get(node.input[0]) if is_plugin_node(node) and node.input else None
+        if xt is not None and xt.shape is not None and len(node.input) > spec.SLOT_IDS:
+            known_rank.setdefault(node.input[spec.SLOT_IDS], len(xt.shape))
     out = ModelProto()
     out.CopyFrom(model)
     nodes: list[NodeProto] = []
@@ -100,12 +109,13 @@ def decompose(model: ModelProto) -> ModelProto:
         spec.LoraFields.from_mapping({a.name: helper.get_attribute_value(a) for a in node.attribute})
         xt, it = types.get(node.input[0]), types.get(node.input[spec.SLOT_IDS])
         dt = types.get(node.input[spec.LORA_A]) or types.get(node.input[spec.Y])
-        if xt is None or xt.shape is None or it is None or it.shape is None:
+        x_rank = len(xt.shape) if xt is not None and xt.shape is not None else known_rank.get(node.input[spec.SLOT_IDS])
+        if x_rank is None or it is None or it.shape is None:
             raise InputError(f"{where}: the ranks of x and slot_ids are unknown; run shape inference first")
         if dt is None or dt.elem_type not in FLOAT_TYPES:
             raise InputError(f"{where}: cannot tell the float dtype of lora_a")
         try:
-            nodes += _lower(node, len(xt.shape), len(it.shape), dt.elem_type)
+            nodes += _lower(node, x_rank, len(it.shape), dt.elem_type)
         except InputError as exc:
             raise InputError(f"{where}: {exc.message}") from exc
     del out.graph.node[:]

@@ -77,11 +77,12 @@ def _example():
     return make_llama()
 
 
-def test_inject_then_decompose_with_all_slots_off_is_bitwise_original():
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], ["q_proj", "o_proj", "down_proj"]])
+def test_inject_then_decompose_with_all_slots_off_is_bitwise_original(targets):
     model = _example()
-    lora = inject(model, ["q_proj", "v_proj"], max_rank=8, slots=4)
+    lora = inject(model, targets, max_rank=8, slots=4)
     plugin_nodes = [n for n in lora.graph.node if n.op_type == spec.PLUGIN_NAME]
-    assert len(plugin_nodes) == 4 and all(n.domain == spec.ONNX_DOMAIN for n in plugin_nodes)
+    assert len(plugin_nodes) == 2 * len(targets) and all(n.domain == spec.ONNX_DOMAIN for n in plugin_nodes)
     assert has_plugin_nodes(lora) and not has_plugin_nodes(model)
     assert any(i.domain == spec.ONNX_DOMAIN for i in lora.opset_import)
     dec = decompose(lora)
