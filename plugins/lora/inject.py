@@ -64,10 +64,28 @@ def _gemm_attr(node: NodeProto, name: str) -> int:
     return next((int(a.i) for a in node.attribute if a.name == name), 0)
 
 
+_WEIGHT_PATH_OPS = ("Cast", "Identity", "Transpose", "DequantizeLinear", "Reshape")
+
+
+def _is_constant(name: str, inits: set[str], producer: dict[str, NodeProto], depth: int = 0) -> bool:
+    """A weight: an initializer or Constant, possibly through Cast/Transpose/DequantizeLinear (exporter chains)."""
+    if name in inits:
+        return True
+    node = producer.get(name)
+    if node is None or depth > 4:
+        return False
+    if node.op_type == "Constant":
+        return True
+    return node.op_type in _WEIGHT_PATH_OPS and _is_constant(node.input[0], inits, producer, depth + 1)
+
+
 def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
+    """MatMul/Gemm nodes whose second input is a constant weight (activation x activation MatMuls are not)."""
     inits = {t.name for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
     return [(i, n, module_path(n, inits)) for i, n in enumerate(model.graph.node)
-            if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx")]
+            if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1
+            and _is_constant(n.input[1], inits, producer)]
 
 
 def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:

@@ -112,7 +112,10 @@ def test_inject_per_sequence_and_refusals():
     node = next(n for n in lora.graph.node if n.op_type == spec.PLUGIN_NAME)
     attrs = {a.name: a.i for a in node.attribute}
     assert attrs == {"max_rank": 4, "num_slots": 2, "in_features": 256, "out_features": 64, "tile": spec.DEFAULT_TILE}
-    with pytest.raises(InputError, match="q_proj"):
+    with pytest.raises(InputError, match="q_proj") as err:
         inject(model, ["qkv_proj"], 8, 4)
+    assert "self_attn," not in str(err.value)  # attention score MatMuls (no weight) are not projections
+    attn = inject(model, ["self_attn"], 4, 2)  # a parent module name selects its four projections only
+    assert sum(n.op_type == spec.PLUGIN_NAME for n in attn.graph.node) == 8
     with pytest.raises(InputError, match="already"):
         inject(lora, ["v_proj"], 4, 2)
