@@ -104,6 +104,11 @@ def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str) 
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # Constant weights are pre-packed by MatMul kernels (another summation order) while a weight behind an Identity
+    # is not: without this, removing `Identity(weight)` would look like a numeric change. One thread: no
+    # scheduling-dependent reductions.
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return [np.asarray(o) for o in sess.run(None, dict(feeds))]
 

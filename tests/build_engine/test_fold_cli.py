@@ -154,3 +154,22 @@ def test_check_uses_reference_for_fp16_models_and_token_ids_stay_in_vocab(cli, t
 
     ids = random_inputs(m, seed=5)["ids"]
     assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 11 and ids.ndim == 2
+
+
+def test_check_is_not_fooled_by_onnxruntime_weight_prepacking(tmp_path: Path) -> None:
+    """MatMul(x, Identity(W)) -> MatMul(x, W) is exact, but onnxruntime pre-packs constant weights (another
+    summation order); the check must disable that so an exact fold is not reported as a mismatch."""
+    from trtforge.build_engine.fold_check import check_equivalent
+    from trtforge.build_engine.passes import fold
+
+    rng = np.random.default_rng(3)
+    w = nh.from_array(rng.standard_normal((256, 300)).astype(np.float32), "w")
+    nodes = [h.make_node("Identity", ["w"], ["wi"]), h.make_node("MatMul", ["x", "wi"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 256])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", 300])], initializer=[w])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    m.ir_version = 10
+    res = fold(m)
+    assert [n.op_type for n in res.model.graph.node] == ["MatMul"]
+    chk = check_equivalent(m, res.model, seed=1, runtime="onnxruntime")
+    assert chk.passed and chk.max_abs_diff == 0.0
