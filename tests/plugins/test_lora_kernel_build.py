@@ -132,3 +132,16 @@ def test_aot_launch_spec(tmp_path, monkeypatch):
     assert flat.grid_y == (("x_dim", 0),) and flat.extra_args[4] == ("const", 1)
     with pytest.raises(ValueError):
         aot_launch_spec(f, 2, 2, "float32", "sm_80")
+
+
+@pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])
+def test_each_compiler_when_available(compiler, tmp_path, monkeypatch):
+    from trtforge.build_engine.errors import BackendError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    try:
+        ptx = compile_ptx("sm_90", compiler=compiler, use_cache=False)
+    except BackendError as exc:
+        pytest.skip(f"{compiler} not available here: {exc.message[:120]}")
+    assert ptx.compiler == compiler and ptx.target == "sm_90"
+    assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values())
