@@ -4,9 +4,10 @@ Steps (each output kept under the work folder, numbered in pipeline order):
 
   00_model     example Llama (fp32 and fp16-autocast) and its HF config.json
   01_fold      trtforge fold --check on both variants (report JSON; exactness proven on random inputs)
-  02_precision trtforge precision --to fp16, then trtforge diff against fp32 (relative error)
-  03_lora      trtforge lora inject (q_proj, v_proj), lora decompose, and a copy with adapters bound (slots -1)
-  04_engines   trtforge build for a10 and a100 (TensorRT-RTX on a CPU), plus a plugin-free a100 engine for Triton
+  02_precision trtforge precision --to fp16 (diffed against fp32) and --to bf16
+  03_lora      trtforge lora inject (q_proj, v_proj) into the fp32, fp16 and bf16 models; lora decompose (fp32)
+  04_engines   trtforge build: a10 from fp16+LoRA, a100 from bf16+LoRA (TensorRT-RTX on a CPU), and a plugin-free
+               a100 engine for Triton
   05_triton    trtforge triton (the plugin engine is refused with its reason; the plain one is written and checked)
   06_diff      original vs folded (atol = rtol = 0) and inject+decompose with every slot -1 vs original (exact)
   07_kv        trtforge kv-plan (h100 with Llama-3.1-8B, a100 with the example model's config)
@@ -27,9 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 
 @dataclass
@@ -51,48 +49,6 @@ def _cli(argv: list[str]) -> int:
         return 1
 
 
-def bind_adapter_inputs(model: onnx.ModelProto, seed: int = 0, slot: int = -1) -> onnx.ModelProto:
-    """Turn a LoRA-injected model's adapter inputs into constants: random pools and scales, every slot id ``slot``.
-
-    The result has the original model's graph inputs, so it can be diffed against the model before injection.
-    ``lora_slot_ids`` becomes ``ConstantOfShape(Shape(x)[:-1])`` of the first plugin node's ``x``, so it follows the
-    dynamic batch and sequence dims.
-    """
-    from trtforge.plugins.lora import spec
-
-    rng = np.random.default_rng(seed)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    plugin = next(n for n in g.node if n.op_type == spec.PLUGIN_NAME)
-    kept, new_inits = [], []
-    np_types = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT32: np.int32}
-    for inp in g.input:
-        if not inp.name.startswith(("lora_a.", "lora_b.", "lora_scales.")):
-            if inp.name != "lora_slot_ids":
-                kept.append(inp)
-            continue
-        dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        dtype = np_types.get(inp.type.tensor_type.elem_type, np.float32)
-        values = (rng.standard_normal(dims) * 0.05).astype(dtype)
-        new_inits.append(numpy_helper.from_array(values, inp.name))
-    del g.input[:]
-    g.input.extend(kept)
-    g.initializer.extend(new_inits)
-    x = plugin.input[0]
-    nodes = [
-        helper.make_node("Shape", [x], ["lora_slot_ids.shape"], name="/lora_bind/Shape", end=-1),
-        helper.make_node("ConstantOfShape", ["lora_slot_ids.shape"], ["lora_slot_ids"], name="/lora_bind/Fill",
-                         value=numpy_helper.from_array(np.array([slot], dtype=np.int32))),
-    ]
-    for i, node in enumerate(nodes):
-        g.node.insert(i, node)
-    from trtforge.build_engine.onnx_io import check_graph_structure
-
-    check_graph_structure(g, "bound model")  # x is produced inside the graph: this re-sorts topologically
-    return out
-
-
 def plan_steps(work: Path) -> list[tuple[str, list[str]]]:
     """The pipeline as data: (step name, trtforge argv)."""
     m, f, p, lo, e, t, d, k, s = (work / n for n in ("00_model", "01_fold", "02_precision", "03_lora", "04_engines",
@@ -103,32 +59,39 @@ def plan_steps(work: Path) -> list[tuple[str, list[str]]]:
         ("fold fp32", ["fold", str(m / "llama_fp32.onnx"), "-o", str(f / "folded_fp32.onnx"),
                        "--report", str(f / "report_fp32.json"), "--check"]),
         ("precision fp16", ["precision", str(f / "folded_fp32.onnx"), "-o", str(p / "model_fp16.onnx"),
-                            "--to", "fp16", "--report", str(p / "report.json")]),
-        ("diff fp32 vs fp16", ["diff", str(p / "model_fp16.onnx"), str(f / "folded_fp32.onnx"), "--precision",
+                            "--to", "fp16", "--report", str(p / "report_fp16.json")]),
+        ("diff fp16 vs fp32", ["diff", str(p / "model_fp16.onnx"), str(f / "folded_fp32.onnx"), "--precision",
                                "fp16", "--save", str(p / "diff_fp16.json")]),
-        ("lora inject", ["lora", "inject", str(f / "folded_fp32.onnx"), "-o", str(lo / "lora.onnx"), "--targets",
-                         "q_proj,v_proj", "--max-rank", "16", "--slots", "8"]),
-        ("lora decompose", ["lora", "decompose", str(lo / "lora.onnx"), "-o", str(lo / "lora_decomposed.onnx")]),
-        ("build a10 (LoRA)", ["build", str(lo / "lora.onnx"), "--profile", "a10", "-o", str(e / "a10"), "--force"]),
-        ("build a100 (LoRA)", ["build", str(lo / "lora.onnx"), "--profile", "a100", "-o", str(e / "a100"),
-                               "--force"]),
-        ("build a100 (plain)", ["build", str(f / "folded_fp32.onnx"), "--profile", "a100", "-o",
-                                str(e / "a100_plain"), "--force"]),
+        ("precision bf16", ["precision", str(f / "folded_fp32.onnx"), "-o", str(p / "model_bf16.onnx"),
+                            "--to", "bf16", "--report", str(p / "report_bf16.json")]),
+        *[(f"lora inject {dt}", ["lora", "inject", str(src), "-o", str(lo / f"lora_{dt}.onnx"), "--targets",
+                                 "q_proj,v_proj", "--max-rank", "16", "--slots", "8"])
+          for dt, src in (("fp32", f / "folded_fp32.onnx"), ("fp16", p / "model_fp16.onnx"),
+                          ("bf16", p / "model_bf16.onnx"))],
+        ("lora decompose", ["lora", "decompose", str(lo / "lora_fp32.onnx"), "-o",
+                            str(lo / "lora_fp32_decomposed.onnx")]),
+        ("build a10 (fp16 + LoRA)", ["build", str(lo / "lora_fp16.onnx"), "--profile", "a10", "-o", str(e / "a10"),
+                                     "--force", "--no-progress"]),
+        ("build a100 (bf16 + LoRA)", ["build", str(lo / "lora_bf16.onnx"), "--profile", "a100", "-o",
+                                      str(e / "a100"), "--force", "--no-progress"]),
+        ("build a100 (bf16, no plugin)", ["build", str(p / "model_bf16.onnx"), "--profile", "a100", "-o",
+                                          str(e / "a100_plain"), "--force", "--no-progress"]),
         ("triton (LoRA engine)", ["triton", str(e / "a100"), "--repo", str(t), "--name", "llama_lora", "--force"]),
         ("triton (plain engine)", ["triton", str(e / "a100_plain"), "--repo", str(t), "--name", "llama_tiny",
                                    "--max-batch", "8", "--force"]),
         ("triton --check", ["triton", "--check", str(t / "llama_tiny")]),
         ("diff original vs folded", ["diff", str(m / "llama_fp32.onnx"), str(f / "folded_fp32.onnx"), "--atol", "0",
                                      "--rtol", "0", "--save", str(d / "fold.json")]),
-        ("diff inject+decompose (slots -1) vs original", ["diff", str(lo / "lora_bound_slots_off.onnx"),
-                                                          str(m / "llama_fp32.onnx"), "--atol", "0", "--rtol", "0",
+        ("diff inject+decompose (slots -1) vs original", ["diff", str(lo / "lora_fp32_decomposed.onnx"),
+                                                          str(m / "llama_fp32.onnx"), "--extra-inputs", "--value",
+                                                          "lora_slot_ids=-1", "--atol", "0", "--rtol", "0",
                                                           "--save", str(d / "lora_off.json")]),
         ("kv-plan h100 llama-3.1-8b", ["kv-plan", "--profile", "h100", "--model", "llama-3.1-8b", "--json",
                                        str(k / "h100_llama-3.1-8b.json")]),
         ("kv-plan a100 example", ["kv-plan", "--profile", "a100", "--model", str(m / "config.json"), "--json",
                                   str(k / "a100_example.json")]),
         *[(f"simulate {pol}", ["simulate", "--trace", "synthetic", "--profile", "h100", "--model", "llama-3.1-8b",
-                               "--policy", pol, "--json", str(s / f"{pol}.json")]
+                               "--policy", pol, "--time-scale", "3", "--json", str(s / f"{pol}.json")]
                                + (["--plot", str(s / f"{pol}.png")] if pol == "cache-aware" else []))
           for pol in ("fcfs-no-evict", "max-utilization", "cache-aware")],
     ]
@@ -185,8 +148,8 @@ def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
         return (f"{man.get('backend', {}).get('name')} sm {','.join(man.get('compute_capabilities', []))}, "
                 f"{man.get('precision')}, plan {size}, plugins {plugins}, {man.get('build_seconds', 0):.1f} s", outs)
     if argv[0] == "diff":
-        acc = _load_json(Path(argv[argv.index("--save") + 1]).with_suffix(".accuracy.json"))
-        rows = acc.get("outputs", acc.get("summary", []))
+        acc = _load_json(Path(argv[argv.index("--save") + 1]).with_suffix(".summary.json"))
+        rows = acc.get("outputs", [])
         if isinstance(rows, list) and rows:
             worst_abs = max(float(r.get("max_abs", 0.0)) for r in rows)
             worst_rel = max(float(r.get("max_rel", 0.0)) for r in rows)
@@ -212,15 +175,6 @@ def _make_example(work: Path) -> None:
     write_example(work / "00_model")
 
 
-def _bind(work: Path) -> None:
-    from trtforge.build_engine.onnx_io import load_model, save_model
-    from trtforge.plugins.lora.decompose import decompose
-
-    lora = load_model(work / "03_lora" / "lora.onnx")
-    save_model(decompose(bind_adapter_inputs(lora, seed=int(time.time()) % 2**31)),
-               work / "03_lora" / "lora_bound_slots_off.onnx")
-
-
 def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult]:
     """Run every step; a failing step is recorded and the next ones still run where they can."""
     work.mkdir(parents=True, exist_ok=True)
@@ -240,8 +194,6 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
 
     python_step("example model", _make_example, [str(work / "00_model")])
     for name, argv in plan_steps(work):
-        if name == "build a10 (LoRA)":
-            python_step("bind adapters (slots -1)", _bind, [str(work / "03_lora" / "lora_bound_slots_off.onnx")])
         echo(f"\n== {name}: trtforge {' '.join(argv)}")
         t0 = time.perf_counter()
         err = _Tee(sys.stderr)
