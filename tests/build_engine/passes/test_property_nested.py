@@ -22,7 +22,7 @@ assert _spec is not None and _spec.loader is not None
 _prop = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_prop)
 
-_EXAMPLES = int(os.environ.get("FOLD_PROP_EXAMPLES", "300")) // 3
+_EXAMPLES = int(os.environ.get("FOLD_PROP_EXAMPLES", "1000")) // 3
 
 
 def _renamed(graph: onnx.GraphProto, prefix: str, keep: set[str]) -> list[onnx.NodeProto]:
