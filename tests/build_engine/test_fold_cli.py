@@ -43,7 +43,7 @@ def test_fold_writes_model_and_report(cli, tmp_path: Path) -> None:
     assert [n.op_type for n in folded.graph.node] == ["MatMul", "Cast", "Cast"]  # fp32->fp16->fp32 stays
 
 
-def test_check_fails_with_exit_1_when_outputs_differ(cli, tmp_path: Path) -> None:
+def test_check_equivalent_detects_a_lossy_fold() -> None:
     """A pass that is not exact is caught by --check (exercised with a deliberately lossy pass)."""
     from trtforge.build_engine.fold_check import check_equivalent
     from trtforge.build_engine.passes import fold
@@ -173,3 +173,30 @@ def test_check_is_not_fooled_by_onnxruntime_weight_prepacking(tmp_path: Path) ->
     assert [n.op_type for n in res.model.graph.node] == ["MatMul"]
     chk = check_equivalent(m, res.model, seed=1, runtime="onnxruntime")
     assert chk.passed and chk.max_abs_diff == 0.0
+
+
+def test_cli_check_failure_exits_1_writes_report_but_not_model(cli, tmp_path: Path, monkeypatch) -> None:
+    """The exit-1 path of --check, driven by a deliberately lossy pass swapped into the pipeline (the runtimes that
+    judge are real)."""
+    import trtforge.build_engine.passes.pipeline as pipeline
+    from trtforge.build_engine.passes.base import GraphPass
+
+    class DropAnyCastPair(GraphPass):  # NOT exact: removes fp32->fp16->fp32
+        name = "lossy"
+
+        def rewrite(self, ctx) -> int:
+            n = 0
+            for node in ctx.nodes:
+                src = ctx.source(node.inputs[0]) if node.alive and node.op == "Cast" and node.inputs else None
+                if src is not None and src.op == "Cast" and ctx.bypass(node, src.inputs[0], "lossy"):
+                    n += 1
+            return n
+
+    monkeypatch.setattr(pipeline, "default_passes", lambda: (DropAnyCastPair(),))
+    src, out, rep = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save_model(_model(), src)
+    res = cli("fold", src, "-o", out, "--report", rep, "--check")
+    assert res.code == 1 and "OUTPUTS DIFFER" in res.out
+    report = json.loads(rep.read_text())
+    assert report["check"]["passed"] is False and report["check"]["max_abs_diff"] > 0
+    assert not out.exists()
