@@ -152,8 +152,11 @@ def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
         rows = acc.get("outputs", [])
         if isinstance(rows, list) and rows:
             worst_abs = max(float(r.get("max_abs", 0.0)) for r in rows)
-            worst_rel = max(float(r.get("max_rel", 0.0)) for r in rows)
-            return f"max abs {worst_abs:.3g}, max rel {worst_rel:.3g}", outs
+            worst_rel = max(float(r.get("rel_to_scale", 0.0)) for r in rows)
+            mism = sum(int(r.get("mismatches", 0)) for r in rows)
+            tol = f"atol {acc.get('atol')}, rtol {acc.get('rtol')}"
+            return (f"max abs diff {worst_abs:.3g} ({worst_rel:.2g} of output scale), {mism} mismatches "
+                    f"at {tol}", outs)
         return "compared (see saved JSON)", outs
     if argv[0] == "kv-plan":
         k = _load_json(Path(argv[argv.index("--json") + 1]))

@@ -51,6 +51,8 @@ class OutputDiff:
     mismatches: int
     total: int
     passed: bool
+    # max |a - b| / max |b|: the error relative to the output's scale (element-wise max_rel explodes near zero).
+    rel_to_scale: float = 0.0
 
 
 @dataclass
@@ -167,7 +169,8 @@ def _load(path: Path) -> Any:
 
 def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, poly_pass: bool) -> OutputDiff:
     if a.shape != b.shape:
-        return OutputDiff(name, float("inf"), float("inf"), max(a.size, b.size), max(a.size, b.size), False)
+        return OutputDiff(name, float("inf"), float("inf"), max(a.size, b.size), max(a.size, b.size), False,
+                          float("inf"))
     if a.dtype == np.bool_ or b.dtype == np.bool_:
         absd = (a != b).astype(np.float64)
     else:
@@ -179,8 +182,11 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
     if atol == 0 and rtol == 0:  # bitwise
         same = a.dtype == b.dtype and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
         passed = passed and same
-    return OutputDiff(name, float(np.nanmax(absd)) if absd.size else 0.0,
-                      float(np.nanmax(reld)) if reld.size else 0.0, int(mism.sum()), int(a.size), passed)
+    max_abs = float(np.nanmax(absd)) if absd.size else 0.0
+    scale = float(np.nanmax(denom)) if denom.size else 0.0
+    rel_to_scale = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    return OutputDiff(name, max_abs, float(np.nanmax(reld)) if reld.size else 0.0, int(mism.sum()), int(a.size),
+                      passed, rel_to_scale)
 
 
 def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: float | None = None,

@@ -48,10 +48,11 @@ def _run(args) -> int:
                       shapes=parse_shape_args(args.shape), values=parse_value_args(args.value),
                       extra_inputs=args.extra_inputs, ort_optimize=args.ort_optimize)
     table = Table(title=f"{args.a} vs {args.b} (atol={result.atol:g}, rtol={result.rtol:g}, seed={result.seed})")
-    for col in ("output", "max abs", "max rel", "mismatches", "pass"):
+    for col in ("output", "max abs", "max rel", "rel to scale", "mismatches", "pass"):
         table.add_column(col, justify="left" if col == "output" else "right")
     for o in result.outputs:
-        table.add_row(o.name, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.mismatches}/{o.total}",
+        table.add_row(o.name, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.rel_to_scale:.3g}",
+                      f"{o.mismatches}/{o.total}",
                       "[green]yes[/green]" if o.passed else "[red]NO[/red]")
     console = stdout_console()
     if result.decomposed:

@@ -191,3 +191,17 @@ def test_folded_weight_is_bitwise_equal(tmp_path: Path, cli) -> None:
                                     opset_imports=[helper.make_opsetid("", 17)]), tmp_path / name)
     res = cli("diff", tmp_path / "a.onnx", tmp_path / "b.onnx", "--atol", "0", "--rtol", "0", "--shape", "x:2,4,256")
     assert res.code == 0, res.out + res.err
+
+
+def test_rel_to_scale_is_max_abs_over_reference_scale() -> None:
+    import numpy as np
+
+    from trtforge.build_engine.diff import _output_diff
+
+    rng = np.random.default_rng()
+    b = rng.standard_normal((3, 50)).astype(np.float32)
+    a = b + rng.standard_normal(b.shape).astype(np.float32) * 1e-3
+    d = _output_diff("y", a, b, 1e-2, 1e-3, True)
+    expect = np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b.astype(np.float64)))
+    assert d.rel_to_scale == expect
+    assert d.rel_to_scale < d.max_rel  # element-wise relative error blows up near zero; the scale-relative one not
