@@ -10,8 +10,9 @@ Why not onnxconverter-common's ``convert_float_to_float16``: it has no bf16 mode
 rotary angles and shape arithmetic. One converter with one policy serves both types here.
 
 Safety conditions: only top-level nodes are converted (subgraph ops and ops without an ONNX schema stay fp32 and
-untouched); fp16 constants are clipped to +-65504 (an fp32 finite value never becomes inf, except -inf/inf/nan
-which stay what they are); bf16 rounding is round-to-nearest-even (ml_dtypes).
+untouched, except trtforge plugin nodes, which follow their op contract: see ``precision_plugins``); fp16
+constants are clipped to +-65504 (an fp32 finite value never becomes inf, except -inf/inf/nan which stay what they
+are); bf16 rounding is round-to-nearest-even (ml_dtypes).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from trtforge.build_engine import precision_plugins
 from trtforge.build_engine.errors import InputError, ModelError
 from trtforge.build_engine.precision_policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
 
@@ -63,6 +65,7 @@ def _skeleton(model: ModelProto) -> ModelProto:
             g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     del g.initializer[:]
     g.initializer.extend(small)
+    precision_plugins.stand_in(g)  # plugin nodes carry y's type and shape to their output, as the op does
     return skel
 
 
@@ -146,6 +149,15 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     decisions = decide(src, types, set(consts), to, keep_ops)
     namer = _Namer(src)
     new_type = dict(types)
+    low_plugins = [n for i, n in enumerate(src.graph.node)
+                   if decisions[i].mode is Mode.LOW and precision_plugins.is_plugin(n)]
+    # Adapter-pool graph inputs are declared in the low type (they are adapter data, not the user's I/O).
+    retyped = precision_plugins.pools_to_retype(src, low_plugins, types)
+    for name in retyped:
+        new_type[name] = low
+    for vi in src.graph.input:
+        if vi.name in retyped:
+            vi.type.tensor_type.elem_type = low
     down: dict[str, str] = {}   # float32 value -> its low copy (Cast output or converted initializer)
     up: dict[str, str] = {}     # low value that was float32 -> its float32 copy
     new_inits: list[TensorProto] = []
@@ -215,6 +227,11 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         onnx.checker.check_model(inferred)
     except Exception as exc:  # a bug in the conversion, not in the user's model
         raise ModelError(f"precision conversion to {to} produced an invalid model ({exc})") from exc
+    if any(precision_plugins.is_plugin(n) for n in g.node):
+        ig = inferred.graph
+        after = {v.name: v.type.tensor_type.elem_type for v in [*ig.input, *ig.value_info, *ig.output]}
+        after.update({t.name: t.data_type for t in g.initializer})
+        precision_plugins.check_types(src, after)
     g.value_info.extend(inferred.graph.value_info)
     converted = src
     modes = Counter(d.mode.value for d in decisions.values())
@@ -227,6 +244,8 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         "kept_fp32_ops": dict(sorted(kept.items())),
         "casts_inserted": casts,
         "initializers_converted": len(new_inits),
+        "plugin_nodes_low": len(low_plugins),
+        "pool_inputs_converted": len(retyped),
     }
     if fold:
         from trtforge.build_engine.passes import fold as run_fold

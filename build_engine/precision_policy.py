@@ -16,7 +16,10 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
-   schema (custom domains, plugins) and ops with subgraphs stay fp32 and untouched.
+   schema (custom domains) and ops with subgraphs stay fp32 and untouched.
+6. trtforge plugin nodes (``LoRAOpPluginDynamic``) follow their op contract, not a schema: a float32 one runs in the
+   low type with x, y, lora_a, lora_b converted together (scales stay float32, slot ids int32); one already in a
+   16-bit type stays in it (details in ``precision_plugins``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from enum import Enum
 
 import onnx
 from onnx import NodeProto, TensorProto
+
+from trtforge.build_engine import precision_plugins
+from trtforge.build_engine.errors import InputError
+from trtforge.plugins.lora import spec
 
 FLOAT = TensorProto.FLOAT
 LOW_TYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -147,6 +154,9 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             out[idx] = NodeDecision(Mode.KEEP, reason="has subgraphs (not converted)")
             _mark(node, types, fp32_origin, "norm")
             continue
+        if precision_plugins.is_plugin(node):
+            out[idx] = _plugin_decision(node, types, low)
+            continue
         schema = _schema(node, opset)
         if schema is None:
             out[idx] = NodeDecision(Mode.KEEP, reason="no ONNX schema (custom op): kept fp32")
@@ -179,6 +189,26 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         out[idx] = decision
         _mark(node, types, fp32_origin, tag)
     return out
+
+
+def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> NodeDecision:
+    """Rule 6. x, y, lora_a, lora_b are bound to one dtype D; scales (float32) and slot ids (int32) never change."""
+    where = f"{node.op_type} node {node.name or node.output[0]!r}"
+    if len(node.input) != len(spec.INPUT_NAMES):
+        raise InputError(f"{where} has {len(node.input)} inputs; expected {len(spec.INPUT_NAMES)} "
+                         f"({', '.join(spec.INPUT_NAMES)}); re-run trtforge lora inject on the original model")
+    d = precision_plugins.plugin_dtype(node, types)
+    if d in (FLOAT, low):
+        return NodeDecision(Mode.LOW, float_inputs=(spec.X, spec.Y, spec.LORA_A, spec.LORA_B),
+                            reason="plugin op in the low type")
+    if d in FLOAT_TYPES and d != TensorProto.DOUBLE:
+        mixed = [spec.INPUT_NAMES[i] for i in (spec.X, spec.Y) if types.get(node.input[i]) == FLOAT]
+        if mixed:
+            raise InputError(f"{where} has {precision_plugins.dtype_name(d)} adapter pools but float32 "
+                             f"{' and '.join(mixed)}; re-run trtforge lora inject on the fp32 model, then convert")
+        return NodeDecision(Mode.UNTOUCHED, reason=f"plugin op already {precision_plugins.dtype_name(d)}")
+    raise InputError(f"{where}: cannot tell its float dtype (lora_a is {precision_plugins.dtype_name(d)}); "
+                     f"declare lora_a as float32, float16 or bfloat16")
 
 
 def _mark(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[str, str], tag: str) -> None:

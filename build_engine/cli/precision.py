@@ -29,6 +29,7 @@ def _run(args: Any) -> int:
     from trtforge.build_engine.precision import convert_precision
 
     loaded = onnx_io.load(args.input)
+    _refuse_plugin_conflicts(loaded.model, args.input, args.to)
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold)
     onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
     if args.report:
@@ -40,6 +41,23 @@ def _run(args: Any) -> int:
           f"{r['casts_inserted']} Casts inserted"
           + (f", fold {folded.get('nodes_before')} -> {folded.get('nodes_after')} nodes" if folded else ""))
     return 0
+
+
+def _refuse_plugin_conflicts(model: Any, path: str, to: str) -> None:
+    """Plugin nodes already in the other 16-bit type: converting leaves them (and their adapter pools) in it.
+
+    Conversion only rewrites float32 tensors (16-bit -> 16-bit would round twice), so a "bf16" model would keep
+    float16 adapter pools; refuse and name the order that works (inject into the fp32 model, then convert).
+    """
+    from trtforge.build_engine.errors import InputError
+    from trtforge.build_engine.precision_plugins import dtype_conflicts
+    from trtforge.build_engine.precision_policy import LOW_TYPES
+
+    found = dtype_conflicts(model, LOW_TYPES[to])
+    if found:
+        raise InputError(f"{path}: {found[0]}{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}, so --to "
+                         f"{to} would leave its adapter pools in that type; run trtforge lora inject on the fp32 "
+                         f"model, then trtforge precision --to {to}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
