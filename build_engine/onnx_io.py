@@ -8,6 +8,12 @@ the model's folder is ever opened.
 ``save_model`` writes to temporary names in the output's folder and renames, so a crash leaves no half-written model.
 Models that came with external data (or are too big for one protobuf) are written with external data beside the
 output, in ``<output name>.data``.
+
+``skeleton`` and ``check_model``: onnx's checker and shape inference serialise the whole model (weights included)
+and parse it again in C++; for a model of tens of MB that costs more than everything else trtforge does. They run
+here on a weight-free skeleton (each big initializer stood in for by a graph input of the same name, type and
+shape), and ``check_model`` checks each stood-in tensor on its own with ``check_tensor`` under the model's IR version
+and opsets, so it rejects what ``onnx.checker.check_model`` rejects.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto
@@ -26,6 +33,9 @@ from trtforge.build_engine.errors import InputError, ModelError
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
 _EXTERNAL_THRESHOLD = 1_800_000_000
+# Initializers with at least this many elements are stood in for by typed graph inputs in ``skeleton``. Smaller ones
+# stay: shape inference reads the values of small constants (Reshape targets, Slice bounds, ...).
+SKELETON_MIN_ELEMENTS = 1024
 
 
 @dataclass(frozen=True)
@@ -207,12 +217,77 @@ def load(path: str | os.PathLike[str], *, check: bool = True) -> LoadedModel:
             g = onnx.helper.make_graph(list(fn.node), fn.name, [], [])
             check_graph_structure(g, f"{p} (function {fn.name})", outer=list(fn.input))
         try:
-            if model.ByteSize() < _EXTERNAL_THRESHOLD:
-                onnx.checker.check_model(model)
+            check_model(model)  # on the skeleton: no full serialisation, and no 2 GiB limit
         except onnx.checker.ValidationError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
             raise ModelError(f"{p}: onnx.checker rejects the model ({first}); fix the export") from exc
     return LoadedModel(model=model, path=p, external_data=external)
+
+
+def _num_elements(tensor: TensorProto) -> int:
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    return n
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` into the empty ``dst`` except field ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def weight_tensors(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> list[TensorProto]:
+    """The main graph's initializers that ``skeleton`` stands in for (at least ``min_elements`` elements)."""
+    return [t for t in model.graph.initializer if _num_elements(t) >= min_elements]
+
+
+def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> ModelProto:
+    """A copy of ``model`` without its weights: each main-graph initializer of at least ``min_elements`` elements is
+    replaced by a graph input of the same name, element type and shape (one already declared as a graph input just
+    loses its initializer). The weights are never copied, so this costs what the graph's structure costs.
+
+    What it keeps exact: the checker's and shape inference's view of every node, value and type (only the type and
+    shape of a weight matter to them; small initializers keep their values because inference reads them). What it
+    leaves to the caller: the weight tensors themselves (``check_model`` checks them one by one), and for a weight that
+    is also a declared graph input, the agreement of the declared type with the initializer's.
+    """
+    skel = ModelProto()
+    _copy_fields(model, skel, "graph")
+    g = skel.graph
+    _copy_fields(model.graph, g, "initializer")
+    declared = {i.name for i in model.graph.input}
+    small = []
+    for t in model.graph.initializer:
+        if _num_elements(t) < min_elements:
+            small.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    g.initializer.extend(small)
+    return skel
+
+
+def check_model(model: ModelProto) -> None:
+    """``onnx.checker.check_model(model)`` (raises ``onnx.checker.ValidationError``) without serialising the weights:
+    the checker runs on ``skeleton(model)`` and each stood-in weight is checked with ``check_tensor`` (type set, one
+    value field of the right kind, enough data for its shape) under the model's IR version and opsets. IR < 4 models
+    (whose initializers must also be graph inputs, which the skeleton would hide) get the full check."""
+    if model.ir_version < 4:
+        onnx.checker.check_model(model)
+        return
+    onnx.checker.check_model(skeleton(model))
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = model.ir_version
+    ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
+    for t in weight_tensors(model):
+        onnx.checker.check_tensor(t, ctx)
 
 
 def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ModelProto:

@@ -20,13 +20,14 @@ from typing import Any
 import onnx
 from onnx import GraphProto, ModelProto
 
+from trtforge.build_engine import onnx_io
 from trtforge.build_engine.errors import CheckFailed
 from trtforge.build_engine.passes.base import GraphPass, PassResult
 from trtforge.build_engine.passes.ir import may_have_subgraphs, subgraphs
 from trtforge.build_engine.passes.walk import WalkStats, collect_types, run_passes
 
 _MAX_ROUNDS = 16
-_PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference cannot take the model in memory
+_PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference cannot take the (skeleton) model
 
 
 def default_passes() -> tuple[GraphPass, ...]:
@@ -100,10 +101,13 @@ def op_histogram(model: ModelProto) -> Counter[str]:
 
 
 def _infer_types(model: ModelProto) -> dict[str, int]:
+    """Element types of the model's values. Inference runs on the weight-free skeleton: a weight's type is its
+    stand-in input's type, and no element type depends on a weight's values."""
     types = collect_types(model.graph)
-    if model.ByteSize() < _PROTO_LIMIT:
+    skel = onnx_io.skeleton(model)
+    if skel.ByteSize() < _PROTO_LIMIT:
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+            inferred = onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=False)
             types.update(collect_types(inferred.graph))
         except Exception:  # inference is only a source of type facts; without it fewer rules fire
             pass
@@ -124,12 +128,17 @@ def _prune_value_info(graph: GraphProto) -> None:
 
 
 def _validate(result: ModelProto, original: ModelProto) -> None:
-    """Checker and strict shape inference on the result; a failure the original also has is not ours."""
-    if result.ByteSize() >= _PROTO_LIMIT:
+    """Checker and strict shape inference on the result; a failure the original also has is not ours.
+
+    Both run without serialising the weights (``onnx_io.check_model`` checks the skeleton plus each weight tensor;
+    inference needs only the skeleton). Folding never changes a graph input's declaration nor an existing weight, so
+    what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
+    """
+    if onnx_io.skeleton(result).ByteSize() >= _PROTO_LIMIT:
         return
-    for what, fn in (("onnx.checker", lambda m: onnx.checker.check_model(m)),
+    for what, fn in (("onnx.checker", onnx_io.check_model),
                      ("shape inference", lambda m: onnx.shape_inference.infer_shapes(
-                         m, check_type=True, strict_mode=True))):
+                         onnx_io.skeleton(m), check_type=True, strict_mode=True))):
         try:
             fn(result)
         except Exception as exc:
