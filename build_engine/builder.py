@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -139,7 +140,20 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
         chosen = select_backend(backend, cc)
         loaded = onnx_io.load(onnx_path)
         plans = plan_shapes(loaded.model, prof, str(onnx_path))
-        onnx_sha = onnx_io.sha256_file(onnx_path)
+    # I/O-bound work (hashing the source, writing model.onnx and the plan) runs on worker threads: hashlib and file
+    # writes release the GIL, so it overlaps conversion, folding and TensorRT's build instead of adding to them. A
+    # worker's exception is re-raised where its result is collected, inside atomic_dir, so a failure still leaves
+    # nothing behind; leaving the ``with`` waits for every worker before OUTDIR appears or the temporary is removed.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtforge-build") as io_pool:
+        return _build(onnx_path, loaded, plans, prof, chosen, out, force, progress, timings, start, io_pool)
+
+
+def _build(onnx_path: str | Path, loaded: onnx_io.LoadedModel, plans: list[InputPlan], prof: Profile,
+           chosen: Backend, out: Path, force: bool, progress: bool, timings: BuildTimings, start: float,
+           io_pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """Everything after loading (see ``build_engine``); ``io_pool`` runs the hashing and the file writes."""
+    cc = prof.hardware.compute_capability
+    onnx_sha_future = io_pool.submit(onnx_io.sha256_file, onnx_path)
     with _Timer(timings, "convert"):
         from trtforge.build_engine.precision import convert_precision
 
@@ -155,67 +169,87 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             print(f"note: {onnx_path} is already {precision}; building it as is (profile {prof.name!r} asks for "
                   f"{prof.precision.dtype}; converting between 16-bit types would round twice)", file=sys.stderr)
     trt = chosen.module
+    writes: list[Future[Any]] = []
     with fsutil.atomic_dir(out, force=force) as tmp:
-        with _Timer(timings, "write_onnx"):
-            onnx_path_built = tmp / ONNX_NAME
-            # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
-            external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
-            onnx_io.save_model(model, onnx_path_built, external_data=external)
-        with _Timer(timings, "parse"):
-            from trtforge.plugins import has_plugin_nodes
+        try:
+            with _Timer(timings, "write_onnx"):
+                onnx_path_built = tmp / ONNX_NAME
+                # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
+                external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
+                if external:
+                    onnx_io.save_model(model, onnx_path_built, external_data=True)
+                    onnx_bytes = None
+                else:
+                    # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
+                    onnx_bytes = model.SerializeToString()
+                    onnx_written = io_pool.submit(onnx_path_built.write_bytes, onnx_bytes)
+                    writes.append(onnx_written)
+            with _Timer(timings, "parse"):
+                from trtforge.plugins import has_plugin_nodes
 
-            plugins = has_plugin_nodes(model)
-            if plugins:
-                prepare_plugin_loading(chosen)
-                from trtforge.plugins import register_all
+                plugins = has_plugin_nodes(model)
+                if plugins:
+                    prepare_plugin_loading(chosen)
+                    from trtforge.plugins import register_all
 
-                register_all(trt)
-            elif _has_non_onnx_ops(model):
-                # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
-                prepare_plugin_loading(chosen)
-            logger = _make_logger(trt)
-            builder = trt.Builder(logger)
-            network = _create_network(chosen, builder)
-            parser = trt.OnnxParser(network, logger)
-            if not parser.parse_from_file(str(onnx_path_built)):
-                first = parser.get_error(0) if parser.num_errors else None
-                detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
-                          if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
-                raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
-            config = _configure(chosen, builder, network, prof, plans, cc)
-            if plugins:
-                from trtforge.plugins import configure_builder
+                    register_all(trt)
+                elif _has_non_onnx_ops(model):
+                    # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
+                    prepare_plugin_loading(chosen)
+                logger = _make_logger(trt)
+                builder = trt.Builder(logger)
+                network = _create_network(chosen, builder)
+                parser = trt.OnnxParser(network, logger)
+                # From memory when possible (model.onnx may still be being written); a path only for external data.
+                parsed = (parser.parse_from_file(str(onnx_path_built)) if onnx_bytes is None
+                          else parser.parse(onnx_bytes))
+                if not parsed:
+                    first = parser.get_error(0) if parser.num_errors else None
+                    detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
+                              if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
+                    raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
+                config = _configure(chosen, builder, network, prof, plans, cc)
+                if plugins:
+                    from trtforge.plugins import configure_builder
 
-                configure_builder(trt, config)  # aliased plugin I/O preview feature
-            inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
-            outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
-        with _Timer(timings, "build"):
-            monitor = make_monitor(trt) if progress else None
-            if monitor is not None:
-                config.progress_monitor = monitor
-                monitor.start()
-            try:
-                serialized = builder.build_serialized_network(network, config)
-            finally:
+                    configure_builder(trt, config)  # aliased plugin I/O preview feature
+                inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
+                outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
+            with _Timer(timings, "build"):
+                monitor = make_monitor(trt) if progress else None
                 if monitor is not None:
-                    monitor.stop()
-            if serialized is None:
-                detail = logger.errors[0] if logger.errors else "no error message"
-                raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
-                                 f"{prof.name!r} (compute capability {cc}): {detail}")
-        with _Timer(timings, "write_plan"):
-            plan_bytes = memoryview(serialized)  # IHostMemory exposes the buffer protocol: no 2nd copy of the plan
-            (tmp / PLAN_NAME).write_bytes(plan_bytes)
-            manifest = make_manifest(
-                backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
-                precision=precision, compute_capabilities=_built_ccs(chosen, cc),
-                inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model),
-                onnx_sha256=onnx_sha, plan_sha256=hashlib.sha256(plan_bytes).hexdigest(),
-                build_seconds=time.perf_counter() - start,
-            )
-            # Plain write: the temporary folder becomes OUTDIR only by atomic_dir's rename, so nothing half-written
-            # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.
-            (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+                    config.progress_monitor = monitor
+                    monitor.start()
+                try:
+                    serialized = builder.build_serialized_network(network, config)
+                finally:
+                    if monitor is not None:
+                        monitor.stop()
+                if serialized is None:
+                    detail = logger.errors[0] if logger.errors else "no error message"
+                    raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
+                                     f"{prof.name!r} (compute capability {cc}): {detail}")
+            with _Timer(timings, "write_plan"):
+                plan_bytes = memoryview(serialized)  # IHostMemory exposes the buffer protocol: no 2nd copy of the plan
+                plan_written = io_pool.submit((tmp / PLAN_NAME).write_bytes, plan_bytes)  # this thread hashes
+                writes.append(plan_written)
+                plan_sha = hashlib.sha256(plan_bytes).hexdigest()
+                plan_written.result()
+                if onnx_bytes is not None:
+                    onnx_written.result()
+                manifest = make_manifest(
+                    backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
+                    precision=precision, compute_capabilities=_built_ccs(chosen, cc),
+                    inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model),
+                    onnx_sha256=onnx_sha_future.result(), plan_sha256=plan_sha,
+                    build_seconds=time.perf_counter() - start,
+                )
+                # Plain write: the temporary folder becomes OUTDIR only by atomic_dir's rename, so nothing half-written
+                # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.
+                (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        finally:
+            # Never let atomic_dir publish or remove the folder while a worker still writes into it.
+            wait(writes)
     return manifest
 
 
