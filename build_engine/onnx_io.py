@@ -276,8 +276,9 @@ def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> Mo
 
 def check_model(model: ModelProto) -> None:
     """``onnx.checker.check_model(model)`` (raises ``onnx.checker.ValidationError``) without serialising the weights:
-    the checker runs on ``skeleton(model)`` and each stood-in weight is checked with ``check_tensor`` (type set, one
-    value field of the right kind, enough data for its shape) under the model's IR version and opsets. IR < 4 models
+    the checker runs on ``skeleton(model)`` and each stood-in weight is checked as ``check_tensor`` checks it (type
+    set, one value field of the right kind, enough data for its shape; see ``_check_weight``) under the model's IR
+    version and opsets. IR < 4 models
     (whose initializers must also be graph inputs, which the skeleton would hide) get the full check."""
     if model.ir_version < 4:
         onnx.checker.check_model(model)
@@ -287,7 +288,39 @@ def check_model(model: ModelProto) -> None:
     ctx.ir_version = model.ir_version
     ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
     for t in weight_tensors(model):
-        onnx.checker.check_tensor(t, ctx)
+        _check_weight(t, ctx)
+
+
+# Bits per element of the types whose raw_data size check is done here (anything else gets onnx's own check_tensor).
+_BITS = {getattr(TensorProto, name): bits for name, bits in (
+    ("FLOAT", 32), ("UINT8", 8), ("INT8", 8), ("UINT16", 16), ("INT16", 16), ("INT32", 32), ("INT64", 64),
+    ("BOOL", 8), ("FLOAT16", 16), ("DOUBLE", 64), ("UINT32", 32), ("UINT64", 64), ("BFLOAT16", 16),
+    ("FLOAT8E4M3FN", 8), ("FLOAT8E4M3FNUZ", 8), ("FLOAT8E5M2", 8), ("FLOAT8E5M2FNUZ", 8),
+    ("UINT4", 4), ("INT4", 4)) if hasattr(TensorProto, name)}
+_TYPED_FIELDS = frozenset({"float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"})
+
+
+def _check_weight(tensor: TensorProto, ctx: Any) -> None:
+    """``onnx.checker.check_tensor(tensor, ctx)`` without serialising the weight when it is plainly well formed.
+
+    Fast path, only for the common case (data in ``raw_data`` and nowhere else, a type from ``_BITS``, no negative
+    dim, at least as many bytes as the shape needs): the size check is done here and every other check runs on a
+    data-free stub (same fields, ``dims=[0]``, empty ``raw_data``). Anything else, including every tensor that would
+    fail, is checked by onnx itself on the real tensor, so the errors are onnx's own.
+    """
+    fields = {fd.name for fd, _ in tensor.ListFields()}
+    bits = _BITS.get(tensor.data_type)
+    if (bits is None or "raw_data" not in fields or fields & _TYPED_FIELDS
+            or tensor.data_location == TensorProto.EXTERNAL or any(d < 0 for d in tensor.dims)
+            or len(tensor.raw_data) * 8 < _num_elements(tensor) * bits):
+        onnx.checker.check_tensor(tensor, ctx)
+        return
+    stub = TensorProto()
+    _copy_fields(tensor, stub, "raw_data")
+    del stub.dims[:]
+    stub.dims.append(0)
+    stub.raw_data = b""
+    onnx.checker.check_tensor(stub, ctx)
 
 
 def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ModelProto:

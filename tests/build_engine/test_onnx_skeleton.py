@@ -94,6 +94,30 @@ def test_check_model_rejects_what_the_full_checker_rejects(name: str) -> None:
     assert _rejects(onnx_io.check_model, m) == full
 
 
+def _longer_raw(m: ModelProto) -> None:
+    m.graph.initializer[0].raw_data += b"\0" * 8  # onnx only refuses too little data
+
+
+def _fp16_weight(m: ModelProto) -> None:
+    t = m.graph.initializer[0]
+    t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), "W"))
+    m.graph.node.insert(0, helper.make_node("Cast", ["W"], ["W32"], to=TensorProto.FLOAT))
+    m.graph.node[1].input[1] = "W32"
+
+
+def _typed_storage(m: ModelProto) -> None:
+    t = m.graph.initializer[0]
+    t.CopyFrom(helper.make_tensor("W", TensorProto.FLOAT, list(t.dims), numpy_helper.to_array(t).ravel().tolist()))
+
+
+@pytest.mark.parametrize("change", [_longer_raw, _fp16_weight, _typed_storage])
+def test_check_model_accepts_what_the_full_checker_accepts(change: Callable[[ModelProto], None]) -> None:
+    m = _model(np.random.default_rng())
+    change(m)
+    onnx.checker.check_model(m)
+    onnx_io.check_model(m)
+
+
 def test_check_model_accepts_a_valid_model_and_skeleton_keeps_inferred_types() -> None:
     m = _model(np.random.default_rng())
     before = m.SerializeToString()
