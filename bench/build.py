@@ -11,7 +11,9 @@ for the a100 profile (bf16, SM 8.0, two optimization profiles):
   it is measured separately from the timings) and ``ru_maxrss`` (process peak RSS, includes TensorRT's native heap),
   next to the RSS after importing TensorRT-RTX (the floor).
 
-Run: ``python bench/build.py [--repeat N]`` (each model is built N times per subprocess; the median is reported).
+Run: ``python bench/build.py [--repeat N] [--tmp DIR]`` (each model is built N times per subprocess; the median is
+reported). ``--tmp`` picks where the source model and the engine folders are written (default: the system temporary
+folder); pointing it at a tmpfs such as /dev/shm separates trtforge's own compute from the disk's write cost.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ OWN = ("prepare", "convert", "fold", "write_onnx", "write_plan")
 TRT = ("parse", "build")
 
 
-def _one(kind: str, repeat: int) -> dict:
+def _one(kind: str, repeat: int, tmp_root: str | None) -> dict:
     """Runs inside the subprocess."""
     import resource
     import time
@@ -44,7 +46,7 @@ def _one(kind: str, repeat: int) -> dict:
 
     rss_floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = BIGGER if kind == "bigger" else LlamaConfig()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
         src = Path(tmp) / "model.onnx"
         onnx.save(make_llama(cfg), src)
         runs = []
@@ -69,19 +71,23 @@ def _one(kind: str, repeat: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tmp", default=None, help="folder for the source model and engines (default: system temp)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(_one(args.one, args.repeat)))
+        print(json.dumps(_one(args.one, args.repeat, args.tmp)))
         return 0
-    print(f"trtforge build, profile a100 (TensorRT-RTX, bf16, SM 8.0), median of {args.repeat} builds per model")
+    where = args.tmp or tempfile.gettempdir()
+    print(f"trtforge build, profile a100 (TensorRT-RTX, bf16, SM 8.0), median of {args.repeat} builds per model, "
+          f"files in {where}")
     header = f"{'model':28} {'onnx MB':>7} {'plan MB':>7} {'own s':>7} {'TRT s':>7} {'own/total':>9} " \
              f"{'py peak MB':>10} {'RSS peak MB':>11} {'RSS floor MB':>12}"
     print(header)
     results = {}
     for label, kind in MODELS.items():
-        proc = subprocess.run([sys.executable, __file__, "--one", kind, "--repeat", str(args.repeat)],
-                              capture_output=True, text=True, check=True)
+        cmd = [sys.executable, __file__, "--one", kind, "--repeat", str(args.repeat)]
+        proc = subprocess.run(cmd + (["--tmp", args.tmp] if args.tmp else []), capture_output=True, text=True,
+                              check=True)
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         own = sum(r["steps"].get(k, 0.0) for k in OWN)
         trt = sum(r["steps"].get(k, 0.0) for k in TRT)
