@@ -140,6 +140,17 @@ def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
         return (f"{r.get('nodes_before')} -> {r.get('nodes_after')} nodes; removed Cast {rm.get('Cast', 0)}, "
                 f"Identity {rm.get('Identity', 0)}; exact check {'passed' if chk.get('passed') else 'FAILED'} "
                 f"(max abs diff {chk.get('max_abs_diff')})", outs)
+    if argv[0] == "precision":
+        r = _load_json(Path(argv[argv.index("--report") + 1]))
+        return (f"{r.get('nodes_low')} ops in {r.get('to')}, {r.get('nodes_fp32')} kept in fp32, "
+                f"{r.get('casts_inserted')} Casts inserted, {r.get('initializers_converted')} weights converted", outs)
+    if argv[0] == "lora" and argv[1] == "inject":
+        from trtforge.build_engine.onnx_io import load_model
+        from trtforge.plugins.lora import spec
+
+        g = load_model(argv[argv.index("-o") + 1], check=False).graph
+        n = sum(1 for node in g.node if node.op_type == spec.PLUGIN_NAME)
+        return f"{n} {spec.PLUGIN_NAME} nodes, {len(g.input)} graph inputs", outs
     if argv[0] == "build":
         man = _load_json(Path(argv[argv.index("-o") + 1]) / "manifest.json")
         plan = Path(argv[argv.index("-o") + 1]) / "model.plan"
@@ -165,10 +176,13 @@ def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
     if argv[0] == "simulate":
         s = _load_json(Path(argv[argv.index("--json") + 1]))
         return (f"{s.get('completed')}/{s.get('requests')} done, {s.get('rejected')} rejected, "
-                f"{s.get('preempted')} preempted, {s.get('throughput_tok_s', 0):.0f} tok/s, "
-                f"TTFT p99 {s.get('ttft_p99_s', 0):.2f} s, prefix hits {s.get('prefix_hit_rate', 0):.0%}", outs)
+                f"{s.get('preempted')} preempted, {s.get('throughput_tok_s', 0):.0f} tok/s, TTFT p50 "
+                f"{s.get('ttft_p50_s', 0):.1f} s / p99 {s.get('ttft_p99_s', 0):.0f} s, prefix hits "
+                f"{s.get('prefix_hit_rate', 0):.0%}", outs)
     if argv[0] == "triton" and "--repo" in argv:
         return f"{argv[argv.index('--repo') + 1]}/{argv[argv.index('--name') + 1]}", outs
+    if argv[0] == "triton":
+        return "config.pbtxt parses with tritonclient's ModelConfig; dims, profiles and plan sha256 match", outs
     return "", outs
 
 
