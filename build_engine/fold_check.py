@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from trtforge.build_engine.passes.ir import subgraphs
+from trtforge.build_engine.passes.ir import all_graphs
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
                   TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
@@ -36,16 +35,9 @@ class CheckResult:
                 "mismatched_outputs": list(self.mismatched)}
 
 
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for n in graph.node:
-        for g in subgraphs(n):
-            yield from _graphs(g)
-
-
 def uses_low_precision(model: ModelProto) -> bool:
     """Whether any tensor of the model (value, initializer, Cast target) is fp16, bf16 or float8."""
-    for g in _graphs(model.graph):
+    for g in all_graphs(model.graph):
         for vi in (*g.input, *g.output, *g.value_info):
             if vi.type.tensor_type.elem_type in _LOW_PRECISION:
                 return True

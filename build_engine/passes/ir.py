@@ -73,6 +73,15 @@ def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
             yield from a.graphs
 
 
+def all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
+    """``graph`` and every If/Loop/Scan (or custom-op) body nested in it, outer before inner."""
+    yield graph
+    for n in graph.node:
+        if may_have_subgraphs(n):
+            for g in subgraphs(n):
+                yield from all_graphs(g)
+
+
 def free_names(graph: GraphProto) -> set[str]:
     """Names a (sub)graph reads but does not define: its implicit inputs from enclosing scopes."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}

@@ -23,7 +23,7 @@ from onnx import GraphProto, ModelProto
 from trtforge.build_engine import onnx_io
 from trtforge.build_engine.errors import CheckFailed
 from trtforge.build_engine.passes.base import GraphPass, PassResult
-from trtforge.build_engine.passes.ir import may_have_subgraphs, subgraphs
+from trtforge.build_engine.passes.ir import all_graphs, may_have_subgraphs, subgraphs
 from trtforge.build_engine.passes.walk import WalkStats, collect_types, run_passes
 
 _MAX_ROUNDS = 16
@@ -78,24 +78,16 @@ class FoldResult:
     report: dict[str, Any]
 
 
-def _graphs(graph: GraphProto):
-    yield graph
-    for n in graph.node:
-        if may_have_subgraphs(n):
-            for g in subgraphs(n):
-                yield from _graphs(g)
-
-
 def op_histogram(model: ModelProto) -> Counter[str]:
     """Node count per op type over the main graph, every subgraph and every model-local function."""
     c: Counter[str] = Counter()
-    for g in _graphs(model.graph):
+    for g in all_graphs(model.graph):
         c.update(n.op_type for n in g.node)
     for fn in model.functions:
         c.update(n.op_type for n in fn.node)
         for n in fn.node:
             for sg in subgraphs(n):
-                for g in _graphs(sg):
+                for g in all_graphs(sg):
                     c.update(x.op_type for x in g.node)
     return c
 
