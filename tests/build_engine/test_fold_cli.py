@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from tests.conftest import assert_one_line_error
+from trtforge_testing import assert_one_line_error
 
 
 def _model(big: bool = False) -> onnx.ModelProto:

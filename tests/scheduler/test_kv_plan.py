@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from tests.conftest import assert_one_line_error
 from trtforge.build_engine.errors import InputError
 from trtforge.build_engine.profiles import load_profile
 from trtforge.scheduler.kv_plan import GIB, PRESETS, ModelSpec, load_model_spec, plan_kv
+from trtforge_testing import assert_one_line_error
 
 
 def test_llama_8b_kv_bytes_per_token_by_hand() -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
-from tests.conftest import assert_one_line_error
 from trtforge.build_engine.profiles import load_profile
 from trtforge.scheduler.kv_plan import PRESETS
 from trtforge.scheduler.request import Request
@@ -12,6 +12,7 @@ from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
 from trtforge.scheduler.simulator import calibrate, percentile, simulate
 from trtforge.scheduler.step_time import StepTimeModel
 from trtforge.scheduler.traces import synthetic_trace
+from trtforge_testing import assert_one_line_error
 
 KEYS = ("policy", "requests", "completed", "rejected", "preempted", "throughput_tok_s", "ttft_p50_s",
         "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
@@ -37,7 +38,7 @@ def test_never_fit_under_fcfs_terminates_and_reports_stuck() -> None:
     out = {}
     for policy in ("fcfs-no-evict", "cache-aware"):
         cfg = SchedulerConfig(num_blocks=40, tokens_per_block=64, policy=policy, max_running=16)
-        out[policy] = simulate(reqs, lambda: Scheduler(cfg), _model(), horizon_s=30).summary
+        out[policy] = simulate(reqs, partial(Scheduler, cfg), _model(), horizon_s=30).summary
     assert out["fcfs-no-evict"]["stuck"] == 20 and out["fcfs-no-evict"]["completed"] == 0
     assert out["cache-aware"]["rejected"] == 1 and out["cache-aware"]["completed"] == 19
     assert out["cache-aware"]["rejected_by_kind"] == {"kv-never-fits": 1}
@@ -66,7 +67,7 @@ def test_prefix_affinity_routes_conversations_together() -> None:
     rates = {}
     for router in ("round-robin", "prefix-affinity"):
         cfg = SchedulerConfig(num_blocks=3000, tokens_per_block=64, policy="cache-aware")
-        rates[router] = simulate(reqs, lambda: Scheduler(cfg), _model(), replicas=4, router=router).summary
+        rates[router] = simulate(reqs, partial(Scheduler, cfg), _model(), replicas=4, router=router).summary
     assert rates["prefix-affinity"]["prefix_hit_rate"] > rates["round-robin"]["prefix_hit_rate"]
     assert rates["prefix-affinity"]["completed"] == 300
 

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from tests.conftest import SHARED
 from trtforge.build_engine.errors import InputError
 from trtforge.scheduler.traces import load_trace, read_azure_csv, read_mooncake_jsonl, synthetic_trace
+from trtforge_testing import SHARED
 
 TRACES = SHARED / "traces"
 
