@@ -143,11 +143,8 @@ def _rtx_targets(module: ModuleType) -> tuple[str, ...]:
 
 def _describe(name: str, module: ModuleType) -> Backend:
     local = local_gpu_compute_capabilities()
-    if name == "tensorrt_rtx":
-        targets = _rtx_targets(module)
-    else:
-        # Full TensorRT builds for the device it runs on (TensorRT >= 8.6 keeps sm 7.5+).
-        targets = tuple(cc for cc in local if _cc_key(cc) >= (7, 5))
+    # Full TensorRT builds for the device it runs on (TensorRT >= 8.6 keeps sm 7.5+).
+    targets = _rtx_targets(module) if name == "tensorrt_rtx" else tuple(cc for cc in local if _cc_key(cc) >= (7, 5))
     can_run = any(cc in targets for cc in local)
     return Backend(name=name, version=str(getattr(module, "__version__", "unknown")), module=module,
                    targets=targets, can_run=can_run)
@@ -200,10 +197,11 @@ def _cannot_target(backend: Backend, cc: str) -> str:
     if backend.is_rtx:
         note = " (Hopper: H100/H200)" if cc.startswith("9.") else ""
         fix = f"full TensorRT is needed: {INSTALL_TRT}" if _cc_key(cc) >= (7, 5) else "no current TensorRT supports it"
-        return f"{backend.name} {backend.version} cannot target compute capability {cc}{note}; it targets {targets}; {fix}"
+        return (f"{backend.name} {backend.version} cannot target compute capability {cc}{note}; it targets {targets}; "
+                f"{fix}")
     return (f"{backend.name} {backend.version} builds only for the local GPU (targets here: {targets}) and cannot "
             f"target compute capability {cc}; run the build on a machine with that GPU"
-            + (f", or for 8.0/8.6/8.9/12.0 use --backend tensorrt-rtx ({INSTALL_RTX})" if not cc.startswith("9.") else ""))
+            + ("" if cc.startswith("9.") else f", or for 8.0/8.6/8.9/12.0 use --backend tensorrt-rtx ({INSTALL_RTX})"))
 
 
 # --- plugin loading -------------------------------------------------------------------------------------------------
@@ -239,9 +237,8 @@ def prepare_plugin_loading(backend: Backend, libs_dir: Path | None = None) -> No
     link = libs / _LINK_NAME
     if link.exists():
         return
-    if link.is_symlink():  # dangling link: replace it only if we may
-        if os.access(libs, os.W_OK):
-            link.unlink()
+    if link.is_symlink() and os.access(libs, os.W_OK):  # dangling link: replace it only if we may
+        link.unlink()
     command = f"ln -s {_SONAME} {link}"
     if not os.access(libs, os.W_OK):
         raise BackendError(

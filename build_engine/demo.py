@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 @dataclass
 class StepResult:
     name: str

@@ -34,7 +34,11 @@ from typing import Any
 import numpy as np
 
 from trtforge.build_engine.diff_inputs import (  # noqa: F401  (re-exported for callers of trtforge.build_engine.diff)
-    InputSpec, graph_inputs, parse_shape_args, parse_value_args, plan_inputs,
+    InputSpec,
+    graph_inputs,
+    parse_shape_args,
+    parse_value_args,
+    plan_inputs,
 )
 from trtforge.build_engine.errors import CheckFailed, InputError, ModelError
 
@@ -146,8 +150,8 @@ def _engine_runner(engine_dir: Path, name: str) -> Any:
 
     manifest = load_manifest(engine_dir)
     try:
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
         from polygraphy.backend.common import BytesFromPath
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
         from polygraphy.mod.trt_importer import lazy_import_trt
     except ImportError as exc:
         raise InputError(f"{engine_dir}: comparing an engine needs polygraphy's TensorRT backend ({exc})") from exc
@@ -229,7 +233,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
     out_a, out_b = run_results[name_a][0], run_results[name_b][0]
     verdicts = accuracy[0][(name_a, name_b)][0]
     diffs = tuple(_output_diff(n, np.asarray(out_a[n]), np.asarray(out_b[n]), atol, rtol, bool(verdicts[n]))
-                  for n in out_a.keys() if n in out_b.keys())
+                  for n in out_a if n in out_b)
     return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy)
 
 
@@ -245,7 +249,7 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[Input
     with quiet_polygraphy():
         loader = DataLoader(seed=seed, iterations=1, input_metadata=meta,
                             val_range={s.name: (s.low, s.high) for s in specs})
-        runners = [_runner(p, n, optimize) for p, n in zip(paths, names)]
+        runners = [_runner(p, n, optimize) for p, n in zip(paths, names, strict=True)]
         try:
             results = Comparator.run(runners, data_loader=loader)
         except (PolygraphyException, Exception) as exc:

@@ -130,14 +130,19 @@ def plan_input(spec: InputSpec, profile: Profile, source: str) -> InputPlan:
         axes.append(axis)
     ranges = []
     for sp in profile.shapes:
-        mins, opts, maxs = [], [], []
+        mins: list[int] = []
+        opts: list[int] = []
+        maxs: list[int] = []
         for dim, axis in zip(spec.dims, axes, strict=True):
             if axis == "static":
                 assert isinstance(dim, int)
-                mins.append(dim), opts.append(dim), maxs.append(dim)
+                lo = mid = hi = dim
             else:
                 r = getattr(sp, axis)
-                mins.append(r.min), opts.append(r.opt), maxs.append(r.max)
+                lo, mid, hi = r.min, r.opt, r.max
+            mins.append(lo)
+            opts.append(mid)
+            maxs.append(hi)
         ranges.append(ShapeRange(tuple(mins), tuple(opts), tuple(maxs)))
     return InputPlan(spec=spec, axes=tuple(axes), ranges=tuple(ranges))
 

@@ -151,7 +151,9 @@ def python_plugins(manifest: dict[str, Any]) -> list[str]:
 
 def serving_notes(manifest: dict[str, Any]) -> list[str]:
     """Caveats Triton's config cannot express: which runtime must deserialize the plan."""
-    backend = manifest.get("backend") if isinstance(manifest.get("backend"), dict) else {}
+    backend = manifest.get("backend")
+    if not isinstance(backend, dict):
+        backend = {}
     name, version = backend.get("name", "?"), backend.get("version", "?")
     if name == "tensorrt_rtx":
         return [f"the plan was built by TensorRT-RTX {version}; Triton's stock tensorrt_plan backend links full "

@@ -17,7 +17,13 @@ from typing import Any
 from trtforge.build_engine import fsutil
 from trtforge.build_engine.errors import CheckFailed, InputError
 from trtforge.build_engine.triton_config import (
-    TritonConfig, check_model_name, load_manifest, plan_config, render, serving_notes, validate_manifest,
+    TritonConfig,
+    check_model_name,
+    load_manifest,
+    plan_config,
+    render,
+    serving_notes,
+    validate_manifest,
 )
 from trtforge.build_engine.triton_validate import Problem, validate_text
 

@@ -129,8 +129,9 @@ def _tensor_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> lis
                 out.append(Problem(line, f"{kind} {t.name!r} is listed twice"))
             seen.add(t.name)
             if dtype in _UNBINDABLE:
-                out.append(Problem(_line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT "
-                                         "engine; use the manifest's type"))
+                at = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
+                out.append(Problem(at, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT engine; "
+                                       "use the manifest's type"))
             if any(d < -1 for d in t.dims):
                 out.append(Problem(line, f"{kind} {t.name!r}: dims {list(t.dims)} may only hold -1 or sizes >= 0"))
             if manifest is None:

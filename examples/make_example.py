@@ -14,9 +14,9 @@ from pathlib import Path
 
 from trtforge.build_engine.fsutil import write_json
 from trtforge.build_engine.onnx_io import save_model
-from trtforge.examples.llama import BIGGER, LlamaConfig, hf_config, make_llama
+from trtforge.examples.llama import BIGGER, LlamaConfig, Variant, hf_config, make_llama
 
-FILES = {"fp32": "llama_fp32.onnx", "fp16-autocast": "llama_fp16_autocast.onnx"}
+FILES: dict[Variant, str] = {"fp32": "llama_fp32.onnx", "fp16-autocast": "llama_fp16_autocast.onnx"}
 
 
 def write_example(out_dir: str | Path, config: LlamaConfig = LlamaConfig(), seed: int = 0) -> dict[str, Path]:

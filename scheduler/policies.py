@@ -22,9 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from trtforge.build_engine.errors import InputError
-from trtforge.scheduler.request import Seq
+
+
+class Skippable(Protocol):
+    """What ``Policy.select`` needs of a queue entry (a ``Seq``, or the TensorRT-LLM adapter's ``Candidate``)."""
+
+    skips: int
+
+
+S = TypeVar("S", bound=Skippable)
 
 
 @dataclass(frozen=True)
@@ -37,14 +46,14 @@ class Policy:
     skip_window: int = 0
     max_skips: int = 0
 
-    def select(self, queue: Iterable[Seq], try_admit: Callable[[Seq], bool], room: Callable[[], bool]) -> None:
+    def select(self, queue: Iterable[S], try_admit: Callable[[S], bool], room: Callable[[], bool]) -> None:
         """Walk ``queue`` in order calling ``try_admit`` (which admits when it fits) while ``room()`` holds."""
         if self.skip_window <= 0:
             for seq in queue:
                 if not room() or not try_admit(seq):
                     return
             return
-        blocked: list[Seq] = []
+        blocked: list[S] = []
         scanned_past = 0
         for seq in queue:
             if not room():

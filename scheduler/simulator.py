@@ -47,6 +47,10 @@ class _Replica:
     busy_time: float = 0.0
     used_time: float = 0.0  # integral of used-block fraction over busy time
 
+    def now(self) -> float:
+        """This replica's simulated clock (the scheduler's queue-wait metrics read it)."""
+        return self.clock
+
     def has_work(self) -> bool:
         return not self.stalled and bool(self.sched.running or self.sched.queue)
 
@@ -90,7 +94,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     t_start = reqs[0].arrival
     for r in reps:
         r.clock = t_start
-        r.sched.clock = lambda r=r: r.clock  # queue-wait metrics in simulated seconds
+        r.sched.clock = r.now  # queue-wait metrics in simulated seconds
     deadline = reqs[-1].arrival + horizon_s
     first: dict[str, float] = {}
     done: dict[str, float] = {}

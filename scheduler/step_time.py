@@ -22,16 +22,18 @@ model / published.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from trtforge.scheduler.kv_plan import DTYPE_BYTES, ModelSpec
 
-CALIBRATION = {
+CALIBRATION: Final[Mapping[str, Any]] = MappingProxyType({
     "source": "NVIDIA TensorRT-LLM Performance Overview (perf-overview.md, v0.19/v0.20), trtllm-bench throughput",
     "model": "llama-3.1-8b", "weights": "fp8", "kv_dtype": "fp8", "gpu": "H100 80GB HBM3", "profile": "h100",
     "isl": 1000, "osl": 1000, "num_requests": 3000, "output_tok_s": 15270.02,
-}
+})
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,8 @@ class CacheAwareCapacityScheduler:
                                   "lower max_tokens or the prompt, or give the KV cache more memory")
             if self.on_reject is not None:
                 self.on_reject(by_id[rid], reason)
-        fitting, disagg = [], []
+        fitting: list[Any] = []
+        disagg: list[Any] = []
         for rid in d.scheduled:
             req = by_id[rid]
             (disagg if req.state == getattr(s, "DISAGG_GENERATION_INIT", object()) else fitting).append(req)

@@ -1,4 +1,7 @@
-"""``trtforge demo [--workdir DIR]``: the whole pipeline on the bundled example model (see trtforge.build_engine.demo)."""
+"""``trtforge demo [--workdir DIR]``: the whole pipeline on the bundled example model.
+
+The steps live in trtforge.build_engine.demo.
+"""
 
 from __future__ import annotations
 

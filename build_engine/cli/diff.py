@@ -9,6 +9,7 @@ input/output names, bad --shape).
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Sequence
 
 from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command, stdout_console
@@ -39,7 +40,7 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _run(args) -> int:
+def _run(args: Namespace) -> int:
     from rich.table import Table
 
     from trtforge.build_engine.diff import check, parse_shape_args, parse_value_args, run_diff, save_results

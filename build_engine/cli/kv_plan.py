@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from collections.abc import Sequence
 
 from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
@@ -25,7 +26,7 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _run(args) -> int:
+def _run(args: Namespace) -> int:
     from trtforge.build_engine.fsutil import write_json
     from trtforge.build_engine.profiles import load_profile
     from trtforge.scheduler.kv_plan import GIB, load_model_spec, plan_kv

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from argparse import Namespace
 from collections.abc import Sequence
 
 from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
@@ -32,7 +33,7 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _run(args) -> int:
+def _run(args: Namespace) -> int:
     from dataclasses import replace
 
     from trtforge.build_engine.errors import InputError

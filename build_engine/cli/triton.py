@@ -9,6 +9,7 @@ Python-only plugin, ``--max-batch`` above the engine's range).
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Sequence
 
 from trtforge.build_engine.cli._common import ArgumentParser, UsageError, make_parser, run_command
@@ -29,7 +30,7 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _run(args) -> int:
+def _run(args: Namespace) -> int:
     from trtforge.build_engine.triton_repo import check_entry, write_entry
 
     if args.check:

@@ -10,8 +10,8 @@ entry holds, and every pair that is missing has a counterexample).
 Notable non-embeddings: float32 does not embed int32 (2**24 + 1), float16 does not embed bfloat16 (range), bfloat16
 does not embed float16 (precision), no integer type embeds a float type (truncation), bool embeds nothing but itself
 (``Cast(x, bool)`` maps every non-zero to true), and float8e5m2 embeds in nothing because Cast back to it
-saturates +-inf to +-57344 (its default ``saturate=1``). Types not listed here (strings, complex, 4-bit types, float8e8m0)
-embed nothing but themselves, so no rule fires on them.
+saturates +-inf to +-57344 (its default ``saturate=1``). Types not listed here (strings, complex, 4-bit types,
+float8e8m0) embed nothing but themselves, so no rule fires on them.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def name(t: int) -> str:
 
 
 # First default-domain opset at which generic type constraints ("all tensor types") include a type.
-_MIN_OPSET = {BF16: 13} | {t: 19 for t in FLOAT8}
+_MIN_OPSET: dict[int, int] = {int(BF16): 13} | {int(t): 19 for t in FLOAT8}
 
 #: Ops whose output holds, element for element, values taken from their first input (no arithmetic), and which
 #: accept every tensor type. Moving a Cast across one of them commutes: Cast(M(x)) == M(Cast(x)).

@@ -22,7 +22,7 @@ class RemoveIdentity(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         for n in ctx.nodes:
-            if n.alive and n.op == "Identity" and n.onnx_op and len(n.inputs) == 1 and len(n.outputs) == 1:
-                if n.inputs[0] and ctx.bypass(n, n.inputs[0], "identity"):
-                    count += 1
+            if (n.alive and n.op == "Identity" and n.onnx_op and len(n.inputs) == 1 and len(n.outputs) == 1
+                    and n.inputs[0] and ctx.bypass(n, n.inputs[0], "identity")):
+                count += 1
         return count

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from onnx import GraphProto, ModelProto
+from onnx import GraphProto, ModelProto, OperatorSetIdProto
 
 from trtforge.build_engine.passes.ir import GraphCtx, Scope, may_have_subgraphs, subgraphs
 
@@ -30,10 +30,11 @@ class WalkStats:
     removed: Counter[str] = field(default_factory=Counter)
 
 
-def default_opset(opsets: Sequence[object], fallback: int = 1) -> int:
+def default_opset(opsets: Sequence[OperatorSetIdProto], fallback: int = 1) -> int:
+    """The default-domain opset version among ``opsets``; ``fallback`` when none is imported."""
     for o in opsets:
-        if getattr(o, "domain", None) in ("", "ai.onnx"):
-            return int(getattr(o, "version"))
+        if o.domain in ("", "ai.onnx"):
+            return int(o.version)
     return fallback
 
 

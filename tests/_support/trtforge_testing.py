@@ -1,8 +1,10 @@
-"""Helpers for tests, importable as ``from trtforge_testing import ...`` (pytest's pythonpath includes tests/_support)."""
+"""Helpers for tests, importable as ``from trtforge_testing import ...``.
+
+pytest's pythonpath includes tests/_support.
+"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Sequence

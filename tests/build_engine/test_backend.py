@@ -12,7 +12,11 @@ import pytest
 
 from trtforge.build_engine import backend as backend_mod
 from trtforge.build_engine.backend import (
-    local_gpu_compute_capabilities, normalize_cc, prepare_plugin_loading, rtx_libs_dir, select_backend,
+    local_gpu_compute_capabilities,
+    normalize_cc,
+    prepare_plugin_loading,
+    rtx_libs_dir,
+    select_backend,
 )
 from trtforge.build_engine.errors import BackendError
 

@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 import pytest
 
-from trtforge_testing import assert_one_line_error
 from trtforge.build_engine.builder import BuildTimings, build_engine
 from trtforge.build_engine.profiles import load_profile
 from trtforge.examples.llama import LlamaConfig, make_llama
+from trtforge_testing import assert_one_line_error
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None,
                                 reason="tensorrt_rtx not installed")

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from trtforge_testing import assert_one_line_error
 
 VOCAB, HIDDEN, OUT = 37, 8, 12
@@ -134,7 +135,8 @@ def test_plugin_models_are_decomposed(tmp_path: Path, cli) -> None:
     h, o = 16, 16
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", o])
-    w = numpy_helper.from_array(rng.standard_normal((h, o)).astype(np.float32), "model.layers.0.self_attn.q_proj.weight")
+    w = numpy_helper.from_array(rng.standard_normal((h, o)).astype(np.float32),
+                                "model.layers.0.self_attn.q_proj.weight")
     node = helper.make_node("MatMul", ["x", w.name], ["y"], name="/model/layers.0/self_attn/q_proj/MatMul")
     base = helper.make_model(helper.make_graph([node], "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)])
     lora = inject_mod.inject(base, ["q_proj"], max_rank=4, slots=3)

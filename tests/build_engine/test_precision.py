@@ -10,10 +10,10 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from trtforge_testing import assert_one_line_error
 from trtforge.build_engine.precision import convert_precision
 from trtforge.build_engine.precision_policy import KEEP_OPS
 from trtforge.examples.llama import LlamaConfig, make_llama
+from trtforge_testing import assert_one_line_error
 
 T = onnx.TensorProto
 LOW = {"fp16": T.FLOAT16, "bf16": T.BFLOAT16}
@@ -90,7 +90,8 @@ def test_structure(fp32_model: onnx.ModelProto, converted: dict, to: str) -> Non
     for n in projections:  # the compute runs in the low type, weights stored in the low type
         assert types[n.input[0]] == low and types[n.input[1]] == low and types[n.output[0]] == low, n.name
     weights = {t.name: t.data_type for t in model.graph.initializer}
-    assert all(dt != T.FLOAT for name, dt in weights.items() if name.endswith("_proj.weight") or "_proj.weight_" in name)
+    assert all(dt != T.FLOAT for name, dt in weights.items()
+               if name.endswith("_proj.weight") or "_proj.weight_" in name)
     # Sensitive ops see only fp32 inputs (RMSNorm Pow/ReduceMean/Sqrt, Softmax, rotary Sin/Cos).
     sensitive = [n for n in model.graph.node if n.op_type in KEEP_OPS]
     assert {n.op_type for n in sensitive} >= {"Pow", "ReduceMean", "Sqrt", "Softmax", "Sin", "Cos"}

@@ -12,12 +12,12 @@ import numpy as np
 import onnx
 import pytest
 
-from trtforge_testing import assert_one_line_error
 from trtforge.build_engine.precision import convert_precision
 from trtforge.examples.llama import LlamaConfig, make_llama
 from trtforge.plugins.lora.decompose import decompose
 from trtforge.plugins.lora.inject import inject
 from trtforge.plugins.lora.spec import PLUGIN_NAME, SLOT_IDS_INPUT
+from trtforge_testing import assert_one_line_error
 
 T = onnx.TensorProto
 TARGETS = ["q_proj", "v_proj"]

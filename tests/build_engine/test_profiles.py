@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trtforge_testing import assert_one_line_error
 from trtforge.build_engine.errors import ProfileError
 from trtforge.build_engine.profiles import Profile, list_profiles, load_profile, profile_to_dict
+from trtforge_testing import assert_one_line_error
 
 
 def _builtin_text(name: str) -> str:
@@ -58,7 +58,8 @@ def test_custom_path_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.parametrize(("old", "new", "needles"), [
-    ("memory_bandwidth_gbs =", "memory_bandwith_gbs =", ["hardware.memory_bandwith_gbs", "hardware.memory_bandwidth_gbs"]),
+    ("memory_bandwidth_gbs =", "memory_bandwith_gbs =",
+     ["hardware.memory_bandwith_gbs", "hardware.memory_bandwidth_gbs"]),
     ("[kv]", "[kvcache]", ["kvcache", "'kv'"]),
     ("tokens_per_block =", "token_per_block =", ["kv.token_per_block", "kv.tokens_per_block"]),
     ("sequence = {", "seqence = {", ["seqence", "shapes[0].sequence"]),

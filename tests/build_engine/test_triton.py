@@ -200,7 +200,8 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     first = manifest["inputs"][0]
     assert proto.max_batch_size == min(p["max"][0] for p in first["profiles"])
     assert [list(i.dims) for i in proto.input] == [t["shape"][1:] for t in manifest["inputs"]]
-    assert (tmp_path / "repo" / "llama" / "1" / "model.plan").read_bytes() == (tmp_path / "eng" / "model.plan").read_bytes()
+    plan = (tmp_path / "eng" / "model.plan").read_bytes()
+    assert (tmp_path / "repo" / "llama" / "1" / "model.plan").read_bytes() == plan
     assert "TensorRT-RTX" in res.out  # the runtime caveat is printed
     assert cli("triton", "--check", tmp_path / "repo" / "llama").code == 0
 

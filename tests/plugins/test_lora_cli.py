@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from trtforge_testing import assert_one_line_error
 
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.pack import read_safetensors
+from trtforge_testing import assert_one_line_error
 
 H = 256  # example model hidden size; v_proj out = 64
 
@@ -80,7 +80,8 @@ def test_pack_against_injected_model(cli, tmp_path):
               "-o", tmp_path / "pool.safetensors")
     assert res.code == 0, res.err
     pool = read_safetensors(tmp_path / "pool.safetensors")
-    inputs = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(tmp_path / "lora.onnx").graph.input}
+    graph = onnx.load(tmp_path / "lora.onnx").graph
+    inputs = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
     for name, t in pool.items():  # names and shapes are exactly the injected graph's inputs
         assert inputs[name] == list(t.shape), name
     assert set(pool) == {n for n in inputs if n.startswith(("lora_a.", "lora_b.", "lora_scales."))}
