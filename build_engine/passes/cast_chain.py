@@ -25,12 +25,7 @@ class CollapseCastChain(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        for n in ctx.nodes:
-            if not n.is_cast:
-                continue
-            inner = ctx.source(n.inputs[0])
-            if inner is None or not inner.is_cast:
-                continue
+        for n, inner in ctx.cast_pairs():
             x = inner.inputs[0]
             t, u, v = ctx.type_of(x), inner.to, n.to
             if u is None or v is None or v == t or not dt.embeds(u, t) or t not in dt.KNOWN:

@@ -22,12 +22,7 @@ class CollapseCastRoundTrip(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        for n in ctx.nodes:
-            if not n.is_cast:
-                continue
-            inner = ctx.source(n.inputs[0])
-            if inner is None or not inner.is_cast:
-                continue
+        for n, inner in ctx.cast_pairs():
             x = inner.inputs[0]
             t, u, t2 = ctx.type_of(x), inner.to, n.to
             if u is None or t2 != t or not dt.embeds(u, t):

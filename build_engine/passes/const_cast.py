@@ -30,8 +30,8 @@ class FoldConstantCast(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        for n in ctx.nodes:
-            if not n.is_cast or len(n.outputs) != 1:
+        for n in ctx.casts():
+            if len(n.outputs) != 1:
                 continue
             src_name, y = n.inputs[0], n.outputs[0]
             tensor = ctx.constant_tensor(src_name)

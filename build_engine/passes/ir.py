@@ -212,6 +212,20 @@ class GraphCtx:
     def consumers(self, name: str) -> list[Node]:
         return list(self.uses.get(name, {}))
 
+    def casts(self) -> Iterator[Node]:
+        """Each node that ``Node.is_cast`` when the walk reaches it (lazy: earlier rewrites are seen)."""
+        return (n for n in self.nodes if n.is_cast)
+
+    def cast_pairs(self) -> Iterator[tuple[Node, Node]]:
+        """``(outer, inner)``: each Cast whose input another Cast produces, in this graph or an enclosing one.
+
+        Lazy like ``casts``: a pair is looked up when the walk reaches ``outer``, after earlier rewrites.
+        """
+        for outer in self.casts():
+            inner = self.source(outer.inputs[0])
+            if inner is not None and inner.is_cast:
+                yield outer, inner
+
     def num_uses(self, name: str) -> int:
         """Explicit reads + implicit reads by subgraphs + 1 if it is a protected output."""
         return (sum(self.uses.get(name, {}).values()) + len(self.implicit.get(name, {}))

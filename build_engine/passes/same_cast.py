@@ -23,9 +23,7 @@ class RemoveSameTypeCast(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        for n in ctx.nodes:
-            if not n.is_cast:
-                continue
+        for n in ctx.casts():
             to = n.to
             if to != ctx.type_of(n.inputs[0]):
                 continue

@@ -30,9 +30,7 @@ class SinkCastThroughDataMovement(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        for c1 in ctx.nodes:
-            if not c1.is_cast:
-                continue
+        for c1 in ctx.casts():
             x, y = c1.inputs[0], c1.outputs[0]
             t, u = ctx.type_of(x), c1.to
             if (u is None or u == t or not dt.embeds(u, t) or not dt.op_accepts(t, ctx.opset)
