@@ -249,6 +249,16 @@ def weight_tensors(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS)
     return [t for t in model.graph.initializer if _num_elements(t) >= min_elements]
 
 
+def without_initializers(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` whose main graph has no initializers, everything else unchanged. For code that rebuilds the
+    weights itself (precision conversion): the original weights are never copied; the caller adds back the ones it
+    keeps, and the result is only valid once it has."""
+    out = ModelProto()
+    _copy_fields(model, out, "graph")
+    _copy_fields(model.graph, out.graph, "initializer")
+    return out
+
+
 def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> ModelProto:
     """A copy of ``model`` without its weights: each main-graph initializer of at least ``min_elements`` elements is
     replaced by a graph input of the same name, element type and shape (one already declared as a graph input just
@@ -259,10 +269,8 @@ def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> Mo
     leaves to the caller: the weight tensors themselves (``check_model`` checks them one by one), and for a weight that
     is also a declared graph input, the agreement of the declared type with the initializer's.
     """
-    skel = ModelProto()
-    _copy_fields(model, skel, "graph")
+    skel = without_initializers(model)
     g = skel.graph
-    _copy_fields(model.graph, g, "initializer")
     declared = {i.name for i in model.graph.input}
     small = []
     for t in model.graph.initializer:
