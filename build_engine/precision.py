@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from trtforge.build_engine import precision_plugins
+from trtforge.build_engine import onnx_io, precision_plugins
 from trtforge.build_engine.errors import InputError, ModelError
 from trtforge.build_engine.precision_policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
 
@@ -41,31 +41,11 @@ class PrecisionResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-_SKELETON_MIN_ELEMENTS = 1024  # initializers at least this big are stood in for by typed graph inputs
-
-
 def _skeleton(model: ModelProto) -> ModelProto:
-    """The model with its big initializers replaced by graph inputs of the same type and shape.
-
-    Shape inference and the checker serialise the whole model; weights are most of its bytes but only their type
-    and shape matter to them (small initializers, e.g. Reshape targets, stay because inference reads their values).
-    """
-    skel = ModelProto()
-    skel.CopyFrom(model)
-    g = skel.graph
-    small = []
-    declared = {i.name for i in g.input}
-    for t in model.graph.initializer:
-        n = 1
-        for d in t.dims:
-            n *= d
-        if n < _SKELETON_MIN_ELEMENTS:
-            small.append(t)
-        elif t.name not in declared:
-            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    del g.initializer[:]
-    g.initializer.extend(small)
-    precision_plugins.stand_in(g)  # plugin nodes carry y's type and shape to their output, as the op does
+    """``onnx_io.skeleton`` (weights stood in for by typed graph inputs, never copied) with plugin nodes replaced by
+    Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``)."""
+    skel = onnx_io.skeleton(model)
+    precision_plugins.stand_in(skel.graph)
     return skel
 
 
@@ -114,9 +94,16 @@ def to_low_array(array: np.ndarray, to: str) -> np.ndarray:
     return array.astype(ml_dtypes.bfloat16)
 
 
-def _low_tensor(tensor: TensorProto, name: str, to: str) -> TensorProto:
-    array = numpy_helper.to_array(tensor)
-    out = numpy_helper.from_array(to_low_array(array, to), name)
+def _low_tensor(tensor: TensorProto, name: str, to: str, out: TensorProto | None = None) -> TensorProto:
+    """``tensor`` converted to ``to``, as ``numpy_helper.from_array`` would make it; written into ``out`` (a fresh
+    element of the destination's repeated field) when given, so a converted weight is not copied once more."""
+    low = to_low_array(numpy_helper.to_array(tensor), to)
+    out = TensorProto() if out is None else out
+    out.dims.extend(low.shape)
+    if name:  # as from_array: an empty name stays unset
+        out.name = name
+    out.raw_data = numpy_helper.tobytes_little_endian(low)
+    out.data_type = LOW_TYPES[to]
     return out
 
 
@@ -142,17 +129,18 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         raise InputError(f"unknown precision {to!r}; choose one of {', '.join(PRECISIONS)}")
     start = time.perf_counter()
     low = LOW_TYPES[to]
-    src = ModelProto()
-    src.CopyFrom(model)
-    types = _value_types(src)
-    consts = _constant_tensors(src)
-    decisions = decide(src, types, set(consts), to, keep_ops)
-    namer = _Namer(src)
+    # The analysis reads ``model``; the rewrite edits ``src``, a copy without the initializers: the fp32 weights are
+    # never copied (most become converted copies); the ones still used as they are are copied back at the end.
+    types = _value_types(model)
+    consts = _constant_tensors(model)
+    decisions = decide(model, types, set(consts), to, keep_ops)
+    namer = _Namer(model)
+    src = onnx_io.without_initializers(model)
     new_type = dict(types)
-    low_plugins = [n for i, n in enumerate(src.graph.node)
+    low_plugins = [n for i, n in enumerate(model.graph.node)
                    if decisions[i].mode is Mode.LOW and precision_plugins.is_plugin(n)]
     # Adapter-pool graph inputs are declared in the low type (they are adapter data, not the user's I/O).
-    retyped = precision_plugins.pools_to_retype(src, low_plugins, types)
+    retyped = precision_plugins.pools_to_retype(model, low_plugins, types)
     for name in retyped:
         new_type[name] = low
     for vi in src.graph.input:
@@ -160,16 +148,17 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
             vi.type.tensor_type.elem_type = low
     down: dict[str, str] = {}   # float32 value -> its low copy (Cast output or converted initializer)
     up: dict[str, str] = {}     # low value that was float32 -> its float32 copy
-    new_inits: list[TensorProto] = []
+    converted_inits = 0  # written straight into src's (empty) initializer list
     nodes: list[NodeProto] = []
     casts = 0
 
     def lowered(name: str) -> str:
-        nonlocal casts
+        nonlocal casts, converted_inits
         if name not in down:
             new = namer(f"{name}__{to}")
             if name in consts:
-                new_inits.append(_low_tensor(consts[name], new, to))
+                _low_tensor(consts[name], new, to, out=src.graph.initializer.add())
+                converted_inits += 1
             else:
                 nodes.append(helper.make_node("Cast", [name], [new], name=namer(f"{new}/Cast"), to=low))
                 casts += 1
@@ -218,11 +207,12 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     del g.node[:]
     g.node.extend([*nodes, *tail])
     used = {x for n in g.node for x in n.input} | {o.name for o in g.output}
-    kept_inits = [t for t in g.initializer if t.name in used]
-    del g.initializer[:]
-    g.initializer.extend([*kept_inits, *new_inits])
+    g.initializer.extend(t for t in model.graph.initializer if t.name in used)  # after the converted ones
     del g.value_info[:]
     try:
+        # The checker on the structure and on every weight, converted ones included (without serialising them), then
+        # strict inference on the stand-in skeleton: every value's type must agree with its producer's schema.
+        onnx_io.check_model(src)
         inferred = onnx.shape_inference.infer_shapes(_skeleton(src), strict_mode=True)
         onnx.checker.check_model(inferred)
     except Exception as exc:  # a bug in the conversion, not in the user's model
@@ -243,7 +233,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         "nodes_untouched": modes.get("untouched", 0),
         "kept_fp32_ops": dict(sorted(kept.items())),
         "casts_inserted": casts,
-        "initializers_converted": len(new_inits),
+        "initializers_converted": converted_inits,
         "plugin_nodes_low": len(low_plugins),
         "pool_inputs_converted": len(retyped),
     }
