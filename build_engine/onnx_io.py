@@ -183,8 +183,8 @@ def _stable_topo(deps: list[set[int]]) -> list[int]:
     return out
 
 
-def load(path: str | os.PathLike[str], *, check: bool = True) -> LoadedModel:
-    """Load and validate an ONNX model (see module docstring for what is refused)."""
+def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the model file at ``path``; a missing path, a folder or an empty file is refused in one line."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: no such file; check the path")
@@ -196,6 +196,17 @@ def load(path: str | os.PathLike[str], *, check: bool = True) -> LoadedModel:
         data = p.read_bytes()
     except OSError as exc:
         raise InputError(f"{p}: cannot read ({exc.strerror}); check its permissions") from exc
+    if not data:
+        raise ModelError(f"{p}: the file is empty; re-export the model")
+    return data
+
+
+def load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None) -> LoadedModel:
+    """Load and validate an ONNX model (see module docstring for what is refused). ``data``: the file's bytes from
+    ``read_model_bytes(path)`` when the caller already has them (the builder hashes the same bytes it builds)."""
+    p = Path(path)
+    if data is None:
+        data = read_model_bytes(p)
     model = ModelProto()
     try:
         model.ParseFromString(data)
