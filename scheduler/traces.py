@@ -18,6 +18,8 @@ import csv
 import json
 import math
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -48,35 +50,41 @@ def _timestamp(text: str, path: Path, line: int) -> float:
         raise InputError(f"{path}:{line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'") from exc
 
 
+@contextmanager
+def _reading(path: Path, kind: str) -> Iterator[None]:
+    """Turn a failure to open or decode ``path`` into one ``InputError`` line naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read trace ({exc.strerror or exc}); check the path") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a text {kind} file ({exc.reason})") from exc
+
+
 def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Request]:
     p = Path(path)
     out: list[Request] = []
-    try:
-        with open(p, newline="") as fh:
-            reader = csv.reader(fh)
-            header = [h.strip() for h in next(reader, [])]
-            need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
-            if header[:3] != need:
-                raise InputError(f"{p}:1: header must be {','.join(need)}, got {','.join(header) or 'nothing'}")
-            t0: float | None = None
-            for row in reader:
-                line = reader.line_num
-                if not row or not "".join(row).strip():
-                    continue
-                if len(row) < 3:
-                    raise InputError(f"{p}:{line}: expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), "
-                                     f"got {len(row)}")
-                t = _timestamp(row[0], p, line)
-                t0 = t if t0 is None else t0
-                prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
-                new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
-                out.append(Request(f"azure-{len(out)}", t - t0, prompt, new))
-                if max_requests is not None and len(out) >= max_requests:
-                    break
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read trace ({exc.strerror or exc}); check the path") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: not a text CSV file ({exc.reason})") from exc
+    with _reading(p, "CSV"), open(p, newline="") as fh:
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
+        need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+        if header[:3] != need:
+            raise InputError(f"{p}:1: header must be {','.join(need)}, got {','.join(header) or 'nothing'}")
+        t0: float | None = None
+        for row in reader:
+            line = reader.line_num
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) < 3:
+                raise InputError(f"{p}:{line}: expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), "
+                                 f"got {len(row)}")
+            t = _timestamp(row[0], p, line)
+            t0 = t if t0 is None else t0
+            prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
+            new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
+            out.append(Request(f"azure-{len(out)}", t - t0, prompt, new))
+            if max_requests is not None and len(out) >= max_requests:
+                break
     return _sorted(out, p)
 
 
@@ -84,40 +92,35 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
     p = Path(path)
     out: list[Request] = []
     t0: float | None = None
-    try:
-        with open(p) as fh:
-            for line_no, text in enumerate(fh, 1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
-                if not isinstance(obj, dict):
-                    raise InputError(f"{p}:{line_no}: each line must be a JSON object")
-                for key in ("timestamp", "input_length", "output_length"):
-                    if key not in obj:
-                        raise InputError(f"{p}:{line_no}: missing key {key!r} (Mooncake format: timestamp, "
-                                         "input_length, output_length, hash_ids)")
-                ts = obj["timestamp"]
-                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
-                    raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
-                t = float(ts) / 1000.0
-                t0 = t if t0 is None else t0
-                hashes = obj.get("hash_ids", [])
-                if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                                           for h in hashes):
-                    raise InputError(f"{p}:{line_no}: hash_ids must be a list of integers")
-                out.append(Request(f"mooncake-{len(out)}", t - t0,
-                                   _int(obj["input_length"], p, line_no, "input_length", 1),
-                                   max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
-                                   block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS))
-                if max_requests is not None and len(out) >= max_requests:
-                    break
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read trace ({exc.strerror or exc}); check the path") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: not a text JSONL file ({exc.reason})") from exc
+    with _reading(p, "JSONL"), open(p) as fh:
+        for line_no, text in enumerate(fh, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict):
+                raise InputError(f"{p}:{line_no}: each line must be a JSON object")
+            for key in ("timestamp", "input_length", "output_length"):
+                if key not in obj:
+                    raise InputError(f"{p}:{line_no}: missing key {key!r} (Mooncake format: timestamp, "
+                                     "input_length, output_length, hash_ids)")
+            ts = obj["timestamp"]
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
+                raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
+            t = float(ts) / 1000.0
+            t0 = t if t0 is None else t0
+            hashes = obj.get("hash_ids", [])
+            if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
+                                                       for h in hashes):
+                raise InputError(f"{p}:{line_no}: hash_ids must be a list of integers")
+            out.append(Request(f"mooncake-{len(out)}", t - t0,
+                               _int(obj["input_length"], p, line_no, "input_length", 1),
+                               max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
+                               block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS))
+            if max_requests is not None and len(out) >= max_requests:
+                break
     return _sorted(out, p)
 
 
