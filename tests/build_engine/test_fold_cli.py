@@ -12,6 +12,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from trtforge.build_engine.passes.base import GraphPass
+from trtforge.build_engine.passes.ir import GraphCtx
 from trtforge_testing import assert_one_line_error
 
 
@@ -27,6 +29,20 @@ def _model(big: bool = False) -> onnx.ModelProto:
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
     m.ir_version = 10
     return m
+
+
+class _DropAnyCastPair(GraphPass):
+    """A deliberately NOT exact pass: it removes every Cast-of-Cast pair, fp32->fp16->fp32 included."""
+
+    name = "lossy"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        n = 0
+        for node in ctx.nodes:
+            src = ctx.source(node.inputs[0]) if node.alive and node.op == "Cast" and node.inputs else None
+            if src is not None and src.op == "Cast" and ctx.bypass(node, src.inputs[0], "lossy"):
+                n += 1
+        return n
 
 
 def test_fold_writes_model_and_report(cli, tmp_path: Path) -> None:
@@ -47,21 +63,9 @@ def test_check_equivalent_detects_a_lossy_fold() -> None:
     """A pass that is not exact is caught by --check (exercised with a deliberately lossy pass)."""
     from trtforge.build_engine.fold_check import check_equivalent
     from trtforge.build_engine.passes import fold
-    from trtforge.build_engine.passes.base import GraphPass
-
-    class DropLossyRoundTrip(GraphPass):  # NOT exact: removes fp32->fp16->fp32
-        name = "lossy"
-
-        def rewrite(self, ctx) -> int:
-            n = 0
-            for node in ctx.nodes:
-                src = ctx.source(node.inputs[0]) if node.alive and node.op == "Cast" and node.inputs else None
-                if src is not None and src.op == "Cast" and ctx.bypass(node, src.inputs[0], "lossy"):
-                    n += 1
-            return n
 
     model = _model()
-    bad = fold(model, passes=[DropLossyRoundTrip()]).model
+    bad = fold(model, passes=[_DropAnyCastPair()]).model
     res = check_equivalent(model, bad, seed=3)
     assert not res.passed and res.max_abs_diff > 0 and res.mismatched == ("y",)
 
@@ -179,20 +183,8 @@ def test_cli_check_failure_exits_1_writes_report_but_not_model(cli, tmp_path: Pa
     """The exit-1 path of --check, driven by a deliberately lossy pass swapped into the pipeline (the runtimes that
     judge are real)."""
     import trtforge.build_engine.passes.pipeline as pipeline
-    from trtforge.build_engine.passes.base import GraphPass
 
-    class DropAnyCastPair(GraphPass):  # NOT exact: removes fp32->fp16->fp32
-        name = "lossy"
-
-        def rewrite(self, ctx) -> int:
-            n = 0
-            for node in ctx.nodes:
-                src = ctx.source(node.inputs[0]) if node.alive and node.op == "Cast" and node.inputs else None
-                if src is not None and src.op == "Cast" and ctx.bypass(node, src.inputs[0], "lossy"):
-                    n += 1
-            return n
-
-    monkeypatch.setattr(pipeline, "default_passes", lambda: (DropAnyCastPair(),))
+    monkeypatch.setattr(pipeline, "default_passes", lambda: (_DropAnyCastPair(),))
     src, out, rep = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
     onnx.save_model(_model(), src)
     res = cli("fold", src, "-o", out, "--report", rep, "--check")
