@@ -119,7 +119,8 @@ def rtx_compute_capability_enum(module: ModuleType, cc: str) -> Any:
     enum = getattr(module, "ComputeCapability", None)
     member = getattr(enum, name, None) if enum is not None else None
     if member is None:
-        raise BackendError(f"{module.__name__} {module.__version__} cannot target compute capability {cc}")
+        raise BackendError(f"{module.__name__} {module.__version__} cannot target compute capability {cc}; "
+                           f"use a profile whose compute capability it lists, or {INSTALL_TRT}")
     return member
 
 

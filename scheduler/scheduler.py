@@ -79,7 +79,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.tokens_per_block < 1:
-            raise InputError("num_blocks and tokens_per_block must be >= 1")
+            raise InputError(f"num_blocks ({self.num_blocks}) and tokens_per_block ({self.tokens_per_block}) must be "
+                             ">= 1; give the KV cache at least one block")
         if self.max_running < 1 or self.token_budget < self.max_running:
             raise InputError(f"token_budget ({self.token_budget}) must be >= max_running ({self.max_running}) >= 1 "
                              "so every decoding request gets its token each step")
