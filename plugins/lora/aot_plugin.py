@@ -28,8 +28,8 @@ class AotLaunchSpec:
     kernel: str
     ptx: bytes
     block_x: int
-    grid_x: int  # O tiles (constant)
-    grid_y: tuple[Arg, ...]  # tokens: the product of these x dims
+    grid_x: tuple[Arg, ...]  # tokens: the product of these x dims (grid x allows up to 2^31 - 1)
+    grid_y: int  # O tiles (constant, <= 65535)
     extra_args: tuple[Arg, ...]  # in kernel.cu's order after the 7 pointers
 
 
@@ -47,7 +47,7 @@ def aot_launch_spec(fields: spec.LoraFields, x_ndim: int, slot_ndim: int, dtype:
     ptx = compile_ptx(arch)
     return AotLaunchSpec(
         kernel=SIMPLE_ENTRY_NAMES[dtype], ptx=ptx.text, block_x=kernel_define("LORA_THREADS"),
-        grid_x=-(-fields.out_features // o_tile), grid_y=tuple(("x_dim", i) for i in range(x_ndim - 1)),
+        grid_x=tuple(("x_dim", i) for i in range(x_ndim - 1)), grid_y=-(-fields.out_features // o_tile),
         extra_args=(("const", fields.in_features), ("const", fields.out_features), ("const", fields.max_rank),
                     ("const", fields.num_slots), tokens_per_slot, ("const", o_tile)))
 
@@ -89,11 +89,11 @@ def register_aot(arch: str) -> None:  # pragma: no cover - needs full TensorRT (
 
         params = trtp.KernelLaunchParams()
         params.block_x = s.block_x
-        params.grid_x = s.grid_x
-        grid_y = expr(s.grid_y[0])
-        for arg in s.grid_y[1:]:
-            grid_y = grid_y * expr(arg)
-        params.grid_y = grid_y
+        grid_x = expr(s.grid_x[0])
+        for arg in s.grid_x[1:]:
+            grid_x = grid_x * expr(arg)
+        params.grid_x = grid_x
+        params.grid_y = s.grid_y
         params.shared_mem = 0
         extra = trtp.SymIntExprs(len(s.extra_args))
         for i, arg in enumerate(s.extra_args):

@@ -1,8 +1,11 @@
 // LoRAOpPluginDynamic: fused multi-adapter LoRA update, y[t] += scales[s] * (x[t] @ A[s]) @ B[s], s = slot of token t.
 //
 // One launch, three kinds of blocks (see README.md "Kernel design"). Every block takes a ticket from an atomic
-// counter; tickets, not blockIdx, decide the role, so a block only ever waits for blocks holding smaller tickets,
-// which are already resident (the ordering trick of CUB's single-pass scan): no deadlock, no cooperative launch.
+// counter; tickets, not blockIdx, decide the role, and a block only ever waits for blocks holding smaller tickets.
+// A block holding a ticket has executed its atomicAdd, so it is resident and never waits on a larger ticket: no
+// deadlock whatever order the hardware dispatches blocks in (no in-order-dispatch assumption, unlike look-back
+// schemes keyed on blockIdx), and no cooperative launch. The one assumption is the one every single-pass scan makes:
+// a resident block keeps being scheduled while other resident blocks spin (true of NVIDIA GPUs; the spin sleeps).
 //   ticket 0                      SORT:   counting sort of the tokens by slot (slot -1 dropped) into chunks of
 //                                         LORA_TOKENS tokens of one slot; publishes the chunk table.
 //   tickets 1 .. C*n_hs           SHRINK: chunk c, H slice k: partial v[k][pos][r] = x[tok] . A[s][h in slice k][r]
@@ -11,8 +14,11 @@
 // Grouping tokens by slot makes each block read A[s] / B[s] once for up to LORA_TOKENS tokens, so at 2048 tokens
 // the adapter pools cost ~(T/16 + N) * (H*R + R*O) L2 bytes instead of T * (H*R + R*O); splitting H (shrink) and O
 // (expand) across blocks keeps small batches parallel. Tokens with slot -1 are never touched (y passes through).
-// The last block to finish resets the control words, so the scratch needs zeroing only once (at allocation) and
-// CUDA-graph replays work. Accumulation is fp32; y is read and rounded once.
+// Scratch state across launches: only ctrl[0..3] (fixed words at the start of the scratch, whatever T is) must be
+// zero when a launch starts; the last block to finish zeroes them again, so the scratch needs zeroing only once (at
+// allocation) and CUDA-graph replays work. The chunk_done counters are zeroed by the SORT block before it publishes
+// the chunk table (their position depends on T, so a previous launch of another size leaves other data there).
+// Accumulation is fp32; y is read and rounded once.
 //
 // No CUDA headers: fp16/bf16 conversions are inline PTX, so NVRTC needs no include path. Needs sm_80+ (bf16 cvt).
 
@@ -20,7 +26,8 @@
 #define LORA_TOKENS 16
 #define LORA_MAX_RANK 64
 #define LORA_WARPS (LORA_THREADS / 32)
-#define LORA_SPIN_LIMIT (1u << 30)
+#define LORA_SPIN_LIMIT (1u << 27)  // >= ~8 s of 64 ns sleeps: a bug, never a legitimate wait
+#define LORA_SORT_UNROLL 8           // slot ids loaded per thread before use (one memory latency per 2048 tokens)
 
 struct lora_f16 { unsigned short bits; };
 struct lora_bf16 { unsigned short bits; };
@@ -48,6 +55,7 @@ template <> __device__ __forceinline__ lora_bf16 lora_from_f<lora_bf16>(float f)
 
 // Scratch layout (int32 words; the launcher allocates scratch_bytes() and zeroes it once):
 //   ctrl[0] ticket   ctrl[1] blocks done   ctrl[2] chunk table ready   ctrl[3] number of chunks
+//   (ctrl[0..3] are zero between launches; everything below is written before it is read in each launch)
 //   chunk_done[max_chunks]  chunk_start[max_chunks]  chunk_len[max_chunks]  chunk_slot[max_chunks]
 //   sorted[num_tokens]      then (float) vpart[n_hs][num_tokens][rank]
 struct LoraScratch {
@@ -68,6 +76,27 @@ __device__ __forceinline__ LoraScratch lora_scratch(int* base, int max_chunks, i
 
 __device__ __forceinline__ int lora_load_volatile(const int* p) { return *((volatile const int*)p); }
 
+// Release: every thread's global writes, then the flag. The per-thread fence + barrier + fence-then-atomic by one
+// thread is cooperative groups' grid.sync() pattern. Must be called by all threads of the block.
+__device__ __forceinline__ void lora_release_add(int* flag, int value) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(flag, value);
+    }
+}
+__device__ __forceinline__ void lora_release(int* flag, int value) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicExch(flag, value);
+    }
+}
+
+// Acquire (thread 0 only; the caller then syncs the block): spin with volatile (L1-bypassing) loads until *p >= value,
+// then fence so later loads (ld.global.cg by any thread after the barrier) see the producers' writes.
 __device__ __forceinline__ void lora_spin_until(const int* p, int value) {
     unsigned int spins = 0;
     while (lora_load_volatile(p) < value) {
@@ -77,19 +106,32 @@ __device__ __forceinline__ void lora_spin_until(const int* p, int value) {
     __threadfence();
 }
 
+// Slot of token t, or -1 when t is past the end or its id is outside [0, num_slots) (no adapter).
+__device__ __forceinline__ int lora_slot_of(const int* __restrict__ slot_ids, int t, int num_tokens,
+                                            int tokens_per_slot, int num_slots) {
+    const int s = t < num_tokens ? slot_ids[t / tokens_per_slot] : -1;
+    return (s >= 0 && s < num_slots) ? s : -1;
+}
+
 // SORT role: one block. Warp-aggregated shared atomics (__match_any_sync) keep 8 hot slots from serializing.
+// Token t = t0 + u * LORA_THREADS + tid; the LORA_SORT_UNROLL loads of a batch are issued before any is used.
 __device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int tokens_per_slot, int num_slots,
-                          LoraScratch sc, int* hist /* shared, 2*num_slots ints */) {
+                          int max_chunks, LoraScratch sc, int* hist /* shared, 2*num_slots ints */) {
     const int tid = threadIdx.x, lane = tid & 31;
     int* cursor = hist + num_slots;
     for (int s = tid; s < num_slots; s += LORA_THREADS) hist[s] = 0;
+    for (int c = tid; c < max_chunks; c += LORA_THREADS) sc.chunk_done[c] = 0;  // published by the fence below
     __syncthreads();
-    for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS) {
-        const int t = t0 + tid;
-        const int s = t < num_tokens ? slot_ids[t / tokens_per_slot] : -1;
-        const bool ok = s >= 0 && s < num_slots;
-        const unsigned peers = __match_any_sync(0xffffffffu, ok ? s : -1);
-        if (ok && (__ffs(peers) - 1) == lane) atomicAdd(&hist[s], __popc(peers));
+    for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS * LORA_SORT_UNROLL) {
+        int s[LORA_SORT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LORA_SORT_UNROLL; ++u)
+            s[u] = lora_slot_of(slot_ids, t0 + u * LORA_THREADS + tid, num_tokens, tokens_per_slot, num_slots);
+#pragma unroll
+        for (int u = 0; u < LORA_SORT_UNROLL; ++u) {
+            const unsigned peers = __match_any_sync(0xffffffffu, s[u]);
+            if (s[u] >= 0 && (__ffs(peers) - 1) == lane) atomicAdd(&hist[s[u]], __popc(peers));
+        }
     }
     __syncthreads();
     if (tid == 0) {  // serial prefix + chunk table: num_slots and the chunk count are small
@@ -107,20 +149,22 @@ __device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int 
         sc.ctrl[3] = c;
     }
     __syncthreads();
-    for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS) {
-        const int t = t0 + tid;
-        const int s = t < num_tokens ? slot_ids[t / tokens_per_slot] : -1;
-        const bool ok = s >= 0 && s < num_slots;
-        const unsigned peers = __match_any_sync(0xffffffffu, ok ? s : -1);
-        const int leader = __ffs(peers) - 1;
-        int base = 0;
-        if (ok && leader == lane) base = atomicAdd(&cursor[s], __popc(peers));
-        base = __shfl_sync(0xffffffffu, base, leader);
-        if (ok) sc.sorted[base + __popc(peers & ((1u << lane) - 1u))] = t;
+    for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS * LORA_SORT_UNROLL) {
+        int s[LORA_SORT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < LORA_SORT_UNROLL; ++u)
+            s[u] = lora_slot_of(slot_ids, t0 + u * LORA_THREADS + tid, num_tokens, tokens_per_slot, num_slots);
+#pragma unroll
+        for (int u = 0; u < LORA_SORT_UNROLL; ++u) {
+            const unsigned peers = __match_any_sync(0xffffffffu, s[u]);
+            const int leader = __ffs(peers) - 1;
+            int base = 0;
+            if (s[u] >= 0 && leader == lane) base = atomicAdd(&cursor[s[u]], __popc(peers));
+            base = __shfl_sync(0xffffffffu, base, leader);
+            if (s[u] >= 0) sc.sorted[base + __popc(peers & ((1u << lane) - 1u))] = t0 + u * LORA_THREADS + tid;
+        }
     }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) atomicExch(&sc.ctrl[2], 1);
+    lora_release(&sc.ctrl[2], 1);
 }
 
 // SHRINK role: chunk c, H slice k. Thread (r = tid % rp, hsub = tid / rp) sums rows hsub, hsub + LORA_THREADS/rp,
@@ -171,9 +215,7 @@ __device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_
         for (int j = 0; j < nsub; ++j) s += red[(j * LORA_TOKENS + g) * rp + rr];
         vpart[(size_t)(start + g) * rank + rr] = s;
     }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) atomicAdd(&sc.chunk_done[c], 1);
+    lora_release_add(&sc.chunk_done[c], 1);
 }
 
 // EXPAND role: chunk c, O tile j: v = scale * sum_k vpart (fp32, in shared memory), then for each column o of the
@@ -236,7 +278,7 @@ __device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* 
     const int ticket = ticket_s;
     const int n_shrink = max_chunks * n_hs;
     if (ticket == 0) {
-        lora_sort(slot_ids, num_tokens, tokens_per_slot, num_slots, sc, reinterpret_cast<int*>(smem));
+        lora_sort(slot_ids, num_tokens, tokens_per_slot, num_slots, max_chunks, sc, reinterpret_cast<int*>(smem));
     } else {
         if (threadIdx.x == 0) lora_spin_until(&sc.ctrl[2], 1);
         __syncthreads();
@@ -263,14 +305,13 @@ __device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* 
         last_s = atomicAdd(&sc.ctrl[1], 1) == (int)gridDim.x - 1;
     }
     __syncthreads();
-    if (last_s) {
-        for (int c = threadIdx.x; c < max_chunks; c += LORA_THREADS) sc.chunk_done[c] = 0;
-        if (threadIdx.x == 0) { sc.ctrl[0] = 0; sc.ctrl[2] = 0; sc.ctrl[3] = 0; sc.ctrl[1] = 0; }
+    if (last_s && threadIdx.x == 0) {  // every other block is past its last scratch access (it counted itself)
+        sc.ctrl[0] = 0; sc.ctrl[2] = 0; sc.ctrl[3] = 0; sc.ctrl[1] = 0;
         __threadfence();
     }
 }
 
-// SIMPLE variant (no scratch, out-of-place allowed): one block per (O tile, token); each block recomputes its
+// SIMPLE variant (no scratch, out-of-place allowed): one block per (token, O tile); each block recomputes its
 // token's rank-R shrink (x row and A[s] slices stay in L2 across the O tiles). Used by the ahead-of-time TensorRT
 // plugin, which can pass only tensors and int32 scalars (no persistent scratch), and as a cross-check in tests.
 // Tokens with slot -1 copy y to out (a no-op when out == y).
@@ -281,8 +322,9 @@ __device__ void lora_simple(const T* __restrict__ x, const T* y, const T* __rest
                             int num_slots, int tokens_per_slot, int o_tile) {
     __shared__ float red[LORA_THREADS];
     __shared__ float v[LORA_MAX_RANK];
-    const int tid = threadIdx.x, t = blockIdx.y;
-    const int o0 = blockIdx.x * o_tile, o1 = min(out_features, o0 + o_tile);
+    // tokens on grid x (up to 2^31 - 1), O tiles on grid y (<= 65535: O / o_tile is small)
+    const int tid = threadIdx.x, t = blockIdx.x;
+    const int o0 = blockIdx.y * o_tile, o1 = min(out_features, o0 + o_tile);
     const int slot = slot_ids[t / tokens_per_slot];
     const T* yr = y + (size_t)t * out_features;
     T* outr = out + (size_t)t * out_features;
@@ -329,7 +371,7 @@ __device__ void lora_simple(const T* __restrict__ x, const T* y, const T* __rest
         int rank,                           /* R, 1..64 */                                                          \
         int num_slots,                      /* N */                                                                 \
         int tokens_per_slot,                /* 1 per token, S per sequence */                                       \
-        int o_tile) {                       /* output columns per block; grid = (ceil(O / o_tile), T) */            \
+        int o_tile) {                       /* output columns per block; grid = (T, ceil(O / o_tile)) */            \
         lora_simple<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, out, in_features, out_features, rank, num_slots,  \
                           tokens_per_slot, o_tile);                                                                 \
     }

@@ -8,8 +8,14 @@ batches keep the recompute of nothing and the per-block traffic low (bandwidth b
 
 ``LoraLauncher`` loads the PTX for the current device with ``cuModuleLoadData`` and launches with ``cuLaunchKernel``
 on a caller-given stream, with raw device pointers; it owns the kernel's scratch (zeroed once at allocation; the
-kernel resets its control words itself). One launcher per stream/execution context: two launches that overlap in
-time must not share a scratch.
+kernel resets its control words itself). Safety conditions:
+
+- One launcher per stream/execution context: two launches that overlap in time must not share a scratch (the
+  TensorRT plugin gets one launcher per plugin clone, i.e. per layer and execution context).
+- Launches of one launcher must be ordered (same stream, or streams ordered by events): the kernel's control words
+  are reset by the previous launch's last block.
+- The first launch of a size larger than any before it allocates (``cuMemAlloc`` + ``cuMemsetD8Async``): do it
+  before capturing a CUDA graph (warm up), since allocation is not allowed inside a global-mode capture.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define
 
 DEFAULT_SM_COUNT = 132  # H100/H200 SXM; the launcher reads the real count from the device
+DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic + static shared memory a block may use without opting in
+FUSED_STATIC_SHARED = 4352  # kernel.cu's static __shared__ in lora_fused_* (ptxas -v: 4240 bytes), with margin
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: i
     n_hs = max(1, min(want, math.ceil(fields.in_features / tile)))
     n_ot = max(1, min(want, math.ceil(fields.out_features / threads)))
     shared = 4 * max(tokens * tile, threads * tokens, 2 * fields.num_slots)
+    if shared + FUSED_STATIC_SHARED > DEFAULT_SHARED_LIMIT:  # cannot happen with num_slots <= 4096, tile <= 256
+        raise InputError(f"{spec.PLUGIN_NAME}: {shared} bytes of shared memory (num_slots {fields.num_slots}, tile "
+                         f"{tile}) exceed the {DEFAULT_SHARED_LIMIT}-byte default; use fewer slots or a smaller tile")
     return LaunchParams(
         kernel=ENTRY_NAMES[dtype], grid=(1 + chunks * (n_hs + n_ot), 1, 1), block=(threads, 1, 1),
         shared_bytes=shared, scratch_bytes=scratch_bytes(num_tokens, fields.num_slots, fields.max_rank, n_hs),
@@ -89,13 +100,22 @@ def simple_o_tile(out_features: int) -> int:
     return threads if out_features <= 8 * threads else 4 * threads
 
 
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+
+
 def plan_simple(fields: spec.LoraFields, num_tokens: int, dtype: str) -> LaunchParams:
-    """Launch of the scratch-free kernel (``lora_simple_*``): grid (ceil(O / o_tile), T); used by the AOT plugin."""
+    """Launch of the scratch-free kernel (``lora_simple_*``): grid (T, ceil(O / o_tile)); used by the AOT plugin.
+
+    Tokens go on grid x (limit 2^31 - 1) and O tiles on grid y (limit 65535; O / o_tile is at most O / 256).
+    """
     if dtype not in SIMPLE_ENTRY_NAMES:
         raise InputError(f"{spec.PLUGIN_NAME}: dtype {dtype!r} is not supported; use one of {list(ENTRY_NAMES)}")
+    if not 1 <= num_tokens <= MAX_GRID_X:
+        raise InputError(f"{spec.PLUGIN_NAME}: num_tokens must be in [1, {MAX_GRID_X}], got {num_tokens}")
     threads = kernel_define("LORA_THREADS")
     o_tile = simple_o_tile(fields.out_features)
-    return LaunchParams(kernel=SIMPLE_ENTRY_NAMES[dtype], grid=(-(-fields.out_features // o_tile), num_tokens, 1),
+    return LaunchParams(kernel=SIMPLE_ENTRY_NAMES[dtype], grid=(num_tokens, -(-fields.out_features // o_tile), 1),
                         block=(threads, 1, 1), shared_bytes=0, scratch_bytes=0, tile=fields.tile, n_hs=1,
                         n_ot=-(-fields.out_features // o_tile), max_chunks=0)
 
@@ -108,73 +128,125 @@ def simple_args(fields: spec.LoraFields, *, x: int, y: int, lora_a: int, lora_b:
     return (*ptrs, *ints), (*(ctypes.c_void_p,) * len(ptrs), *(ctypes.c_int,) * len(ints))
 
 
-def _check(result: Any) -> Any:
+def _check(result: Any, what: str) -> Any:
+    """Unpack a cuda-python ``(CUresult, *values)`` tuple; raise BackendError naming the call and the error."""
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        raise BackendError(f"CUDA driver error {err!r} in the LoRA launcher")
+        name = getattr(err, "name", None) or str(err)
+        raise BackendError(f"LoRA launcher: {what} failed with {name} ({int(err)})")
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
 class LoraLauncher:
-    """Loads the kernel for the current CUDA context's device and launches it (needs a GPU; cuda-python driver API)."""
+    """Loads the kernel for the current CUDA context's device and launches it (needs a GPU; cuda-python driver API).
+
+    Launch plans and argument tuples are cached per problem size, so a launch costs one dict lookup and one
+    ``cuLaunchKernel`` on the host.
+    """
 
     def __init__(self) -> None:
         from cuda.bindings import driver
 
         self._drv = driver
-        _check(driver.cuInit(0))
-        ctx = _check(driver.cuCtxGetCurrent())
-        if ctx is None or int(ctx) == 0:  # no current context (plain script): use device 0's primary context
-            dev = _check(driver.cuDeviceGet(0))
-            ctx = _check(driver.cuDevicePrimaryCtxRetain(dev))
-            _check(driver.cuCtxSetCurrent(ctx))
-        dev = _check(driver.cuCtxGetDevice())
-        attr = driver.CUdevice_attribute
-        major = _check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-        minor = _check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-        self.sm_count = int(_check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
-        self.arch = f"sm_{int(major)}{int(minor)}"
-        self.ptx = compile_ptx(self.arch)
-        self._module = _check(driver.cuModuleLoadData(self.ptx.text + b"\0"))
-        self._functions = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()))
-                           for dt, name in ENTRY_NAMES.items()}
-        self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()))
-                        for dt, name in SIMPLE_ENTRY_NAMES.items()}
+        self._module: Any = None
         self._scratch = 0
         self._scratch_size = 0
+        self._plans: dict[tuple[Any, ...], LaunchParams] = {}
+        _check(driver.cuInit(0), "cuInit")
+        ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if ctx is None or int(ctx) == 0:  # no current context (plain script): use device 0's primary context
+            dev = _check(driver.cuDeviceGet(0), "cuDeviceGet(0)")
+            ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.context = ctx
+        dev = _check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+        attr = driver.CUdevice_attribute
+        major = _check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cc major")
+        minor = _check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cc minor")
+        self.sm_count = int(_check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                                   "multiprocessor count"))
+        self.arch = f"sm_{int(major)}{int(minor)}"
+        self.ptx = compile_ptx(self.arch)
+        # cuModuleLoadData reads a NUL-terminated PTX string: pass the address of a ctypes buffer holding one
+        image = ctypes.create_string_buffer(self.ptx.text)  # adds the terminating NUL
+        self._module = _check(driver.cuModuleLoadData(ctypes.addressof(image)),
+                              f"cuModuleLoadData (PTX from {self.ptx.compiler} for {self.arch}; an older driver "
+                              "than the compiler gives CUDA_ERROR_UNSUPPORTED_PTX_VERSION)")
+        del image
+        self._functions = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
+                           for dt, name in ENTRY_NAMES.items()}
+        self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
+                        for dt, name in SIMPLE_ENTRY_NAMES.items()}
 
     def _ensure_scratch(self, nbytes: int, stream: int) -> int:
         if nbytes <= self._scratch_size:
             return self._scratch
         drv = self._drv
         if self._scratch:
-            _check(drv.cuStreamSynchronize(stream))  # a launch still queued may use the old scratch
-            _check(drv.cuMemFree(self._scratch))
-        size = max(nbytes, 2 * self._scratch_size)
-        ptr = _check(drv.cuMemAlloc(size))
-        _check(drv.cuMemsetD8Async(ptr, 0, size, stream))
+            # a launch still queued on any stream may use the old scratch: wait for the whole context (rare: sizes
+            # only grow, doubling)
+            _check(drv.cuCtxSynchronize(), "cuCtxSynchronize before growing the scratch")
+            _check(drv.cuMemFree(self._scratch), "cuMemFree(scratch)")
+            self._scratch, self._scratch_size = 0, 0
+        size = max(nbytes, 2 * self._scratch_size, 4096)
+        ptr = int(_check(drv.cuMemAlloc(size), f"cuMemAlloc({size}) for the scratch"))
+        # ordered before the first launch that uses it (same stream); the kernel keeps it reset afterwards
+        _check(drv.cuMemsetD8Async(ptr, 0, size, stream), "cuMemsetD8Async(scratch)")
         self._scratch, self._scratch_size = ptr, size
         return ptr
 
     def launch(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int, lora_b: int,
                slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1, tile: int | None = None) -> None:
         """Enqueue y += update on ``stream`` (an int handle; 0 = legacy default stream). Pointers are device ints."""
-        p = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count)
-        scratch = int(self._ensure_scratch(p.scratch_bytes, stream))
+        if num_tokens == 0:
+            return
+        key = (fields, num_tokens, dtype, tile)
+        p = self._plans.get(key)
+        if p is None:
+            p = self._plans[key] = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count)
+        scratch = self._ensure_scratch(p.scratch_bytes, stream)
         args = kernel_args(p, fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales,
                            scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot)
-        _check(self._drv.cuLaunchKernel(self._functions[dtype], *p.grid, *p.block, p.shared_bytes, stream, args, 0))
+        _check(self._drv.cuLaunchKernel(self._functions[dtype], *p.grid, *p.block, p.shared_bytes, stream, args, 0),
+               f"cuLaunchKernel({p.kernel}, grid {p.grid}, shared {p.shared_bytes})")
+
+    def run_op(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, out: int, lora_a: int,
+               lora_b: int, slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1,
+               tile: int | None = None) -> None:
+        """The op as the TensorRT plugin runs it: out = y + update. ``out == y`` (aliased output) updates y in
+        place; otherwise y is first copied to out (``cuMemcpyDtoDAsync``, same stream) and out is updated."""
+        if num_tokens == 0:
+            return
+        if int(out) != int(y):
+            nbytes = num_tokens * fields.out_features * spec_itemsize(dtype)
+            _check(self._drv.cuMemcpyDtoDAsync(int(out), int(y), nbytes, stream), "cuMemcpyDtoDAsync(y -> out)")
+        self.launch(stream, fields, dtype, x=x, y=out, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
+                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile)
 
     def launch_simple(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int,
                       lora_b: int, slot_ids: int, scales: int, out: int, num_tokens: int,
                       tokens_per_slot: int = 1) -> None:
         """The scratch-free kernel (what the AOT plugin embeds): out = y + update; out may equal y."""
+        if num_tokens == 0:
+            return
         p = plan_simple(fields, num_tokens, dtype)
         args = simple_args(fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales, out=out,
                            tokens_per_slot=tokens_per_slot)
-        _check(self._drv.cuLaunchKernel(self._simple[dtype], *p.grid, *p.block, 0, stream, args, 0))
+        _check(self._drv.cuLaunchKernel(self._simple[dtype], *p.grid, *p.block, 0, stream, args, 0),
+               f"cuLaunchKernel({p.kernel}, grid {p.grid})")
 
     def close(self) -> None:
+        """Free the scratch and unload the module (waits for this context's queued work first)."""
+        if self._scratch or self._module is not None:
+            _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize before closing")
         if self._scratch:
-            _check(self._drv.cuMemFree(self._scratch))
+            _check(self._drv.cuMemFree(self._scratch), "cuMemFree(scratch)")
             self._scratch, self._scratch_size = 0, 0
+        if self._module is not None:
+            _check(self._drv.cuModuleUnload(self._module), "cuModuleUnload")
+            self._module = None
+
+
+def spec_itemsize(dtype: str) -> int:
+    """Bytes per element of a float dtype name the kernel supports."""
+    return {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]

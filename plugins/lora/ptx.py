@@ -8,6 +8,7 @@ cuda-python is imported lazily (only when NVRTC is tried).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -49,12 +50,16 @@ def source() -> str:
     return KERNEL_PATH.read_text()
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_define(name: str) -> int:
-    """An integer ``#define`` of kernel.cu (LORA_THREADS, LORA_TOKENS, ...), so Python never restates them."""
-    m = re.search(rf"^#define\s+{name}\s+(\d+)\s*$", source(), re.M)
+    """An integer ``#define`` of kernel.cu (LORA_THREADS, LORA_TOKENS, ...), so Python never restates them.
+
+    Cached: the launcher's per-call planning must not read the source file (host overhead shows in do_bench).
+    """
+    m = re.search(rf"^#define\s+{name}\s+\(?(\d+)(?:u\s*<<\s*(\d+)\))?(?:\s|$)", source(), re.M)
     if not m:
         raise KeyError(name)
-    return int(m.group(1))
+    return int(m.group(1)) << int(m.group(2) or 0)
 
 
 def normalize_arch(arch: str) -> str:

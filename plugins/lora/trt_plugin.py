@@ -93,9 +93,12 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             return other
 
         def destroy(self) -> None:
-            if self._launcher is not None:
-                self._launcher.close()
-                self._launcher = None
+            launcher, self._launcher = self._launcher, None
+            if launcher is not None:
+                try:
+                    launcher.close()
+                except Exception:  # noqa: BLE001 - teardown (e.g. the CUDA context is already gone): nothing to do
+                    pass
 
         # --- build --------------------------------------------------------------------------------------
         if aliasing:
@@ -160,15 +163,9 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
                 raise ValueError(f"{spec.PLUGIN_NAME}: unsupported dtype {input_desc[spec.X].type}")
             if self._launcher is None:
                 self._launcher = LoraLauncher()
-            if int(outputs[0]) != int(inputs[spec.Y]):  # not aliased: start from a copy of y
-                from cuda.bindings import driver
-
-                nbytes = self.num_tokens * self.fields.out_features * {"float32": 4}.get(dtype, 2)
-                (err,) = driver.cuMemcpyDtoDAsync(int(outputs[0]), int(inputs[spec.Y]), nbytes, stream)
-                if int(err) != 0:
-                    raise RuntimeError(f"{spec.PLUGIN_NAME}: cuMemcpyDtoDAsync failed with {err!r}")
-            self._launcher.launch(
-                int(stream), self.fields, dtype, x=int(inputs[spec.X]), y=int(outputs[0]),
+            # aliased output (out == y): update y in place; else copy y to out on the stream, then update out
+            self._launcher.run_op(
+                int(stream), self.fields, dtype, x=int(inputs[spec.X]), y=int(inputs[spec.Y]), out=int(outputs[0]),
                 lora_a=int(inputs[spec.LORA_A]), lora_b=int(inputs[spec.LORA_B]),
                 slot_ids=int(inputs[spec.SLOT_IDS]), scales=int(inputs[spec.SCALES]),
                 num_tokens=self.num_tokens, tokens_per_slot=self.tokens_per_slot)

@@ -108,9 +108,12 @@ def test_plan_simple():
 
     f = spec.LoraFields(16, 8, 4096, 4096, 128)
     p = plan_simple(f, 7, "float16")
-    assert p.kernel == "lora_simple_f16" and p.grid == (4, 7, 1) and p.block == (256, 1, 1)
+    # tokens on grid x (up to 2^31 - 1), O tiles on grid y (<= 65535): a 100k-token prefill must be launchable
+    assert p.kernel == "lora_simple_f16" and p.grid == (7, 4, 1) and p.block == (256, 1, 1)
     small = plan_simple(spec.LoraFields(8, 2, 64, 100, 32), 3, "float32")
-    assert small.grid == (1, 3, 1)
+    assert small.grid == (3, 1, 1)
+    big = plan_simple(f, 100_000, "float16")
+    assert big.grid[0] == 100_000 and big.grid[1] <= 65535
     values, types = simple_args(f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, out=7, tokens_per_slot=5)
     assert values[7:] == (4096, 4096, 16, 8, 5, 1024) and len(types) == 13
 
@@ -123,13 +126,13 @@ def test_aot_launch_spec(tmp_path, monkeypatch):
     f = spec.LoraFields(16, 8, 4096, 1024, 128)
     tok = aot_launch_spec(f, 3, 2, "bfloat16", "sm_90")
     assert tok.kernel == "lora_simple_bf16" and f".entry {tok.kernel}(".encode() in tok.ptx
-    assert tok.grid_x == 4 and tok.grid_y == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 256
+    assert tok.grid_y == 4 and tok.grid_x == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 256
     assert tok.extra_args == (("const", 4096), ("const", 1024), ("const", 16), ("const", 8), ("const", 1),
                               ("const", 256))
     seq = aot_launch_spec(f, 3, 1, "float16", "sm_90")
     assert seq.extra_args[4] == ("x_dim", 1)  # per sequence: S tokens share a slot id
     flat = aot_launch_spec(f, 2, 1, "float32", "sm_80")
-    assert flat.grid_y == (("x_dim", 0),) and flat.extra_args[4] == ("const", 1)
+    assert flat.grid_x == (("x_dim", 0),) and flat.extra_args[4] == ("const", 1)
     with pytest.raises(ValueError):
         aot_launch_spec(f, 2, 2, "float32", "sm_80")
 
