@@ -33,13 +33,23 @@ def _check_parent(path: Path) -> None:
         raise InputError(f"{path}: {parent} is not a folder; choose another output path")
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it."""
+def check_output_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path if a file can be written there (its folder exists, it is not a folder); else InputError.
+
+    A command that writes several files checks every path before writing the first, so that a bad later path
+    does not leave the earlier files behind.
+    """
     dest = Path(path)
     _check_parent(dest)
     if dest.is_dir():
         raise InputError(f"{dest} is a folder; give a file path for the output")
+    return dest
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it."""
+    dest = check_output_file(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
     os.close(fd)
     tmp = Path(tmp_name)
