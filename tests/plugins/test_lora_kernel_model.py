@@ -1,102 +1,377 @@
-"""A NumPy model of the fused kernel's work split (kernel.cu), run ticket by ticket on the real launch plans.
+"""A NumPy model of kernel.cu that mirrors its loops, index math and scratch layout, run on the real launch plans.
 
-No GPU here, so this checks the part of the kernel that is pure index arithmetic: the sort into single-slot chunks
-(at most ``max_chunks``), the ticket -> role mapping, H slices rounded to the tile, O tiles rounded to 32, the
-empty-slice bookkeeping and the chunk_done counts each expand block waits for. It mirrors kernel.cu's formulas line
-for line (if one changes, change both); the arithmetic inside a block (fp32 sums) is left to tests/gpu.
+No GPU here, so this is how the kernel's logic is checked on CPU. Each CUDA block is a Python generator, its 256
+threads are NumPy vectors (``tid``); every global, scratch and shared-memory access goes through a bounds check;
+shared memory starts as NaN (garbage), so reading a word no thread wrote shows up in the result. The scratch is one
+flat int32 buffer with kernel.cu's layout, zeroed ONCE and reused across launches of different sizes, as the
+launcher does. A scheduler starts blocks (each takes a ticket from ctrl[0], as the kernel does), caps how many are
+resident, and always runs the most recently started runnable block first, so a consumer runs as soon as its flag
+says it may (an early read of a half-written buffer shows up as a wrong result; a wait that can never end shows up
+as a deadlock). The fp32 arithmetic follows the kernel's summation order (not bit-exact: the GPU fuses multiply-adds).
+
+If kernel.cu changes, change the mirror here line for line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import ml_dtypes
 import numpy as np
 import pytest
 
 from trtforge.plugins.lora import reference, spec
-from trtforge.plugins.lora.launch import plan_launch
+from trtforge.plugins.lora.launch import plan_launch, plan_simple, simple_o_tile
 from trtforge.plugins.lora.ptx import kernel_define
 
-G = kernel_define("LORA_TOKENS")
+THREADS, G, MAXR = kernel_define("LORA_THREADS"), kernel_define("LORA_TOKENS"), kernel_define("LORA_MAX_RANK")
+UNROLL = kernel_define("LORA_SORT_UNROLL")
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}
+tid = np.arange(THREADS)
+f32 = np.float32
 
 
-def emulate(x, y, a, b, slot_ids, scales, tokens_per_slot, p, f):  # type: ignore[no-untyped-def]
-    t_count, h = x.shape
-    o = b.shape[-1]
-    y = y.astype(np.float64).copy()
-    tok_slot = slot_ids[np.arange(t_count) // tokens_per_slot]
-    # SORT (ticket 0): per slot, tokens in any order (the kernel's order within a slot is not fixed: shuffle)
-    rng = np.random.default_rng()
-    chunks, order = [], []
-    for s in range(f.num_slots):
-        toks = rng.permutation(np.flatnonzero(tok_slot == s))
-        for i in range(0, len(toks), G):
-            chunks.append((len(order) + i, min(G, len(toks) - i), s))
-        order.extend(toks.tolist())
-    assert len(chunks) <= p.max_chunks
-    done = [0] * p.max_chunks
-    vpart = np.zeros((p.n_hs, t_count, f.max_rank))
-    h_per_slice = -(-(-(-h // p.n_hs)) // p.tile) * p.tile
-    o_tile = -(-(-(-o // p.n_ot)) // 32) * 32
-    covered_h = np.zeros((len(chunks), h), int)
-    covered_o = np.zeros((len(chunks), o), int)
+def ld(arr: np.ndarray, idx):  # type: ignore[no-untyped-def]
+    """Bounds-checked gather (NumPy would wrap negative indices silently)."""
+    idx = np.asarray(idx)
+    assert idx.size == 0 or (idx.min() >= 0 and idx.max() < arr.size), f"out of bounds {idx.min()}..{idx.max()}"
+    return arr[idx]
+
+
+def st(arr: np.ndarray, idx, val) -> None:  # type: ignore[no-untyped-def]
+    idx = np.asarray(idx)
+    assert idx.size == 0 or (idx.min() >= 0 and idx.max() < arr.size), f"out of bounds {idx.min()}..{idx.max()}"
+    arr[idx] = val
+
+
+@dataclass
+class Layout:  # lora_scratch(base, max_chunks, num_tokens)
+    done: int
+    start: int
+    len: int
+    slot: int
+    sorted: int
+    vpart: int
+
+    @classmethod
+    def of(cls, max_chunks: int, num_tokens: int) -> Layout:
+        done = 4
+        return cls(done, done + max_chunks, done + 2 * max_chunks, done + 3 * max_chunks, done + 4 * max_chunks,
+                   done + 4 * max_chunks + num_tokens)
+
+
+def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resident: int,  # type: ignore[no-untyped-def]
+                 old_reset: bool = False) -> None:
+    """One launch of lora_fused_* on flat buffers (y updated in place). ``old_reset`` replays the pre-fix kernel."""
+    memf = mem.view(np.float32)
+    T, H, O, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
+    L = Layout.of(p.max_chunks, T)
     n_shrink = p.max_chunks * p.n_hs
-    for ticket in range(1, p.grid[0]):
-        i = ticket - 1
-        if i < n_shrink:
-            c, k = divmod(i, p.n_hs)
-            if c >= len(chunks):
-                continue
-            if k * h_per_slice >= h:
-                done[c] += 1
-                continue
-            start, count, s = chunks[c]
-            hs = slice(k * h_per_slice, min(h, (k + 1) * h_per_slice))
-            covered_h[c, hs] += 1
-            toks = order[start:start + count]
-            vpart[k, start:start + count] = x[toks, hs].astype(np.float64) @ a[s, hs].astype(np.float64)
-            done[c] += 1
+    smem_words = p.shared_bytes // 4
+    dt = y.dtype
+
+    def slot_of(t):  # lora_slot_of, vectorized
+        s = np.where(t < T, ld(ids, np.where(t < T, t // tps, 0)), -1)
+        return np.where((s >= 0) & (s < N), s, -1)
+
+    def sort() -> None:
+        hist = np.zeros(N, np.int64)
+        if not old_reset:
+            mem[L.done:L.done + p.max_chunks] = 0
+        for t0 in range(0, T, THREADS * UNROLL):
+            for u in range(UNROLL):
+                s = slot_of(t0 + u * THREADS + tid)
+                np.add.at(hist, s[s >= 0], 1)
+        off = c = 0
+        cursor = np.zeros(N, np.int64)
+        for s in range(N):
+            n = int(hist[s])
+            cursor[s] = off
+            for i in range(0, n, G):
+                assert c < p.max_chunks, "more chunks than max_chunks"
+                st(mem, L.start + c, off + i), st(mem, L.len + c, min(G, n - i)), st(mem, L.slot + c, s)
+                c += 1
+            off += n
+        mem[3] = c
+        # positions within a slot follow warp scheduling (not fixed): any permutation is a valid execution
+        toks = [t for t in range(T) if slot_of(np.array([t]))[0] >= 0]
+        for t in rng.permutation(toks):
+            s = int(slot_of(np.array([t]))[0])
+            st(mem, L.sorted + cursor[s], t)
+            cursor[s] += 1
+        mem[2] = 1  # release
+
+    def shrink(c: int, k: int, h_per_slice: int) -> None:
+        smem = np.full(smem_words, np.nan, np.float32)
+        start, count, slot = (int(ld(mem, w + c)) for w in (L.start, L.len, L.slot))
+        tok = ld(mem, L.sorted + start + tid[:count])
+        rp = 1
+        while rp < R:
+            rp <<= 1
+        r, hsub, nsub = tid % rp, tid // rp, THREADS // rp
+        acc = np.zeros((THREADS, G), np.float32)
+        a_s = slot * H * R
+        h_begin, h_end = k * h_per_slice, min(H, k * h_per_slice + h_per_slice)
+        for h0 in range(h_begin, h_end, p.tile):
+            hn = min(p.tile, h_end - h0)
+            i = np.arange(count * p.tile)
+            g, h = i // p.tile, i % p.tile
+            xv = ld(x, np.where(h < hn, tok[g] * H + h0 + np.minimum(h, hn - 1), 0)).astype(f32)
+            st(smem, i, np.where(h < hn, xv, f32(0)))
+            for m in range(-(-p.tile // nsub)):
+                hh = hsub + m * nsub
+                on = (r < R) & (hh < hn)
+                av = ld(a, np.where(on, a_s + (h0 + hh) * R + r, 0)).astype(f32)
+                for gg in range(count):
+                    xs = ld(smem, np.where(on, gg * p.tile + hh, 0))
+                    acc[:, gg] = np.where(on, acc[:, gg] + xs * av, acc[:, gg])
+        for gg in range(G):  # red[(hsub * G + g) * rp + r] = acc[g]
+            st(smem, (hsub * G + gg) * rp + r, acc[:, gg])
+        for q in range(0, count * R, THREADS):
+            pp = q + tid[tid < count * R - q]
+            g, rr = pp // R, pp % R
+            s = np.zeros(len(pp), np.float32)
+            for j in range(nsub):
+                s = s + ld(smem, (j * G + g) * rp + rr)
+            st(memf, L.vpart + (k * T + start + g) * R + rr, s)
+        mem[L.done + c] += 1  # release
+
+    def expand(c: int, j: int, o_tile: int) -> None:
+        start, count, slot = (int(ld(mem, w + c)) for w in (L.start, L.len, L.slot))
+        tok = ld(mem, L.sorted + start + tid[:count])
+        scale = f32(ld(scales, slot))
+        v = np.full(G * MAXR, np.nan, np.float32)
+        pp = np.arange(count * R)
+        g, rr = pp // R, pp % R
+        s = np.zeros(len(pp), np.float32)
+        for kk in range(p.n_hs):
+            s = s + ld(memf, L.vpart + (kk * T + start + g) * R + rr)
+        st(v, g * MAXR + rr, s * scale)
+        b_s = slot * R * O
+        o_end = min(O, (j + 1) * o_tile)
+        for o0 in range(j * o_tile, o_end, THREADS):
+            o = o0 + tid[tid < o_end - o0]
+            acc = np.zeros((G, len(o)), np.float32)
+            for r_ in range(R):
+                bv = ld(b, b_s + r_ * O + o).astype(f32)
+                for gg in range(count):
+                    acc[gg] = acc[gg] + ld(v, gg * MAXR + r_) * bv
+            for gg in range(count):
+                yi = tok[gg] * O + o
+                st(y, yi, (ld(y, yi).astype(f32) + acc[gg]).astype(dt))
+
+    def wait(pred) -> Generator:  # type: ignore[no-untyped-def]  # lora_spin_until
+        while not pred():
+            yield pred
+
+    def block() -> Generator:
+        ticket = int(mem[0])  # atomicAdd(&ctrl[0], 1)
+        mem[0] += 1
+        yield None
+        if ticket == 0:
+            sort()
         else:
-            c, j = divmod(i - n_shrink, p.n_ot)
-            if c >= len(chunks) or j * o_tile >= o:
+            yield from wait(lambda: mem[2] >= 1)
+            n_chunks = int(mem[3])
+            i = ticket - 1
+            if i < n_shrink:
+                c, k = divmod(i, p.n_hs)
+                h_per_slice = ((H + p.n_hs - 1) // p.n_hs + p.tile - 1) // p.tile * p.tile
+                if c < n_chunks and k * h_per_slice < H:
+                    shrink(c, k, h_per_slice)
+                elif c < n_chunks:
+                    mem[L.done + c] += 1  # empty H slice still counts as done
+            else:
+                e = i - n_shrink
+                c, j = divmod(e, p.n_ot)
+                o_tile = ((O + p.n_ot - 1) // p.n_ot + 31) // 32 * 32
+                if c < n_chunks and j * o_tile < O:
+                    yield from wait(lambda: mem[L.done + c] >= p.n_hs)
+                    expand(c, j, o_tile)
+        last = int(mem[1]) == p.grid[0] - 1  # atomicAdd(&ctrl[1], 1) == gridDim.x - 1
+        mem[1] += 1
+        if last:
+            if old_reset:  # the pre-fix kernel zeroed this launch's chunk_done here instead of in the sort
+                mem[L.done:L.done + p.max_chunks] = 0
+            mem[0:4] = 0
+
+    # Scheduler: fill free residency first (each start takes the next ticket), then advance the newest block whose
+    # wait condition holds. A consumer thus runs the moment its flag allows it.
+    running: list[list] = []
+    unstarted = p.grid[0]
+    while running or unstarted:
+        if unstarted and len(running) < resident:
+            gen = block()
+            next(gen)
+            running.append([gen, None])
+            unstarted -= 1
+            continue
+        for item in reversed(running):
+            if item[1] is None or item[1]():
+                try:
+                    item[1] = next(item[0])
+                except StopIteration:
+                    running.remove(item)
+                break
+        else:
+            pytest.fail(f"deadlock: {len(running)} resident blocks all waiting, {unstarted} not started")
+
+
+def simple_launch(x, y, out, a, b, ids, scales, tps, f, dt) -> None:  # type: ignore[no-untyped-def]
+    """lora_simple_*: grid (T, ceil(O / o_tile)); out may be y."""
+    T, H, O, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
+    p = plan_simple(f, T, dt)
+    o_tile = simple_o_tile(O)
+    assert p.grid[0] == T and p.grid[1] * o_tile >= O and p.grid[1] <= 65535
+    for t in range(p.grid[0]):
+        for by in range(p.grid[1]):
+            o0, o1 = by * o_tile, min(O, by * o_tile + o_tile)
+            slot = int(ld(ids, t // tps))
+            o = np.arange(o0, o1)
+            if slot < 0 or slot >= N:
+                if out is not y:
+                    st(out, t * O + o, ld(y, t * O + o))
                 continue
-            assert done[c] == p.n_hs, "an expand block would wait for a slice that never arrives"
-            start, count, s = chunks[c]
-            v = vpart[:, start:start + count].sum(0) * float(scales[s])
-            os_ = slice(j * o_tile, min(o, (j + 1) * o_tile))
-            covered_o[c, os_] += 1
-            toks = order[start:start + count]
-            y[toks, os_] += v @ b[s][:, os_].astype(np.float64)
-    assert (covered_h == 1).all() and (covered_o == 1).all()
+            rp = 1
+            while rp < R:
+                rp <<= 1
+            r, hsub, nsub = tid % rp, tid // rp, THREADS // rp
+            acc = np.zeros(THREADS, np.float32)
+            for h0 in range(0, H, nsub):
+                h = hsub + h0
+                on = (r < R) & (h < H)
+                xv = ld(x, np.where(on, t * H + h, 0)).astype(f32)
+                av = ld(a, np.where(on, slot * H * R + h * R + r, 0)).astype(f32)
+                acc = np.where(on, acc + xv * av, acc)
+            red = acc
+            v = np.full(MAXR, np.nan, np.float32)
+            s = np.zeros(R, np.float32)
+            for j in range(nsub):
+                s = s + ld(red, j * rp + tid[:R])
+            v[:R] = s * f32(ld(scales, slot))
+            acc_o = np.zeros(len(o), np.float32)
+            for rr in range(R):
+                acc_o = acc_o + v[rr] * ld(b, slot * R * O + rr * O + o).astype(f32)
+            st(out, t * O + o, (ld(y, t * O + o).astype(f32) + acc_o).astype(y.dtype))
+
+
+# --- cases ------------------------------------------------------------------------------------------------------
+def make_case(tokens: int, h: int, o: int, max_rank: int, rank: int, n: int, dt: str, seed: int, per_seq: int = 0):
+    """Random op inputs in dtype ``dt``; adapters of rank ``rank`` zero-padded to ``max_rank``; slot ids include -1
+    and (per token) an out-of-range id, which the kernels treat as no adapter."""
+    g = np.random.default_rng(seed)
+    d = DTYPES[dt]
+    x_shape = (tokens // per_seq, per_seq, h) if per_seq else (tokens, h)
+    a = np.zeros((n, h, max_rank))
+    b = np.zeros((n, max_rank, o))
+    a[:, :, :rank] = g.standard_normal((n, h, rank)) / np.sqrt(h)
+    b[:, :rank] = g.standard_normal((n, rank, o)) / np.sqrt(rank)
+    ids = g.integers(-1, n, size=x_shape[:1] if per_seq else (tokens,)).astype(np.int32)
+    return dict(x=g.standard_normal(x_shape).astype(d), y=g.standard_normal((*x_shape[:-1], o)).astype(d),
+                a=a.astype(d), b=b.astype(d), ids=ids, scales=g.uniform(0.5, 2, n).astype(np.float32),
+                fields=spec.LoraFields(max_rank, n, h, o, spec.DEFAULT_TILE))
+
+
+def check(case: dict, got: np.ndarray, dt: str, ids_used: np.ndarray) -> None:
+    """Against the float64 reference on the inputs as stored; slot -1 (or out of range) rows keep y's bits."""
+    x, y = case["x"], case["y"]
+    ok_ids = np.where((ids_used >= 0) & (ids_used < case["fields"].num_slots), ids_used, -1)
+    upd = reference.lora_update(x.astype(np.float64), case["a"].astype(np.float64), case["b"].astype(np.float64),
+                                ok_ids, case["scales"])
+    want = y.astype(np.float64) + upd
+    got = got.reshape(want.shape)
+    off = reference.expand_slots(ok_ids, x.shape) < 0
+    assert np.array_equal(got[off].view(np.uint8), y[off].view(np.uint8)), "rows without adapter must keep y's bits"
+    got64 = got.astype(np.float64)
+    assert np.isfinite(got64).all(), "NaN: a read of shared memory no thread wrote, or of a stale buffer"
+    rms = float(np.sqrt(np.mean(upd**2))) if upd.size else 0.0
+    bound = EPS[dt] * np.abs(want) + 1e-5 * (rms + 1.0)
+    worst = float(np.max(np.abs(got64 - want) / bound))
+    assert worst <= 1.0, f"max error {worst:.2f}x the bound (dtype {dt})"
+
+
+def run_fused(case: dict, mem: np.ndarray, dt: str, resident: int, seed: int, old_reset: bool = False,
+              tile: int | None = None) -> np.ndarray:
+    f = case["fields"]
+    tokens = int(np.prod(case["x"].shape[:-1]))
+    tps = spec.tokens_per_slot(case["x"].shape, case["ids"].shape)
+    p = plan_launch(f, tokens, dt, tile=tile, sm_count=132)
+    assert p.scratch_bytes <= mem.nbytes
+    y = case["y"].reshape(-1).copy()
+    fused_launch(mem, case["x"].reshape(-1), y, case["a"].reshape(-1), case["b"].reshape(-1), case["ids"],
+                 case["scales"], tps, p, f, np.random.default_rng(seed), resident, old_reset)
+    assert not mem[:4].any(), "control words must be zero after every launch"
     return y
 
 
-@pytest.mark.parametrize("tokens,h,o,r,n,tile,per_seq", [
-    (1, 4096, 4096, 16, 8, 128, False), (7, 1000, 1500, 8, 8, 64, False), (128, 4096, 4096, 64, 8, 256, False),
-    (300, 520, 700, 16, 3, 32, False), (2048, 256, 384, 16, 8, 128, False), (64, 200, 96, 4, 5, 64, True),
-])
-def test_work_split_covers_every_token_slice_and_tile(tokens, h, o, r, n, tile, per_seq):
-    g = np.random.default_rng()
-    x = g.standard_normal((tokens, h))
-    y = g.standard_normal((tokens, o))
-    a = g.standard_normal((n, h, r))
-    b = g.standard_normal((n, r, o))
-    scales = g.uniform(0.5, 2, n)
-    tps = 4 if per_seq else 1
-    ids = g.integers(-1, n, size=tokens // tps).astype(np.int32)
-    f = spec.LoraFields(r, n, h, o, tile)
-    p = plan_launch(f, tokens, "float16", sm_count=132)
-    got = emulate(x, y, a, b, ids, scales, tps, p, f)
-    x_shape = (tokens // 4, 4, h) if per_seq else (tokens, h)
-    want = y + reference.lora_update(x.reshape(x_shape), a, b, ids, scales).reshape(tokens, o)
-    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+SHAPES = [  # tokens, H, O, max_rank, adapter rank, slots, dtype, tile, per-sequence length
+    (1, 300, 200, 16, 16, 8, "float16", 128, 0),
+    (7, 1000, 1500, 8, 8, 8, "bfloat16", 64, 0),
+    (40, 130, 70, 64, 5, 3, "float32", 32, 0),
+    (33, 257, 300, 16, 8, 8, "float16", 256, 0),
+    (24, 96, 130, 3, 3, 2, "bfloat16", 32, 4),
+]
+
+
+@pytest.mark.parametrize("tokens,h,o,max_rank,rank,n,dt,tile,per_seq", SHAPES)
+def test_fused_kernel_model_matches_reference(tokens, h, o, max_rank, rank, n, dt, tile, per_seq):
+    case = make_case(tokens, h, o, max_rank, rank, n, dt, seed=tokens * 7 + h, per_seq=per_seq)
+    if not per_seq:
+        case["ids"][0] = n  # out of range: no adapter (the reference rejects it; the kernels skip it)
+    mem = np.zeros(1 << 16, np.int32)  # zeroed once, like the launcher's scratch
+    for resident in (10**9, 1, 3):  # everything resident; one block at a time; a few
+        got = run_fused(case, mem, dt, resident, seed=resident, tile=tile)
+        check(case, got, dt, case["ids"])
+
+
+@pytest.mark.parametrize("tokens,h,o,max_rank,rank,n,dt,tile,per_seq", SHAPES)
+def test_simple_kernel_model_matches_reference(tokens, h, o, max_rank, rank, n, dt, tile, per_seq):
+    case = make_case(tokens, h, o, max_rank, rank, n, dt, seed=tokens * 11 + o, per_seq=per_seq)
+    f = case["fields"]
+    tps = spec.tokens_per_slot(case["x"].shape, case["ids"].shape)
+    flat = {k: case[k].reshape(-1) for k in ("x", "y", "a", "b")}
+    out = np.zeros_like(flat["y"])
+    simple_launch(flat["x"], flat["y"], out, flat["a"], flat["b"], case["ids"], case["scales"], tps, f, dt)
+    check(case, out, dt, case["ids"])
+    inplace = flat["y"].copy()
+    simple_launch(flat["x"], inplace, inplace, flat["a"], flat["b"], case["ids"], case["scales"], tps, f, dt)
+    assert np.array_equal(inplace.view(np.uint8), out.view(np.uint8))
+
+
+SEQUENCE = [40, 1, 33, 7, 60, 2, 60]  # growing and shrinking sizes on one scratch, never re-zeroed
+
+
+def test_one_scratch_across_launches_of_different_sizes():
+    mem = np.zeros(1 << 17, np.int32)
+    for i, tokens in enumerate(SEQUENCE):
+        case = make_case(tokens, 130, 96, 16, 16, 4, "float16", seed=100 + i)
+        got = run_fused(case, mem, "float16", resident=10**9, seed=i)
+        check(case, got, "float16", case["ids"])
+
+
+def test_model_catches_the_stale_counter_bug():
+    """The pre-fix kernel zeroed chunk_done in its last block, at positions that depend on T: after a 1-token launch,
+    a 200-token launch found the 1-token launch's chunk table and fp32 partials in its counters (an expand block ran
+    before its shrink slices, or waited forever). The GPU test's launch sequence 2048, 1, 300 would have failed; this
+    model must fail the same way with the old reset and pass with the fix."""
+    def sequence(old_reset: bool) -> None:
+        mem = np.zeros(1 << 17, np.int32)
+        for i, tokens in enumerate((1, 200)):
+            case = make_case(tokens, 130, 96, 16, 16, 4, "float16", seed=300 + i)
+            case["ids"][0] = 1  # the 1-token launch writes a chunk table and partials
+            got = run_fused(case, mem, "float16", resident=10**9, seed=i, old_reset=old_reset)
+            check(case, got, "float16", case["ids"])
+
+    sequence(old_reset=False)
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        sequence(old_reset=True)
 
 
 def test_all_tokens_in_one_slot_fit_max_chunks():
-    f = spec.LoraFields(16, 8, 256, 256, 64)
-    for tokens in (1, 15, 16, 17, 1000):
-        p = plan_launch(f, tokens, "bfloat16")
-        g = np.random.default_rng()
-        ids = np.full(tokens, 5, np.int32)
-        x, y = g.standard_normal((tokens, 256)), g.standard_normal((tokens, 256))
-        a, b = g.standard_normal((8, 256, 16)), g.standard_normal((8, 16, 256))
-        got = emulate(x, y, a, b, ids, np.ones(8), 1, p, f)
-        np.testing.assert_allclose(got, y + (x @ a[5]) @ b[5], rtol=1e-9, atol=1e-9)
+    for tokens in (1, 15, 16, 17, 50):
+        case = make_case(tokens, 64, 40, 8, 8, 8, "float32", seed=tokens)
+        case["ids"][:] = 5
+        got = run_fused(case, np.zeros(1 << 15, np.int32), "float32", resident=10**9, seed=0)
+        check(case, got, "float32", case["ids"])
