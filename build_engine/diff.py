@@ -289,14 +289,26 @@ def quiet_polygraphy() -> Iterator[None]:
         G_LOGGER.module_severity, G_LOGGER.colors = old_sev, old_colors
 
 
+def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path]:
+    """The files ``save_results(result, path)`` writes, each checked writable (and not one of ``models``) first."""
+    from trtforge.build_engine import fsutil
+
+    dest = Path(path)
+    paths = [dest, dest.with_name(dest.stem + ".accuracy.json"), dest.with_name(dest.stem + ".summary.json")]
+    inputs = {Path(m).resolve() for m in models}
+    for p in paths:
+        fsutil.check_output_file(p)
+        if p.resolve() in inputs:
+            raise InputError(f"{p}: --save would overwrite a compared model; choose another --save path")
+    return paths
+
+
 def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     """``path``: Polygraphy ``RunResults`` JSON (``RunResults.load`` / ``polygraphy inspect data`` read it);
     ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
     from trtforge.build_engine import fsutil
 
-    dest = Path(path)
-    acc = dest.with_name(dest.stem + ".accuracy.json")
-    summ = dest.with_name(dest.stem + ".summary.json")
+    dest, acc, summ = save_paths(path)
     with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp:
         result.run_results.save(str(tmp))
     with quiet_polygraphy(), fsutil.atomic_path(acc) as tmp:

@@ -43,8 +43,17 @@ def build_parser() -> ArgumentParser:
 def _run(args: Namespace) -> int:
     from rich.table import Table
 
-    from trtforge.build_engine.diff import check, parse_shape_args, parse_value_args, run_diff, save_results
+    from trtforge.build_engine.diff import (
+        check,
+        parse_shape_args,
+        parse_value_args,
+        run_diff,
+        save_paths,
+        save_results,
+    )
 
+    if args.save:  # before comparing: a bad --save path fails fast and cannot overwrite a compared model
+        save_paths(args.save, (args.a, args.b))
     result = run_diff(args.a, args.b, precision=args.precision, atol=args.atol, rtol=args.rtol, seed=args.seed,
                       shapes=parse_shape_args(args.shape), values=parse_value_args(args.value),
                       extra_inputs=args.extra_inputs, ort_optimize=args.ort_optimize)

@@ -49,6 +49,8 @@ def _run(args: Any) -> int:
 
     if args.report and str(args.report) == str(args.output):
         raise InputError(f"{args.report}: --report and -o name the same file; choose another report path")
+    if args.report:  # checked before the model is written, so a bad report path leaves nothing behind
+        fsutil.check_output_file(args.report)
     loaded = onnx_io.load(args.input)
     result = fold(loaded.model)
     report = dict(result.report)

@@ -37,7 +37,7 @@ def _run(args: Namespace) -> int:
     from dataclasses import replace
 
     from trtforge.build_engine.errors import InputError
-    from trtforge.build_engine.fsutil import write_json
+    from trtforge.build_engine.fsutil import check_output_file, write_json
     from trtforge.build_engine.profiles import load_profile
     from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
     from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -47,10 +47,17 @@ def _run(args: Namespace) -> int:
 
     if not 0 < args.kv_scale <= 1:
         raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")
-    if args.time_scale <= 0:
-        raise InputError(f"--time-scale must be > 0, got {args.time_scale}")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise InputError(f"--time-scale must be a finite number > 0, got {args.time_scale}")
+    if not (math.isfinite(args.horizon) and args.horizon >= 0):
+        raise InputError(f"--horizon must be a finite number of seconds >= 0, got {args.horizon}")
     if args.max_requests is not None and args.max_requests < 1:
         raise InputError(f"--max-requests must be >= 1, got {args.max_requests}")
+    if args.json and args.plot and str(args.json) == str(args.plot):
+        raise InputError(f"{args.json}: --json and --plot name the same file; choose another path for one")
+    for out in (args.json, args.plot):  # before simulating: a bad second path must not leave the first behind
+        if out:
+            check_output_file(out)
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     kv = plan_kv(profile, spec, max_num_tokens=args.token_budget, max_batch=args.max_running)
