@@ -76,18 +76,26 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     repo_path = Path(repo)
     if repo_path.exists() and not repo_path.is_dir():
         raise InputError(f"--repo {repo}: exists and is not a folder; choose a repository folder")
-    repo_path.mkdir(parents=True, exist_ok=True)
+    created = not repo_path.exists()
+    if created:  # the repository folder is created, but not its parents (like every other output path)
+        fsutil.check_output_file(repo_path)
+        repo_path.mkdir()
     dest = repo_path / name
     want_sha = manifest.get("plan_sha256")
-    with fsutil.atomic_dir(dest, force=force) as tmp:
-        (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
-        vdir = tmp / str(version)
-        vdir.mkdir()
-        shutil.copyfile(plan_src, vdir / "model.plan")
-        shutil.copyfile(engine / "manifest.json", vdir / "manifest.json")
-        if isinstance(want_sha, str) and sha256_file(vdir / "model.plan") != want_sha:
-            raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was changed "
-                             "after the build); rebuild the engine with 'trtforge build'")
+    try:
+        with fsutil.atomic_dir(dest, force=force) as tmp:
+            (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
+            vdir = tmp / str(version)
+            vdir.mkdir()
+            shutil.copyfile(plan_src, vdir / "model.plan")
+            shutil.copyfile(engine / "manifest.json", vdir / "manifest.json")
+            if isinstance(want_sha, str) and sha256_file(vdir / "model.plan") != want_sha:
+                raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was "
+                                 "changed after the build); rebuild the engine with 'trtforge build'")
+    except BaseException:
+        if created:  # leave nothing behind: the folder this call made is empty again
+            shutil.rmtree(repo_path, ignore_errors=True)
+        raise
     return EntryReport(dest, cfg, (version,), notes=tuple(notes))
 
 

@@ -191,6 +191,8 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
         raise InputError(f"--tp must be >= 1, got {tp}")
     if request_tokens < 1:
         raise InputError(f"--request-tokens must be >= 1, got {request_tokens}")
+    if max_num_tokens < 1:
+        raise InputError(f"--max-num-tokens must be >= 1, got {max_num_tokens}")
     wdt = weights_dtype or profile.precision.dtype
     kdt = kv_dtype or profile.precision.dtype
     for label, dt in (("weights dtype", wdt), ("--kv-dtype", kdt)):
