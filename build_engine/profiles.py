@@ -282,6 +282,8 @@ def load_profile(name_or_path: str) -> Profile:
     # Built-in names win; anything else that looks like a path (or is an existing file) is read as one.
     if text_name not in names and (_looks_like_path(text_name) or Path(text_name).is_file()):
         path = Path(text_name)
+        if path.is_dir():
+            raise ProfileError(f"profile {path} is a folder; give a .toml file or one of: {', '.join(names)}")
         if not path.is_file():
             raise ProfileError(f"profile file {path} not found; give an existing .toml file or one of: "
                                f"{', '.join(list_profiles())}")

@@ -126,6 +126,9 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         return PRESETS[key]
     p = Path(name_or_path)
     if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise InputError(f"{p}: a folder without config.json; give an HF config.json (or its folder) or a preset "
+                             f"({', '.join(PRESETS)})")
         p = p / "config.json"
     if not p.exists() and not name_or_path.endswith(".json"):
         import difflib

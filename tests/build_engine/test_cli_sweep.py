@@ -104,6 +104,7 @@ CASES: dict[str, tuple[Callable[[Paths], list[object]], str]] = {
     "profiles/unknown": (lambda p: ["profiles", "no-such-gpu"], "no-such-gpu"),
     "profiles/missing-toml": (lambda p: ["profiles", p.nodir / "x.toml"], "x.toml"),
     "profiles/not-toml": (lambda p: ["profiles", p.file], "notes.txt"),
+    "profiles/folder": (lambda p: ["profiles", p.folder], "is a folder"),
     "backends/extra-argument": (lambda p: ["backends", "x"], "unrecognized"),
     # build (all refused before TensorRT is touched)
     "build/no-profile": (lambda p: ["build", p.tiny, "-o", p.out / "e"], "--profile"),
@@ -120,6 +121,8 @@ CASES: dict[str, tuple[Callable[[Paths], list[object]], str]] = {
     "kv-plan/no-model": (lambda p: ["kv-plan", "--profile", "h100"], "--model"),
     "kv-plan/missing-config": (lambda p: ["kv-plan", "--profile", "h100", "--model", p.nodir / "config.json"],
                                "config.json"),
+    "kv-plan/config-folder-without-config": (lambda p: ["kv-plan", "--profile", "h100", "--model", p.folder],
+                                             "without config.json"),
     "kv-plan/tp-0": (lambda p: [*KV, "--tp", "0"], "--tp"),
     "kv-plan/tp-not-int": (lambda p: [*KV, "--tp", "x"], "--tp"),
     "kv-plan/max-num-tokens-0": (lambda p: [*KV, "--max-num-tokens", "0"], "--max-num-tokens"),
