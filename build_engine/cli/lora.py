@@ -98,7 +98,7 @@ def _pack(args: argparse.Namespace) -> int:
                 raise InputError(f"--{key} {value} disagrees with {args.model} ({model_value}); drop the option "
                                  "or re-inject")
     else:
-        targets = _targets(args.targets) if args.targets else None
+        targets = _targets(args.targets) if args.targets is not None else None  # '' is refused, not 'all'
         layout = pk.layout_from_adapters(adapters, targets, args.max_rank, args.slots, args.dtype or "float32")
     tensors = pk.pack(adapters, layout)
     pk.write_pool(tensors, adapters, args.output)

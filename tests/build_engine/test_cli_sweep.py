@@ -98,6 +98,8 @@ CASES: dict[str, tuple[Callable[[Paths], list[object]], str]] = {
                                  "no LoRAOpPluginDynamic"),
     "lora/pack-missing-adapter": (lambda p: ["lora", "pack", p.missing, "-o", p.out / "p.safetensors"],
                                   "adapter_config.json"),
+    "lora/inject-empty-targets": (lambda p: ["lora", "inject", p.llama, "-o", p.out / "o.onnx", "--targets", " , "],
+                                  "--targets"),
     "lora/pack-model-and-targets": (lambda p: ["lora", "pack", p.folder, "--model", p.tiny, "--targets", "q_proj",
                                                "-o", p.out / "p.safetensors"], "not allowed"),
     # profiles / backends
@@ -208,3 +210,21 @@ def test_bad_usage_with_an_engine(cli, paths: Paths, engine: Path, tmp_path: Pat
     res = cli(*argv(paths, engine))
     assert_one_line_error(res, 2, needle)
     assert _tree(tmp_path) | _tree(engine) == before, "an output was left behind"
+
+
+def test_pack_empty_targets_is_refused_not_read_as_all(cli, tmp_path: Path) -> None:
+    """``--targets ''`` used to pack every module (an empty string read as 'no filter')."""
+    st = pytest.importorskip("safetensors.numpy")
+    g = np.random.default_rng()
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    st.save_file({f"{prefix}.lora_A.weight": g.standard_normal((4, 256)).astype(np.float32),
+                  f"{prefix}.lora_B.weight": g.standard_normal((256, 4)).astype(np.float32)},
+                 str(adapter / "adapter_model.safetensors"))
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "peft_type": "LORA",
+                                                             "target_modules": ["q_proj"]}))
+    out = tmp_path / "pool.safetensors"
+    assert_one_line_error(cli("lora", "pack", adapter, "--targets", "", "-o", out), 2, "--targets")
+    assert not out.exists()
+    assert cli("lora", "pack", adapter, "--targets", "q_proj", "-o", out).code == 0 and out.stat().st_size > 0
