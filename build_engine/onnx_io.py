@@ -243,16 +243,21 @@ def _num_elements(tensor: TensorProto) -> int:
 
 
 def _copy_fields(src: Any, dst: Any, skip: str) -> None:
-    """Copy every set field of protobuf message ``src`` into the empty ``dst`` except field ``skip``."""
-    for fd, value in src.ListFields():
+    """Copy every set field of protobuf message ``src`` into the empty ``dst`` except field ``skip``. Reads only the
+    fields it copies: ``ListFields`` would also hand out the skipped one, and reading a bytes field copies it (a
+    weight's ``raw_data``)."""
+    for fd in src.DESCRIPTOR.fields:
         if fd.name == skip:
             continue
         if fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+            value = getattr(src, fd.name)
+            if len(value):
+                getattr(dst, fd.name).extend(value)
+        elif src.HasField(fd.name):
+            if fd.message_type is not None:
+                getattr(dst, fd.name).CopyFrom(getattr(src, fd.name))
+            else:
+                setattr(dst, fd.name, getattr(src, fd.name))
 
 
 def weight_tensors(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> list[TensorProto]:
@@ -327,9 +332,9 @@ def _check_weight(tensor: TensorProto, ctx: Any) -> None:
     data-free stub (same fields, ``dims=[0]``, empty ``raw_data``). Anything else, including every tensor that would
     fail, is checked by onnx itself on the real tensor, so the errors are onnx's own.
     """
-    fields = {fd.name for fd, _ in tensor.ListFields()}
     bits = _BITS.get(tensor.data_type)
-    if (bits is None or "raw_data" not in fields or fields & _TYPED_FIELDS
+    # HasField/len, not ListFields: reading raw_data copies the weight out, so it is read once, for its length.
+    if (bits is None or not tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in _TYPED_FIELDS)
             or tensor.data_location == TensorProto.EXTERNAL or any(d < 0 for d in tensor.dims)
             or len(tensor.raw_data) * 8 < _num_elements(tensor) * bits):
         onnx.checker.check_tensor(tensor, ctx)
