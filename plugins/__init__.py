@@ -34,18 +34,9 @@ def configure_builder(trt_module: ModuleType, config: Any) -> None:
 
 def has_plugin_nodes(model: Any) -> bool:
     """True when an ``onnx.ModelProto`` holds a node of any trtforge plugin (main graph or subgraphs)."""
+    from trtforge.build_engine.passes.ir import all_graphs
     from trtforge.plugins.lora import spec
 
     names = {spec.PLUGIN_NAME}
-
-    def walk(graph: Any) -> bool:
-        for node in graph.node:
-            if node.op_type in names and node.domain in (spec.ONNX_DOMAIN, ""):
-                return True
-            for attr in node.attribute:
-                subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-                if any(walk(g) for g in subs):
-                    return True
-        return False
-
-    return walk(model.graph)
+    return any(node.op_type in names and node.domain in (spec.ONNX_DOMAIN, "")
+               for graph in all_graphs(model.graph) for node in graph.node)
