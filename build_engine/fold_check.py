@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
-from trtforge.build_engine.passes.ir import all_graphs
+from trtforge.build_engine.passes.ir import all_graphs, subgraphs
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
                   TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
@@ -36,17 +36,23 @@ class CheckResult:
 
 
 def uses_low_precision(model: ModelProto) -> bool:
-    """Whether any tensor of the model (value, initializer, Cast target) is fp16, bf16 or float8."""
-    for g in all_graphs(model.graph):
+    """Whether any tensor of the model (value, initializer, Cast target) is fp16, bf16 or float8, in the main
+    graph, its subgraphs or a model-local function body."""
+    graphs = list(all_graphs(model.graph))
+    nodes = [n for g in graphs for n in g.node]
+    for fn in model.functions:
+        nodes += fn.node
+        nodes += [n for top in fn.node for sub in subgraphs(top) for g in all_graphs(sub) for n in g.node]
+    for g in graphs:
         for vi in (*g.input, *g.output, *g.value_info):
             if vi.type.tensor_type.elem_type in _LOW_PRECISION:
                 return True
         if any(t.data_type in _LOW_PRECISION for t in g.initializer):
             return True
-        for n in g.node:
-            for a in n.attribute:
-                if (a.name == "to" and a.i in _LOW_PRECISION) or (a.HasField("t") and a.t.data_type in _LOW_PRECISION):
-                    return True
+    for n in nodes:
+        for a in n.attribute:
+            if (a.name == "to" and a.i in _LOW_PRECISION) or (a.HasField("t") and a.t.data_type in _LOW_PRECISION):
+                return True
     return False
 
 

@@ -192,3 +192,19 @@ def test_cli_check_failure_exits_1_writes_report_but_not_model(cli, tmp_path: Pa
     report = json.loads(rep.read_text())
     assert report["check"]["passed"] is False and report["check"]["max_abs_diff"] > 0
     assert not out.exists()
+
+
+def test_low_precision_inside_a_function_picks_the_exact_judge() -> None:
+    """A Cast to fp16 only inside a model-local function still makes --check judge with onnx.reference."""
+    from trtforge.build_engine.fold_check import uses_low_precision
+
+    def model(to: int) -> onnx.ModelProto:
+        fn = h.make_function("local", "RoundTrip", ["a"], ["b"],
+                             [h.make_node("Cast", ["a"], ["t"], to=to), h.make_node("Cast", ["t"], ["b"], to=T.FLOAT)],
+                             [h.make_opsetid("", 21)])
+        g = h.make_graph([h.make_node("RoundTrip", ["x"], ["y"], domain="local")], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y", T.FLOAT, [4])])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 21), h.make_opsetid("local", 1)], functions=[fn])
+
+    assert uses_low_precision(model(T.FLOAT16))
+    assert not uses_low_precision(model(T.DOUBLE))
