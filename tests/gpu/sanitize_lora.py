@@ -1,0 +1,49 @@
+"""Small LoRA kernel launches for compute-sanitizer (memcheck / racecheck / synccheck); run by tests/gpu/run_all.sh.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_lora.py
+
+Covers the fused kernel (sort, shrink, expand; tail tiles; slot -1 and out-of-range ids; per-sequence; a launch
+sequence on one scratch), the scratch-free kernel (in place and out of place) and run_op's copy path, on sizes
+small enough for the sanitizer's slowdown. Exits 1 if a result is wrong (the sanitizer reports memory errors).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import test_lora_kernel as t  # noqa: E402
+
+
+def main() -> int:
+    t._gpu_or_skip()
+    dev = t.Device()
+    cases = [
+        ("fused T1 fp16", t.make_case(1, 300, 200, 16, 8, seed=1), "float16", "fused"),
+        ("fused T37 bf16 r64", t.make_case(37, 1000, 700, 64, 8, seed=2), "bfloat16", "fused"),
+        ("fused T40 fp32 padded", t.make_case(40, 257, 130, 64, 3, seed=3, adapter_rank=5), "float32", "fused"),
+        ("fused per-seq fp16", t.make_case(32, 130, 96, 8, 4, seed=4, per_sequence=True), "float16", "fused"),
+        ("fused T300 fp16", t.make_case(300, 512, 640, 16, 8, seed=5), "float16", "fused"),
+        ("simple T37 bf16", t.make_case(37, 1000, 700, 16, 8, seed=6), "bfloat16", "simple"),
+        ("simple in place T9 fp16", t.make_case(9, 300, 2100, 16, 8, seed=7), "float16", "simple_inplace"),
+        ("run_op T20 fp16", t.make_case(20, 300, 200, 8, 8, seed=8), "float16", "op"),
+    ]
+    cases[1][1]["ids"][:3] = 8  # out of range: no adapter
+    failures = 0
+    for name, case, dtype, mode in cases:
+        try:
+            got, y_seen = t.run_kernel(dev, case, dtype, mode)
+            t.check(case, got, y_seen, dtype, name)
+            print(f"ok   {name}", flush=True)
+        except AssertionError as exc:
+            failures += 1
+            dev.ptrs.clear()
+            print(f"FAIL {name}: {exc}", flush=True)
+    dev.close()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
