@@ -27,7 +27,7 @@ from typing import Any
 
 from trtforge.build_engine.errors import BackendError, InputError
 from trtforge.plugins.lora import spec
-from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define
+from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
 
 DEFAULT_SM_COUNT = 132  # H100/H200 SXM; the launcher reads the real count from the device
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic + static shared memory a block may use without opting in
@@ -166,17 +166,34 @@ class LoraLauncher:
         self.sm_count = int(_check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
                                    "multiprocessor count"))
         self.arch = f"sm_{int(major)}{int(minor)}"
-        self.ptx = compile_ptx(self.arch)
-        # cuModuleLoadData reads a NUL-terminated PTX string: pass the address of a ctypes buffer holding one
-        image = ctypes.create_string_buffer(self.ptx.text)  # adds the terminating NUL
-        self._module = _check(driver.cuModuleLoadData(ctypes.addressof(image)),
-                              f"cuModuleLoadData (PTX from {self.ptx.compiler} for {self.arch}; an older driver "
-                              "than the compiler gives CUDA_ERROR_UNSUPPORTED_PTX_VERSION)")
-        del image
+        self._module, self.image, self.image_kind = self._load_module()
         self._functions = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
                            for dt, name in ENTRY_NAMES.items()}
         self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
                         for dt, name in SIMPLE_ENTRY_NAMES.items()}
+
+    def _load_module(self) -> tuple[Any, Ptx, str]:
+        """Load the kernel: a cubin for this exact GPU first (no driver JIT, so a compiler newer than the driver is
+        fine), then PTX from NVRTC or nvcc (JIT-compiled by the driver; needs a driver at least as new as the
+        compiler's PTX ISA). Returns (module, image, 'cubin' | 'ptx')."""
+        drv = self._drv
+        tried: list[str] = []
+        candidates = (("cubin", lambda: compile_cubin(self.arch)), ("ptx", lambda: compile_ptx(self.arch)),
+                      ("ptx", lambda: compile_ptx(self.arch, compiler="nvcc")))
+        for kind, make in candidates:
+            try:
+                image = make()
+            except Exception as exc:  # noqa: BLE001 - that compiler is missing or failed: try the next image
+                tried.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            # cuModuleLoadData reads PTX as a NUL-terminated string (the buffer adds the NUL) and a cubin by its
+            # ELF headers; the buffer stays alive for the call
+            buf = ctypes.create_string_buffer(image.text)
+            err, module = drv.cuModuleLoadData(ctypes.addressof(buf))
+            if int(err) == 0:
+                return module, image, kind
+            tried.append(f"{kind} from {image.compiler}: {getattr(err, 'name', err)}")
+        raise BackendError(f"LoRA launcher: cannot load the kernel for {self.arch}: {'; '.join(tried)}")
 
     def _ensure_scratch(self, nbytes: int, stream: int) -> int:
         if nbytes <= self._scratch_size:

@@ -50,7 +50,7 @@ def source() -> str:
     return KERNEL_PATH.read_text()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel_define(name: str) -> int:
     """An integer ``#define`` of kernel.cu (LORA_THREADS, LORA_TOKENS, ...), so Python never restates them.
 
@@ -75,7 +75,8 @@ def _cache_dir() -> Path:
     return Path(base) / "trtforge" / "ptx"
 
 
-def _nvrtc(src: str, arch: str) -> bytes:
+def _nvrtc(src: str, arch: str, kind: str = "ptx") -> bytes:
+    """PTX (virtual arch compute_XY) or a cubin (real arch sm_XY) from NVRTC."""
     from cuda.bindings import nvrtc  # raises (ImportError/RuntimeError) when libnvrtc cannot be loaded
 
     def check(res: object) -> object:
@@ -85,7 +86,8 @@ def _nvrtc(src: str, arch: str) -> bytes:
         return rest[0] if rest else None
 
     prog = check(nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], []))
-    opts = [f"--gpu-architecture=compute_{arch[3:]}".encode(), b"-std=c++17", b"--use_fast_math"]
+    target = f"compute_{arch[3:]}" if kind == "ptx" else arch
+    opts = [f"--gpu-architecture={target}".encode(), b"-std=c++17", b"--use_fast_math"]
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(err) != 0:
@@ -93,10 +95,15 @@ def _nvrtc(src: str, arch: str) -> bytes:
             log = b" " * int(size)
             check(nvrtc.nvrtcGetProgramLog(prog, log))
             raise BuildError(f"NVRTC failed to compile {KERNEL_PATH} for {arch}: {log.decode(errors='replace')[:400]}")
-        size = check(nvrtc.nvrtcGetPTXSize(prog))
+        if kind == "ptx":
+            size = check(nvrtc.nvrtcGetPTXSize(prog))
+            buf = b" " * int(size)
+            check(nvrtc.nvrtcGetPTX(prog, buf))
+            return buf.rstrip(b"\0")
+        size = check(nvrtc.nvrtcGetCUBINSize(prog))
         buf = b" " * int(size)
-        check(nvrtc.nvrtcGetPTX(prog, buf))
-        return buf.rstrip(b"\0")
+        check(nvrtc.nvrtcGetCUBIN(prog, buf))
+        return buf
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -111,41 +118,55 @@ def _find_nvcc() -> str | None:
     return None
 
 
-def _nvcc(src: str, arch: str) -> bytes:
+def _nvcc(src: str, arch: str, kind: str = "ptx") -> bytes:
     nvcc = _find_nvcc()
     if nvcc is None:
         raise BackendError("neither NVRTC (pip install cuda-python nvidia-cuda-nvrtc) nor nvcc (CUDA toolkit) is "
                            "available to compile the LoRA kernel; install one of them")
     with tempfile.TemporaryDirectory(prefix="trtforge-ptx-") as tmp:
-        cu, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.ptx")
+        cu, out = Path(tmp, "kernel.cu"), Path(tmp, f"kernel.{kind}")
         cu.write_text(src)
-        proc = subprocess.run([nvcc, "-ptx", f"-arch={arch}", "-std=c++17", "--use_fast_math", "-o", str(out),
+        proc = subprocess.run([nvcc, f"-{kind}", f"-arch={arch}", "-std=c++17", "--use_fast_math", "-o", str(out),
                                str(cu)], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise BuildError(f"nvcc failed to compile {KERNEL_PATH} for {arch}: {' '.join(proc.stderr.split())[:400]}")
-        return out.read_bytes().rstrip(b"\0")
+        data = out.read_bytes()
+        return data.rstrip(b"\0") if kind == "ptx" else data
 
 
 def compile_ptx(arch: str, *, compiler: str = "auto", use_cache: bool = True) -> Ptx:
     """PTX of kernel.cu for ``arch``. ``compiler``: 'auto' (NVRTC, then nvcc), 'nvrtc' or 'nvcc'."""
+    return _compile(arch, "ptx", compiler, use_cache)
+
+
+def compile_cubin(arch: str, *, compiler: str = "auto", use_cache: bool = True) -> Ptx:
+    """A cubin (machine code for exactly ``arch``; ``text`` holds the ELF bytes) of kernel.cu.
+
+    What the launcher loads first: no driver JIT, so it also works when the compiler is newer than the driver (CUDA
+    minor-version compatibility covers cubins, not PTX: a 13.5 NVRTC's PTX ISA 9.5 does not load on a 13.0 driver).
+    """
+    return _compile(arch, "cubin", compiler, use_cache)
+
+
+def _compile(arch: str, kind: str, compiler: str, use_cache: bool) -> Ptx:
     arch = normalize_arch(arch)
     src = source()
     digest = hashlib.sha256(src.encode()).hexdigest()
-    key = (digest, arch)
+    key = (digest, arch if kind == "ptx" else f"{arch}-{kind}")
     if use_cache and compiler == "auto" and key in _memory:
         return _memory[key]
     order = {"auto": ("nvrtc", "nvcc"), "nvrtc": ("nvrtc",), "nvcc": ("nvcc",)}[compiler]
     errors: list[str] = []
     for name in order:
-        path = _cache_dir() / f"{digest[:16]}-{arch}-{name}.ptx"
+        path = _cache_dir() / f"{digest[:16]}-{arch}-{name}.{kind}"
         if use_cache and path.is_file():
             text = path.read_bytes()
-            if b".entry" in text:
+            if (b".entry" in text) if kind == "ptx" else text.startswith(b"\x7fELF"):
                 ptx = Ptx(arch, text, name, digest)
                 _memory[key] = ptx
                 return ptx
         try:
-            text = _nvrtc(src, arch) if name == "nvrtc" else _nvcc(src, arch)
+            text = _nvrtc(src, arch, kind) if name == "nvrtc" else _nvcc(src, arch, kind)
         except BuildError:
             raise
         except Exception as exc:  # compiler not available: try the next one

@@ -6,21 +6,23 @@ registers one creator instance with that module's plugin registry (idempotent).
 
 Build time (no GPU needed; covered by the TensorRT-RTX engine-build tests): output dtype = y's, output shape =
 x.shape[:-1] + [out_features] through the expression builder (2-D and 3-D x), formats = linear only with all float
-tensors in one dtype among fp16/bf16/fp32, slot_ids int32 and scales fp32, tactics = ``spec.TILE_CHOICES``, fields serialized as int32 plugin fields (the chosen tactic replaces
-``tile``).
+tensors in one dtype among fp16/bf16/fp32, slot_ids int32 and scales fp32, tactics = ``spec.TILE_CHOICES``, fields
+serialized as int32 plugin fields (the chosen tactic replaces ``tile``).
 
 Output aliasing: with ``TRTFORGE_LORA_ALIAS=1`` in the environment (read when TensorRT asks, i.e. at build time)
 and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y`` and the kernel touches only adapted
 tokens. TensorRT and TensorRT-RTX then refuse to build unless the builder config enables the preview feature
 ``ALIASED_PLUGIN_IO_10_03`` (``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec
 do not do by default; so aliasing is opt-in and by default ``enqueue`` first copies y to the output (one extra
-T x O read and write). Run time (needs a GPU; exercised by tests/gpu only through the launcher): ``enqueue`` launches the kernel
-through ``launch.LoraLauncher`` on TensorRT's stream, with a scratch buffer the plugin owns (TensorRT's workspace is
-not preserved between enqueues, and the kernel's control words must be).
+T x O read and write). Run time (needs a GPU; tests/gpu exercises ``LoraLauncher.run_op``, the exact call
+``enqueue`` makes, without TensorRT): ``enqueue`` launches the kernel through ``launch.LoraLauncher`` on TensorRT's
+stream, with a scratch buffer the plugin owns (TensorRT's workspace is not preserved between enqueues, and the
+kernel's control words must be). One launcher per plugin clone, i.e. per layer and execution context.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import ModuleType
 from typing import Any
@@ -95,10 +97,9 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
         def destroy(self) -> None:
             launcher, self._launcher = self._launcher, None
             if launcher is not None:
-                try:
+                # teardown (e.g. the CUDA context is already gone): nothing more to do
+                with contextlib.suppress(Exception):
                     launcher.close()
-                except Exception:  # noqa: BLE001 - teardown (e.g. the CUDA context is already gone): nothing to do
-                    pass
 
         # --- build --------------------------------------------------------------------------------------
         if aliasing:

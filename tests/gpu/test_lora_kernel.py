@@ -90,7 +90,8 @@ class Device:
         self.drv = driver
         self.launcher = LoraLauncher()  # makes a context current
         self.ptrs: list[int] = []
-        print(f"\n[gpu] {self.launcher.arch}, {self.launcher.sm_count} SMs, PTX from {self.launcher.ptx.compiler}, "
+        la = self.launcher
+        print(f"\n[gpu] {la.arch}, {la.sm_count} SMs, kernel loaded as {la.image_kind} from {la.image.compiler}, "
               f"driver {self.check(driver.cuDriverGetVersion(), 'cuDriverGetVersion')}", file=sys.stderr)
 
     def check(self, res, what: str = "CUDA call"):  # type: ignore[no-untyped-def]
@@ -199,7 +200,7 @@ def check(case: dict, got: np.ndarray, y_seen: np.ndarray, dtype: str, label: st
     off = slots < 0
     if repeats == 1:
         bad = ~(got[off] == y_seen[off])
-        assert not bad.any(), f"{label}: {int(bad.sum())} elements of tokens without adapter changed (must keep y's bits)"
+        assert not bad.any(), f"{label}: {int(bad.sum())} elements of tokens without adapter changed (keep y's bits)"
     assert np.isfinite(got).all(), f"{label}: {int((~np.isfinite(got)).sum())} non-finite outputs"
     tol = TOL[dtype] * repeats
     err = np.abs(got - want)

@@ -148,3 +148,20 @@ def test_each_compiler_when_available(compiler, tmp_path, monkeypatch):
         pytest.skip(f"{compiler} not available here: {exc.message[:120]}")
     assert ptx.compiler == compiler and ptx.target == "sm_90"
     assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values())
+
+
+@pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])
+def test_cubin_for_the_exact_arch(compiler, tmp_path, monkeypatch):
+    """The launcher loads a cubin first (no driver JIT: a compiler newer than the driver still works)."""
+    from trtforge.build_engine.errors import BackendError
+    from trtforge.plugins.lora.ptx import compile_cubin
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    try:
+        cubin = compile_cubin("sm_90", compiler=compiler)
+    except BackendError as exc:
+        pytest.skip(f"{compiler} not available here: {exc.message[:120]}")
+    assert cubin.text.startswith(b"\x7fELF") and cubin.compiler == compiler
+    for name in (*ENTRY_NAMES.values(), *SIMPLE_ENTRY_NAMES.values()):
+        assert name.encode() + b"\0" in cubin.text  # entry symbols in the ELF string table
+    assert compile_cubin("sm_90", compiler=compiler).text == cubin.text  # disk cache round trip

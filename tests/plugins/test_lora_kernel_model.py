@@ -66,7 +66,7 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
                  old_reset: bool = False) -> None:
     """One launch of lora_fused_* on flat buffers (y updated in place). ``old_reset`` replays the pre-fix kernel."""
     memf = mem.view(np.float32)
-    T, H, O, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
+    T, H, Of, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
     L = Layout.of(p.max_chunks, T)
     n_shrink = p.max_chunks * p.n_hs
     smem_words = p.shared_bytes // 4
@@ -149,17 +149,17 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
         for kk in range(p.n_hs):
             s = s + ld(memf, L.vpart + (kk * T + start + g) * R + rr)
         st(v, g * MAXR + rr, s * scale)
-        b_s = slot * R * O
-        o_end = min(O, (j + 1) * o_tile)
+        b_s = slot * R * Of
+        o_end = min(Of, (j + 1) * o_tile)
         for o0 in range(j * o_tile, o_end, THREADS):
             o = o0 + tid[tid < o_end - o0]
             acc = np.zeros((G, len(o)), np.float32)
             for r_ in range(R):
-                bv = ld(b, b_s + r_ * O + o).astype(f32)
+                bv = ld(b, b_s + r_ * Of + o).astype(f32)
                 for gg in range(count):
                     acc[gg] = acc[gg] + ld(v, gg * MAXR + r_) * bv
             for gg in range(count):
-                yi = tok[gg] * O + o
+                yi = tok[gg] * Of + o
                 st(y, yi, (ld(y, yi).astype(f32) + acc[gg]).astype(dt))
 
     def wait(pred) -> Generator:  # type: ignore[no-untyped-def]  # lora_spin_until
@@ -186,8 +186,8 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
             else:
                 e = i - n_shrink
                 c, j = divmod(e, p.n_ot)
-                o_tile = ((O + p.n_ot - 1) // p.n_ot + 31) // 32 * 32
-                if c < n_chunks and j * o_tile < O:
+                o_tile = ((Of + p.n_ot - 1) // p.n_ot + 31) // 32 * 32
+                if c < n_chunks and j * o_tile < Of:
                     yield from wait(lambda: mem[L.done + c] >= p.n_hs)
                     expand(c, j, o_tile)
         last = int(mem[1]) == p.grid[0] - 1  # atomicAdd(&ctrl[1], 1) == gridDim.x - 1
@@ -221,18 +221,18 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
 
 def simple_launch(x, y, out, a, b, ids, scales, tps, f, dt) -> None:  # type: ignore[no-untyped-def]
     """lora_simple_*: grid (T, ceil(O / o_tile)); out may be y."""
-    T, H, O, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
+    T, H, Of, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
     p = plan_simple(f, T, dt)
-    o_tile = simple_o_tile(O)
-    assert p.grid[0] == T and p.grid[1] * o_tile >= O and p.grid[1] <= 65535
+    o_tile = simple_o_tile(Of)
+    assert p.grid[0] == T and p.grid[1] * o_tile >= Of and p.grid[1] <= 65535
     for t in range(p.grid[0]):
         for by in range(p.grid[1]):
-            o0, o1 = by * o_tile, min(O, by * o_tile + o_tile)
+            o0, o1 = by * o_tile, min(Of, by * o_tile + o_tile)
             slot = int(ld(ids, t // tps))
             o = np.arange(o0, o1)
             if slot < 0 or slot >= N:
                 if out is not y:
-                    st(out, t * O + o, ld(y, t * O + o))
+                    st(out, t * Of + o, ld(y, t * Of + o))
                 continue
             rp = 1
             while rp < R:
@@ -253,8 +253,8 @@ def simple_launch(x, y, out, a, b, ids, scales, tps, f, dt) -> None:  # type: ig
             v[:R] = s * f32(ld(scales, slot))
             acc_o = np.zeros(len(o), np.float32)
             for rr in range(R):
-                acc_o = acc_o + v[rr] * ld(b, slot * R * O + rr * O + o).astype(f32)
-            st(out, t * O + o, (ld(y, t * O + o).astype(f32) + acc_o).astype(y.dtype))
+                acc_o = acc_o + v[rr] * ld(b, slot * R * Of + rr * Of + o).astype(f32)
+            st(out, t * Of + o, (ld(y, t * Of + o).astype(f32) + acc_o).astype(y.dtype))
 
 
 # --- cases ------------------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def run_fused(case: dict, mem: np.ndarray, dt: str, resident: int, seed: int, ol
     return y
 
 
-SHAPES = [  # tokens, H, O, max_rank, adapter rank, slots, dtype, tile, per-sequence length
+SHAPES = [  # tokens, H, Of, max_rank, adapter rank, slots, dtype, tile, per-sequence length
     (1, 300, 200, 16, 16, 8, "float16", 128, 0),
     (7, 1000, 1500, 8, 8, 8, "bfloat16", 64, 0),
     (40, 130, 70, 64, 5, 3, "float32", 32, 0),
