@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command, stdout_console
+from trtforge.build_engine.cli._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
@@ -44,13 +45,9 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
 
 def _run(args: Any) -> int:
     from trtforge.build_engine import fsutil, onnx_io
-    from trtforge.build_engine.errors import InputError
     from trtforge.build_engine.passes import fold
 
-    if args.report and str(args.report) == str(args.output):
-        raise InputError(f"{args.report}: --report and -o name the same file; choose another report path")
-    if args.report:  # checked before the model is written, so a bad report path leaves nothing behind
-        fsutil.check_output_file(args.report)
+    check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
     result = fold(loaded.model)
     report = dict(result.report)

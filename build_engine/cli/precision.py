@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtforge.build_engine.cli._common import make_parser, run_command
+from trtforge.build_engine.cli._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
@@ -25,13 +26,9 @@ def build_parser() -> ArgumentParser:
 
 def _run(args: Any) -> int:
     from trtforge.build_engine import fsutil, onnx_io
-    from trtforge.build_engine.errors import InputError
     from trtforge.build_engine.precision import convert_precision
 
-    if args.report and str(args.report) == str(args.output):
-        raise InputError(f"{args.report}: --report and -o name the same file; choose another report path")
-    if args.report:  # checked before the model is written, so a bad report path leaves nothing behind
-        fsutil.check_output_file(args.report)
+    check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
     _refuse_plugin_conflicts(loaded.model, args.input, args.to)
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold)

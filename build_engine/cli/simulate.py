@@ -8,6 +8,7 @@ from argparse import Namespace
 from collections.abc import Sequence
 
 from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
+from trtforge.build_engine.cli._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
@@ -37,7 +38,7 @@ def _run(args: Namespace) -> int:
     from dataclasses import replace
 
     from trtforge.build_engine.errors import InputError
-    from trtforge.build_engine.fsutil import check_output_file, write_json
+    from trtforge.build_engine.fsutil import write_json
     from trtforge.build_engine.profiles import load_profile
     from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
     from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -53,11 +54,7 @@ def _run(args: Namespace) -> int:
         raise InputError(f"--horizon must be a finite number of seconds >= 0, got {args.horizon}")
     if args.max_requests is not None and args.max_requests < 1:
         raise InputError(f"--max-requests must be >= 1, got {args.max_requests}")
-    if args.json and args.plot and str(args.json) == str(args.plot):
-        raise InputError(f"{args.json}: --json and --plot name the same file; choose another path for one")
-    for out in (args.json, args.plot):  # before simulating: a bad second path must not leave the first behind
-        if out:
-            check_output_file(out)
+    check_outputs(("--json", args.json), ("--plot", args.plot))  # before simulating, and before either is written
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     kv = plan_kv(profile, spec, max_num_tokens=args.token_budget, max_batch=args.max_running)
