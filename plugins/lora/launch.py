@@ -101,6 +101,7 @@ def simple_o_tile(out_features: int) -> int:
 
 
 MAX_GRID_X = 2**31 - 1
+SIMPLE_MAX_TOKENS_ENV = "TRTFORGE_LORA_SIMPLE_MAX_TOKENS"
 MAX_GRID_YZ = 65535
 
 
@@ -144,9 +145,17 @@ class LoraLauncher:
     ``cuLaunchKernel`` on the host.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, simple_max_tokens: int | None = None) -> None:
+        """``simple_max_tokens``: ``run_op`` uses the scratch-free kernel (out of place, no copy of y) up to this many
+        tokens; default ``$TRTFORGE_LORA_SIMPLE_MAX_TOKENS`` or 0 (always the fused kernel) until measurements pick a
+        threshold (bench/lora_kernel.py times both)."""
+        import os
+
         from cuda.bindings import driver
 
+        if simple_max_tokens is None:
+            simple_max_tokens = int(os.environ.get(SIMPLE_MAX_TOKENS_ENV, "0") or 0)
+        self.simple_max_tokens = simple_max_tokens
         self._drv = driver
         self._module: Any = None
         self._scratch = 0
@@ -231,8 +240,14 @@ class LoraLauncher:
                lora_b: int, slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1,
                tile: int | None = None) -> None:
         """The op as the TensorRT plugin runs it: out = y + update. ``out == y`` (aliased output) updates y in
-        place; otherwise y is first copied to out (``cuMemcpyDtoDAsync``, same stream) and out is updated."""
+        place; otherwise y is first copied to out (``cuMemcpyDtoDAsync``, same stream) and out is updated. Up to
+        ``simple_max_tokens`` tokens the scratch-free kernel does it in one launch (out of place, no copy)."""
         if num_tokens == 0:
+            return
+        if num_tokens <= self.simple_max_tokens:
+            self.launch_simple(stream, fields, dtype, x=x, y=y, out=out, lora_a=lora_a, lora_b=lora_b,
+                               slot_ids=slot_ids, scales=scales, num_tokens=num_tokens,
+                               tokens_per_slot=tokens_per_slot)
             return
         if int(out) != int(y):
             nbytes = num_tokens * fields.out_features * spec_itemsize(dtype)

@@ -241,6 +241,12 @@ def test_simple_kernel_run_op_and_per_sequence(dev, dtype):
     for mode in ("simple", "simple_inplace", "op"):
         got, y_seen = run_kernel(dev, case, dtype, mode)
         check(case, got, y_seen, dtype, f"{mode} {dtype}")
+    dev.launcher.simple_max_tokens = 128  # run_op through the scratch-free kernel (no copy of y)
+    try:
+        got, y_seen = run_kernel(dev, case, dtype, "op")
+    finally:
+        dev.launcher.simple_max_tokens = 0
+    check(case, got, y_seen, dtype, f"op via simple {dtype}")
     seq = make_case(64, 512, 384, 8, 4, seed=8, per_sequence=True)
     for mode in ("fused", "simple"):
         got, y_seen = run_kernel(dev, seq, dtype, mode)
