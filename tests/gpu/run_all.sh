@@ -32,6 +32,7 @@ log() { if [ -n "$OUT_DIR" ]; then tee "$OUT_DIR/$1"; else cat; fi; }
   "$PY" -c "import cuda.bindings, numpy; print('cuda-python', cuda.bindings.__version__, 'numpy', numpy.__version__)"
   command -v nvcc >/dev/null && nvcc --version | tail -1; } 2>&1 | log gpu.txt
 
+T0=$SECONDS
 echo "== GPU tests"
 if "$PY" -c "import pytest" 2>/dev/null; then
   timeout "${GPU_TEST_TIMEOUT:-400}" "$PY" -m pytest tests/gpu -q -rs --tb=short --maxfail=10 --durations=8 \
@@ -42,17 +43,20 @@ else
   status=${PIPESTATUS[0]}
 fi
 
+T1=$SECONDS
 echo "== benchmark"
 timeout "${BENCH_TIMEOUT:-300}" "$PY" bench/lora_kernel.py "$@" 2>&1 | log bench_lora_kernel.txt
 bench=${PIPESTATUS[0]}
 
+T2=$SECONDS
 sanitize=0
-if [ "${LORA_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+SAN="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)"
+if [ "${LORA_SANITIZE:-1}" = 1 ] && [ -n "$SAN" ]; then
   echo "== compute-sanitizer"
   SAN_LOG="$SHIM/sanitizer.txt"
   for tool in memcheck racecheck synccheck; do
     echo "-- $tool" | tee -a "$SAN_LOG"
-    timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    timeout "${SANITIZE_TIMEOUT:-90}" "$SAN" --tool "$tool" --error-exitcode 9 \
       "$PY" tests/gpu/sanitize_lora.py 2>&1 | tail -n 40 | tee -a "$SAN_LOG"
     rc=${PIPESTATUS[0]}
     echo "-- $tool exit $rc (9 = sanitizer errors, 124 = timed out)" | tee -a "$SAN_LOG"
@@ -60,5 +64,5 @@ if [ "${LORA_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; the
   done
   [ -n "$OUT_DIR" ] && cp "$SAN_LOG" "$OUT_DIR/sanitizer.txt"
 fi
-echo "gpu tests exit $status, bench exit $bench, sanitizer ${sanitize} (0 = clean or not run)" | log summary.txt
+echo "gpu tests exit $status ($((T1 - T0)) s), bench exit $bench ($((T2 - T1)) s), sanitizer ${sanitize} ($((SECONDS - T2)) s; 0 = clean or not run)" | log summary.txt
 exit $(( status != 0 ? status : (bench != 0 ? bench : sanitize) ))
