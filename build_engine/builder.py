@@ -7,6 +7,12 @@ trtforge plugins first when the graph has plugin nodes); configure the builder f
 progress monitor; write the plan, the manifest and the converted ONNX into a temporary folder that replaces OUTDIR
 only when everything succeeded (``fsutil.atomic_dir``).
 
+Cost (``bench/build.py``; TensorRT's build is the anchor): the source file is read once (the same bytes are parsed and,
+on a worker, hashed); each model is dropped as soon as the next one exists (fp32 source after conversion, the
+folded model once serialised, the ONNX bytes once parsed, TensorRT's builder/network/parser once built); model.onnx
+is written and model.plan's file is created (``_prefill``) on worker threads during TensorRT's build, so writing
+the plan overwrites pages the page cache already has. Workers are joined before OUTDIR is published or removed.
+
 ``BuildTimings`` records where the time went, for ``bench/build.py``.
 """
 
@@ -14,12 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from trtforge.build_engine import fsutil, onnx_io
 from trtforge.build_engine.backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
@@ -29,22 +37,57 @@ from trtforge.build_engine.profiles import Profile, load_profile
 from trtforge.build_engine.shapes import InputPlan, plan_shapes
 
 # TensorRT DataType member name -> numpy dtype name (bfloat16/fp8 have no numpy type, so trt.nptype cannot be used).
+_T = TypeVar("_T")
+
 _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
                "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8_e4m3fn", "INT4": "int4"}
 
 
 @dataclass
 class BuildTimings:
-    """Seconds spent per step; ``own`` are trtforge's steps, ``tensorrt`` TensorRT's parse and build."""
+    """Seconds spent per step of one ``build_engine`` call; the steps add up to its wall time ("other" is whatever
+    fell between the timed steps: starting and joining the worker threads, publishing OUTDIR, freeing objects).
+
+    Three groups: TensorRT's own work (``TENSORRT``: creating the builder/network/parser and parsing; building);
+    trtforge's disk I/O (``IO``: reading the source file; writing model.plan while hashing it, and waiting for the
+    worker that writes model.onnx during the build; writing manifest.json); trtforge's compute (everything else:
+    protobuf and numpy work, checks, configuring, freeing).
+    """
+
+    TENSORRT = ("parse", "build")
+    IO = ("read_source", "write_plan", "manifest")
 
     steps: dict[str, float] = field(default_factory=dict)
+    # Seconds each worker-thread task ran (hashing the source, writing model.onnx, creating the plan file). They
+    # overlap the steps above, so they are not part of the wall time; a step that waits for one counts the wait.
+    background: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, seconds: float) -> None:
         self.steps[name] = self.steps.get(name, 0.0) + seconds
 
+    def submit(self, pool: ThreadPoolExecutor, name: str, fn: Callable[..., _T], *args: Any) -> Future[_T]:
+        """``pool.submit(fn, *args)``, recording how long the task ran under ``background[name]``."""
+
+        def timed() -> _T:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.background[name] = self.background.get(name, 0.0) + time.perf_counter() - t0
+
+        return pool.submit(timed)
+
     @property
     def tensorrt(self) -> float:
-        return self.steps.get("parse", 0.0) + self.steps.get("build", 0.0)
+        return sum(self.steps.get(k, 0.0) for k in self.TENSORRT)
+
+    @property
+    def own_io(self) -> float:
+        return sum(self.steps.get(k, 0.0) for k in self.IO)
+
+    @property
+    def own_compute(self) -> float:
+        return self.total - self.tensorrt - self.own_io
 
     @property
     def total(self) -> float:
@@ -126,122 +169,107 @@ def _plugins_used(model: Any) -> list[dict[str, str]]:
              "implementation": "python"}]
 
 
+@dataclass
+class _Staged:
+    """The folded model and what the build needs to know about it. ``model`` is set to None once it is serialised, so
+    its memory (and the fp32 source's, dropped earlier) is freed before TensorRT parses and builds."""
+
+    model: Any
+    precision: str
+    external: bool
+    plugin_nodes: bool
+    non_onnx_ops: bool
+    plugins: list[dict[str, str]]
+    plan_estimate: int  # bytes of the model's weights: the plan holds them (a lower bound of its size, in practice)
+    prefill: Future[None] | None = None  # the worker that creates model.plan during the build (``_prefill``)
+
+
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
                  force: bool = False, progress: bool = True, timings: BuildTimings | None = None) -> dict[str, Any]:
     """Build an engine for ``profile`` into ``out_dir``; returns the manifest (see module docstring)."""
     start = time.perf_counter()
     timings = timings if timings is not None else BuildTimings()
-    with _Timer(timings, "prepare"):
+    with _Timer(timings, "load"):
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
         out = Path(out_dir)
         if out.exists() and not force:
             raise InputError(f"{out} already exists; pass --force to replace it or choose another output folder")
-        cc = prof.hardware.compute_capability
-        chosen = select_backend(backend, cc)
-        loaded = onnx_io.load(onnx_path)
-        plans = plan_shapes(loaded.model, prof, str(onnx_path))
+        chosen = select_backend(backend, prof.hardware.compute_capability)
+    with _Timer(timings, "read_source"):
+        data = onnx_io.read_model_bytes(onnx_path)
     # I/O-bound work (hashing the source, writing model.onnx and the plan) runs on worker threads: hashlib and file
     # writes release the GIL, so it overlaps conversion, folding and TensorRT's build instead of adding to them. A
     # worker's exception is re-raised where its result is collected, inside atomic_dir, so a failure still leaves
     # nothing behind; leaving the ``with`` waits for every worker before OUTDIR appears or the temporary is removed.
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtforge-build") as io_pool:
-        return _build(onnx_path, loaded, plans, prof, chosen, out, force, progress, timings, start, io_pool)
+        # The hash is of the bytes that are built, not of a second read of the file.
+        source_sha = timings.submit(io_pool, "hash_source", _sha256, data)
+        with _Timer(timings, "load"):
+            loaded = onnx_io.load(onnx_path, data=data)
+            del data  # parsed; the hashing worker holds its own reference until it is done
+            plans = plan_shapes(loaded.model, prof, str(onnx_path))
+        staged = _convert(onnx_path, loaded, prof, timings)
+        with _Timer(timings, "release"):
+            del loaded  # the fp32 source: the biggest object of the build
+        manifest = _build(onnx_path, staged, plans, prof, chosen, out, force, progress, timings, start, io_pool,
+                          source_sha)
+    timings.add("other", max(0.0, time.perf_counter() - start - timings.total))
+    return manifest
 
 
-def _build(onnx_path: str | Path, loaded: onnx_io.LoadedModel, plans: list[InputPlan], prof: Profile,
-           chosen: Backend, out: Path, force: bool, progress: bool, timings: BuildTimings, start: float,
-           io_pool: ThreadPoolExecutor) -> dict[str, Any]:
-    """Everything after loading (see ``build_engine``); ``io_pool`` runs the hashing and the file writes."""
-    cc = prof.hardware.compute_capability
-    onnx_sha_future = io_pool.submit(onnx_io.sha256_file, onnx_path)
+def _sha256(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, timings: BuildTimings) -> _Staged:
+    """Precision conversion to the profile's type, then folding; the facts the later steps need about the result."""
     with _Timer(timings, "convert"):
         from trtforge.build_engine.precision import convert_precision
 
-        converted = convert_precision(loaded.model, prof.precision.dtype, fold=False)
+        converted = convert_precision(loaded.model, prof.precision.dtype, fold=False).model
     with _Timer(timings, "fold"):
         from trtforge.build_engine.passes import fold
+        from trtforge.plugins import has_plugin_nodes
 
-        model = fold(converted.model).model
+        model = fold(converted).model
+        del converted
         precision = _effective_precision(model, prof.precision.dtype)
         if precision != prof.precision.dtype:
             import sys
 
             print(f"note: {onnx_path} is already {precision}; building it as is (profile {prof.name!r} asks for "
                   f"{prof.precision.dtype}; converting between 16-bit types would round twice)", file=sys.stderr)
-    trt = chosen.module
+        # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
+        external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
+        plugin_nodes = has_plugin_nodes(model)
+        return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
+                       non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),
+                       plan_estimate=_weight_bytes(model))
+
+
+def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
+           out: Path, force: bool, progress: bool, timings: BuildTimings, start: float, io_pool: ThreadPoolExecutor,
+           source_sha: Future[str]) -> dict[str, Any]:
+    """Everything after folding (see ``build_engine``); ``io_pool`` runs the hashing and the file writes."""
+    cc = prof.hardware.compute_capability
     writes: list[Future[Any]] = []
     with fsutil.atomic_dir(out, force=force) as tmp:
         try:
-            with _Timer(timings, "write_onnx"):
-                onnx_path_built = tmp / ONNX_NAME
-                # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
-                external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
-                if external:
-                    onnx_io.save_model(model, onnx_path_built, external_data=True)
-                    onnx_bytes = None
-                else:
-                    # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
-                    onnx_bytes = model.SerializeToString()
-                    onnx_written = io_pool.submit(onnx_path_built.write_bytes, onnx_bytes)
-                    writes.append(onnx_written)
-            with _Timer(timings, "parse"):
-                from trtforge.plugins import has_plugin_nodes
-
-                plugins = has_plugin_nodes(model)
-                if plugins:
-                    prepare_plugin_loading(chosen)
-                    from trtforge.plugins import register_all
-
-                    register_all(trt)
-                elif _has_non_onnx_ops(model):
-                    # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
-                    prepare_plugin_loading(chosen)
-                logger = _make_logger(trt)
-                builder = trt.Builder(logger)
-                network = _create_network(chosen, builder)
-                parser = trt.OnnxParser(network, logger)
-                # From memory when possible (model.onnx may still be being written); a path only for external data.
-                parsed = (parser.parse_from_file(str(onnx_path_built)) if onnx_bytes is None
-                          else parser.parse(onnx_bytes))
-                if not parsed:
-                    first = parser.get_error(0) if parser.num_errors else None
-                    detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
-                              if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
-                    raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
-                config = _configure(chosen, builder, network, prof, plans, cc)
-                if plugins:
-                    from trtforge.plugins import configure_builder
-
-                    configure_builder(trt, config)  # aliased plugin I/O preview feature
-                inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
-                outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
-            with _Timer(timings, "build"):
-                monitor = make_monitor(trt) if progress else None
-                if monitor is not None:
-                    config.progress_monitor = monitor
-                    monitor.start()
-                try:
-                    serialized = builder.build_serialized_network(network, config)
-                finally:
-                    if monitor is not None:
-                        monitor.stop()
-                if serialized is None:
-                    detail = logger.errors[0] if logger.errors else "no error message"
-                    raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
-                                     f"{prof.name!r} (compute capability {cc}): {detail}")
+            serialized, inputs, outputs = _tensorrt(onnx_path, staged, plans, prof, chosen, tmp, progress, timings,
+                                                    io_pool, writes)
             with _Timer(timings, "write_plan"):
-                plan_bytes = memoryview(serialized)  # IHostMemory exposes the buffer protocol: no 2nd copy of the plan
-                plan_written = io_pool.submit((tmp / PLAN_NAME).write_bytes, plan_bytes)  # this thread hashes
-                writes.append(plan_written)
-                plan_sha = hashlib.sha256(plan_bytes).hexdigest()
-                plan_written.result()
-                if onnx_bytes is not None:
-                    onnx_written.result()
+                if staged.prefill is not None:
+                    staged.prefill.result()  # done before the plan is written over it (and re-raises its error)
+                plan_sha = _write_plan(serialized, tmp / PLAN_NAME, io_pool, writes, timings)
+                del serialized
+                for w in writes:
+                    w.result()  # model.onnx (written during the build) and the plan: re-raise a failed write
+            with _Timer(timings, "manifest"):
                 manifest = make_manifest(
                     backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
-                    precision=precision, compute_capabilities=_built_ccs(chosen, cc),
-                    inputs=inputs, input_plans=plans, outputs=outputs, plugins=_plugins_used(model),
-                    onnx_sha256=onnx_sha_future.result(), plan_sha256=plan_sha,
+                    precision=staged.precision, compute_capabilities=_built_ccs(chosen, cc),
+                    inputs=inputs, input_plans=plans, outputs=outputs, plugins=staged.plugins,
+                    onnx_sha256=source_sha.result(), plan_sha256=plan_sha,
                     build_seconds=time.perf_counter() - start,
                 )
                 # Plain write: the temporary folder becomes OUTDIR only by atomic_dir's rename, so nothing half-written
@@ -251,6 +279,118 @@ def _build(onnx_path: str | Path, loaded: onnx_io.LoadedModel, plans: list[Input
             # Never let atomic_dir publish or remove the folder while a worker still writes into it.
             wait(writes)
     return manifest
+
+
+def _write_plan(serialized: Any, path: Path, io_pool: ThreadPoolExecutor, writes: list[Future[Any]],
+                timings: BuildTimings) -> str:
+    """Write the plan on a worker while this thread hashes it; returns the sha256. ``IHostMemory`` exposes the buffer
+    protocol, so neither side copies the plan."""
+    plan = memoryview(serialized)
+    writes.append(timings.submit(io_pool, "write_plan", _overwrite, path, plan))
+    return _sha256(plan)
+
+
+def _prefill(path: Path, size: int) -> None:
+    """Create ``path`` with ``size`` zero bytes. Run during TensorRT's build, so the page cache already holds pages
+    for (most of) the plan when ``_overwrite`` writes it: on VMs that hand out fresh memory slowly, allocating those
+    pages is most of a plain write's cost (see bench/RESULTS.md)."""
+    import mmap
+
+    step = min(size, 8 << 20)
+    zeros = mmap.mmap(-1, step)  # fresh anonymous mapping: reading it maps the shared zero page, no new memory
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with memoryview(zeros) as chunk:
+            for off in range(0, size, step):
+                os.pwrite(fd, chunk[:min(step, size - off)], off)
+    finally:
+        os.close(fd)
+        zeros.close()
+
+
+def _overwrite(path: Path, data: memoryview) -> None:
+    """Write ``data`` over whatever ``path`` holds and cut the file to its length (exactly ``data`` afterwards)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], done)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
+              tmp: Path, progress: bool, timings: BuildTimings, io_pool: ThreadPoolExecutor,
+              writes: list[Future[Any]]) -> tuple[Any, list[TensorInfo], list[TensorInfo]]:
+    """Serialise the model (model.onnx is written on a worker), parse, configure and build; returns the serialised
+    plan (``IHostMemory``) and the network's inputs and outputs. Everything else made here (the ONNX bytes, the
+    builder, network, parser and config, which hold copies of the weights) is released before returning."""
+    trt = chosen.module
+    cc = prof.hardware.compute_capability
+    onnx_path_built = tmp / ONNX_NAME
+    with _Timer(timings, "serialize"):
+        onnx_bytes: bytes | None = None
+        if staged.external:
+            onnx_io.save_model(staged.model, onnx_path_built, external_data=True)
+        else:
+            # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
+            onnx_bytes = staged.model.SerializeToString()
+            writes.append(timings.submit(io_pool, "write_onnx", onnx_path_built.write_bytes, onnx_bytes))
+        staged.model = None  # serialised: free the folded model now
+    with _Timer(timings, "configure"):
+        if staged.plugin_nodes:
+            prepare_plugin_loading(chosen)
+            from trtforge.plugins import register_all
+
+            register_all(trt)
+        elif staged.non_onnx_ops:
+            # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
+            prepare_plugin_loading(chosen)
+        logger = _make_logger(trt)
+    with _Timer(timings, "parse"):
+        builder = trt.Builder(logger)
+        network = _create_network(chosen, builder)
+        parser = trt.OnnxParser(network, logger)
+        # From memory when possible (model.onnx may still be being written); a path only for external data.
+        parsed = (parser.parse_from_file(str(onnx_path_built)) if onnx_bytes is None else parser.parse(onnx_bytes))
+    if not parsed:
+        first = parser.get_error(0) if parser.num_errors else None
+        detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
+                  if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
+        raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
+    with _Timer(timings, "configure"):
+        del onnx_bytes  # parsed (the parser keeps what it needs); the writing worker holds its own reference
+        config = _configure(chosen, builder, network, prof, plans, cc)
+        if staged.plugin_nodes:
+            from trtforge.plugins import configure_builder
+
+            configure_builder(trt, config)  # aliased plugin I/O preview feature
+        inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
+        outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
+        monitor = make_monitor(trt) if progress else None
+        if staged.plan_estimate:
+            staged.prefill = timings.submit(io_pool, "prefill_plan", _prefill, tmp / PLAN_NAME,
+                                            staged.plan_estimate)
+            writes.append(staged.prefill)
+    with _Timer(timings, "build"):
+        if monitor is not None:
+            config.progress_monitor = monitor
+            monitor.start()
+        try:
+            serialized = builder.build_serialized_network(network, config)
+        finally:
+            if monitor is not None:
+                monitor.stop()
+    if serialized is None:
+        detail = logger.errors[0] if logger.errors else "no error message"
+        raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
+                         f"{prof.name!r} (compute capability {cc}): {detail}")
+    with _Timer(timings, "release"):
+        # The plan (IHostMemory) does not depend on them; their copies of the weights are freed before the plan is
+        # hashed and written, which lowers the peak.
+        del parser, network, config, builder, monitor
+    return serialized, inputs, outputs
 
 
 def _has_non_onnx_ops(model: Any) -> bool:
@@ -273,6 +413,23 @@ def _effective_precision(model: Any, wanted: str) -> str:
             size[key] += n
     other = "bf16" if wanted == "fp16" else "fp16"
     return other if size[other] > size[wanted] else wanted
+
+
+def _weight_bytes(model: Any) -> int:
+    """Bytes of the main graph's initializers, from their shapes and types (reading raw_data would copy it)."""
+    from onnx import helper
+
+    total = 0
+    for t in model.graph.initializer:
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            continue
+        n = 1
+        for d in t.dims:
+            n *= d
+        total += n * itemsize
+    return total
 
 
 def _built_ccs(backend: Backend, cc: str) -> list[str]:
