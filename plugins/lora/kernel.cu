@@ -26,7 +26,7 @@
 #define LORA_TOKENS 16
 #define LORA_MAX_RANK 64
 #define LORA_WARPS (LORA_THREADS / 32)
-#define LORA_SPIN_LIMIT (1u << 27)  // >= ~8 s of 64 ns sleeps: a bug, never a legitimate wait
+#define LORA_SPIN_LIMIT (1u << 25)  // ~8 s of 256 ns sleeps: a bug, never a legitimate wait
 #define LORA_SORT_UNROLL 8           // slot ids loaded per thread before use (one memory latency per 2048 tokens)
 
 struct lora_f16 { unsigned short bits; };
@@ -98,10 +98,11 @@ __device__ __forceinline__ void lora_release(int* flag, int value) {
 // Acquire (thread 0 only; the caller then syncs the block): spin with volatile (L1-bypassing) loads until *p >= value,
 // then fence so later loads (ld.global.cg by any thread after the barrier) see the producers' writes.
 __device__ __forceinline__ void lora_spin_until(const int* p, int value) {
-    unsigned int spins = 0;
+    unsigned int spins = 0, sleep_ns = 32;
     while (lora_load_volatile(p) < value) {
         if (++spins > LORA_SPIN_LIMIT) __trap();  // a bug, never a hang: turn it into a launch error
-        __nanosleep(64);
+        __nanosleep(sleep_ns);  // back off (32 -> 256 ns) so hundreds of waiting blocks do not flood one L2 slice
+        if (sleep_ns < 256) sleep_ns <<= 1;
     }
     __threadfence();
 }
