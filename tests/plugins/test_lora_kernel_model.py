@@ -76,16 +76,31 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
         s = np.where(t < T, ld(ids, np.where(t < T, t // tps, 0)), -1)
         return np.where((s >= 0) & (s < N), s, -1)
 
+    def warp_groups(sv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """__match_any_sync over one warp's 32 values: (peers bitmask per lane, leader = lowest lane of the group)."""
+        peers = np.array([sum(1 << j for j in range(32) if sv[j] == sv[i]) for i in range(32)], np.int64)
+        leader = np.array([(int(m) & -int(m)).bit_length() - 1 for m in peers])
+        return peers, leader
+
+    def popc(v: np.ndarray) -> np.ndarray:
+        return np.array([bin(int(m)).count("1") for m in v])
+
     def sort() -> None:
-        hist = np.zeros(N, np.int64)
+        hist = np.zeros(N, np.int64)  # shared
         if not old_reset:
             mem[L.done:L.done + p.max_chunks] = 0
+        lane = tid % 32
         for t0 in range(0, T, THREADS * UNROLL):
+            sv = [slot_of(t0 + u * THREADS + tid) for u in range(UNROLL)]  # the batch's loads, before any use
             for u in range(UNROLL):
-                s = slot_of(t0 + u * THREADS + tid)
-                np.add.at(hist, s[s >= 0], 1)
+                for w in rng.permutation(THREADS // 32):  # warps in any order
+                    ws = sv[u][w * 32:(w + 1) * 32]
+                    peers, leader = warp_groups(ws)
+                    for i in range(32):
+                        if ws[i] >= 0 and leader[i] == i:
+                            hist[ws[i]] += popc(peers[i:i + 1])[0]
         off = c = 0
-        cursor = np.zeros(N, np.int64)
+        cursor = np.zeros(N, np.int64)  # shared
         for s in range(N):
             n = int(hist[s])
             cursor[s] = off
@@ -95,12 +110,26 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
                 c += 1
             off += n
         mem[3] = c
-        # positions within a slot follow warp scheduling (not fixed): any permutation is a valid execution
-        toks = [t for t in range(T) if slot_of(np.array([t]))[0] >= 0]
-        for t in rng.permutation(toks):
-            s = int(slot_of(np.array([t]))[0])
-            st(mem, L.sorted + cursor[s], t)
-            cursor[s] += 1
+        written = np.zeros(T, int)
+        for t0 in range(0, T, THREADS * UNROLL):
+            sv = [slot_of(t0 + u * THREADS + tid) for u in range(UNROLL)]
+            for u in range(UNROLL):
+                for w in rng.permutation(THREADS // 32):  # warps race for the cursors in any order
+                    ws = sv[u][w * 32:(w + 1) * 32]
+                    peers, leader = warp_groups(ws)
+                    base = np.zeros(32, np.int64)
+                    for i in range(32):
+                        if ws[i] >= 0 and leader[i] == i:
+                            base[i] = cursor[ws[i]]
+                            cursor[ws[i]] += popc(peers[i:i + 1])[0]
+                    base = base[leader]  # __shfl_sync(base, leader)
+                    below = popc(peers & ((1 << lane[:32]) - 1))
+                    for i in range(32):
+                        if ws[i] >= 0:
+                            pos = base[i] + below[i]
+                            assert pos < T and written[pos] == 0, "two tokens sorted into one position"
+                            written[pos] = 1
+                            st(mem, L.sorted + pos, t0 + u * THREADS + w * 32 + i)
         mem[2] = 1  # release
 
     def shrink(c: int, k: int, h_per_slice: int) -> None:
@@ -312,6 +341,7 @@ SHAPES = [  # tokens, H, Of, max_rank, adapter rank, slots, dtype, tile, per-seq
     (40, 130, 70, 64, 5, 3, "float32", 32, 0),
     (33, 257, 300, 16, 8, 8, "float16", 256, 0),
     (24, 96, 130, 3, 3, 2, "bfloat16", 32, 4),
+    (2100, 40, 36, 4, 4, 3, "float32", 32, 0),  # two sort batches (> LORA_THREADS * LORA_SORT_UNROLL tokens)
 ]
 
 
