@@ -6,7 +6,7 @@ size and the kernel's split factors. The grid is 1-D: 1 sort block + ``max_chunk
 work blocks number about two per SM: small batches are split across many SMs (launch-latency bound), large
 batches keep the recompute of nothing and the per-block traffic low (bandwidth bound).
 
-``LoraLauncher`` loads the PTX for the current device with ``cuModuleLoadData`` and launches with ``cuLaunchKernel``
+``LoraLauncher`` loads a cubin (else PTX) for the current device with ``cuModuleLoadData``, launches with ``cuLaunchKernel``
 on a caller-given stream, with raw device pointers; it owns the kernel's scratch (zeroed once at allocation; the
 kernel resets its control words itself). Safety conditions:
 

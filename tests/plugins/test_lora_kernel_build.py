@@ -165,3 +165,42 @@ def test_cubin_for_the_exact_arch(compiler, tmp_path, monkeypatch):
     for name in (*ENTRY_NAMES.values(), *SIMPLE_ENTRY_NAMES.values()):
         assert name.encode() + b"\0" in cubin.text  # entry symbols in the ELF string table
     assert compile_cubin("sm_90", compiler=compiler).text == cubin.text  # disk cache round trip
+
+
+def _elf_section_sizes(data: bytes, prefix: str) -> dict[str, int]:
+    """Sizes of the ELF64 sections whose names start with ``prefix`` (a cubin's ``.nv.shared.<kernel>``)."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = secs[shstrndx][4]
+    out = {}
+    for sec in secs:
+        start = names_at + sec[0]
+        name = data[start:data.index(b"\0", start)].decode()
+        if name.startswith(prefix):
+            out[name] = sec[5]
+    return out
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_static_shared_memory_fits_the_plan(arch, tmp_path, monkeypatch):
+    """plan_launch's FUSED_STATIC_SHARED covers the cubin's static shared memory (the section also holds the 1 KiB
+    the hardware reserves per block), so the largest plan (4096 slots) stays under the 48 KiB default."""
+    from trtforge.build_engine.errors import BackendError
+    from trtforge.plugins.lora.launch import DEFAULT_SHARED_LIMIT, FUSED_STATIC_SHARED
+    from trtforge.plugins.lora.ptx import compile_cubin
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    try:
+        cubin = compile_cubin(arch)
+    except BackendError as exc:
+        pytest.skip(f"no compiler here: {exc.message[:120]}")
+    sizes = _elf_section_sizes(cubin.text, ".nv.shared.lora_fused_")
+    assert set(sizes) == {f".nv.shared.{n}" for n in ENTRY_NAMES.values()}
+    reserved = 1024
+    for size in sizes.values():
+        assert size - reserved <= FUSED_STATIC_SHARED
+    big = plan_launch(spec.LoraFields(64, spec.MAX_SLOTS, 4096, 4096, 256), 2048, "float16")
+    assert big.shared_bytes + FUSED_STATIC_SHARED <= DEFAULT_SHARED_LIMIT
