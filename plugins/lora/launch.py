@@ -6,9 +6,9 @@ size and the kernel's split factors. The grid is 1-D: 1 sort block + ``max_chunk
 work blocks number about two per SM: small batches are split across many SMs (launch-latency bound), large
 batches keep the recompute of nothing and the per-block traffic low (bandwidth bound).
 
-``LoraLauncher`` loads a cubin (else PTX) for the current device with ``cuModuleLoadData``, launches with ``cuLaunchKernel``
-on a caller-given stream, with raw device pointers; it owns the kernel's scratch (zeroed once at allocation; the
-kernel resets its control words itself). Safety conditions:
+``LoraLauncher`` loads a cubin (else PTX) for the current device with ``cuModuleLoadData``, launches with
+``cuLaunchKernel`` on a caller-given stream, with raw device pointers; it owns the kernel's scratch (zeroed once at
+allocation; the kernel resets its control words itself). Safety conditions:
 
 - One launcher per stream/execution context: two launches that overlap in time must not share a scratch (the
   TensorRT plugin gets one launcher per plugin clone, i.e. per layer and execution context).
