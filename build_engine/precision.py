@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,19 @@ def _low_tensor(tensor: TensorProto, name: str, to: str, out: TensorProto | None
     out.raw_data = numpy_helper.tobytes_little_endian(low)
     out.data_type = LOW_TYPES[to]
     return out
+
+
+def _names_read(nodes: Iterable[NodeProto]) -> set[str]:
+    """Every value name the nodes read, including those their subgraphs read from the outer scope."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for a in node.attribute:
+            if a.HasField("g"):
+                names |= _names_read(a.g.node)
+            for sub in a.graphs:
+                names |= _names_read(sub.node)
+    return names
 
 
 class _Namer:
@@ -203,10 +217,15 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
                 n.output[:] = [inner if x == out.name else x for x in n.output]
             tail.append(helper.make_node("Cast", [inner], [out.name], name=namer(f"{out.name}/Cast"), to=FLOAT))
             casts += 1
+    # An Identity alias of a constant (a tied weight) whose consumers all read the converted copy now is dead:
+    # dropping it keeps the fp32 original out of the converted model instead of copying it for fold to remove.
+    read = _names_read([*nodes, *tail]) | {o.name for o in src.graph.output}
+    nodes = [n for n in nodes if not (n.op_type == "Identity" and len(n.output) == 1 and n.output[0] in down
+                                      and n.input[0] in consts and n.output[0] not in read)]
     g = src.graph
     del g.node[:]
     g.node.extend([*nodes, *tail])
-    used = {x for n in g.node for x in n.input} | {o.name for o in g.output}
+    used = _names_read(g.node) | {o.name for o in g.output}
     g.initializer.extend(t for t in model.graph.initializer if t.name in used)  # after the converted ones
     del g.value_info[:]
     try:
