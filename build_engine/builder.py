@@ -10,8 +10,8 @@ only when everything succeeded (``fsutil.atomic_dir``).
 Cost (``bench/build.py``; TensorRT's build is the anchor): the source file is read once (the same bytes are parsed and,
 on a worker, hashed); each model is dropped as soon as the next one exists (fp32 source after conversion, the
 folded model once serialised, the ONNX bytes once parsed, TensorRT's builder/network/parser once built); model.onnx
-is written and model.plan's file is created (``_prefill``) on worker threads during TensorRT's build, so writing
-the plan overwrites pages the page cache already has. Workers are joined before OUTDIR is published or removed.
+is written on a worker thread during TensorRT's build, and the plan is written on a worker while this thread hashes
+it. Workers are joined before OUTDIR is published or removed.
 
 ``BuildTimings`` records where the time went, for ``bench/build.py``.
 """
@@ -183,8 +183,6 @@ class _Staged:
     plugin_nodes: bool
     non_onnx_ops: bool
     plugins: list[dict[str, str]]
-    plan_estimate: int  # bytes of the model's weights: the plan holds them (a lower bound of its size, in practice)
-    prefill: Future[None] | None = None  # the worker task writing model.onnx and creating model.plan (``_prefill``)
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
@@ -246,8 +244,7 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
         plugin_nodes = has_plugin_nodes(model)
         return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
-                       non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),
-                       plan_estimate=_weight_bytes(model))
+                       non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model))
 
 
 def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
@@ -261,8 +258,6 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
             serialized, inputs, outputs = _tensorrt(onnx_path, staged, plans, prof, chosen, tmp, progress, timings,
                                                     io_pool, writes)
             with _Timer(timings, "write_plan"):
-                if staged.prefill is not None:
-                    staged.prefill.result()  # done before the plan is written over it (and re-raises its error)
                 plan_sha = _write_plan(serialized, tmp / PLAN_NAME, io_pool, writes, timings)
                 del serialized
                 for w in writes:
@@ -289,52 +284,21 @@ def _write_plan(serialized: Any, path: Path, io_pool: ThreadPoolExecutor, writes
     """Write the plan on a worker while this thread hashes it; returns the sha256. ``IHostMemory`` exposes the buffer
     protocol, so neither side copies the plan."""
     plan = memoryview(serialized)
-    writes.append(timings.submit(io_pool, "write_plan", _overwrite, path, plan))
+    writes.append(timings.submit(io_pool, "write_plan", _write_all, path, plan))
     return _sha256(plan)
 
 
-def _files_during_build(onnx_path: Path, onnx_bytes: bytes | None, plan_path: Path, plan_estimate: int,
-                        timings: BuildTimings) -> None:
-    """Worker task during TensorRT's parse and build: write model.onnx (unless it was saved with external data), then
-    ``_prefill`` model.plan; each part's duration goes to ``timings.background``."""
-    if onnx_bytes is not None:
-        t0 = time.perf_counter()
-        onnx_path.write_bytes(onnx_bytes)
-        timings.add_background("write_onnx", time.perf_counter() - t0)
-    if plan_estimate:
-        t0 = time.perf_counter()
-        _prefill(plan_path, plan_estimate)
-        timings.add_background("prefill_plan", time.perf_counter() - t0)
+def _write_onnx(onnx_path: Path, onnx_bytes: bytes, timings: BuildTimings) -> None:
+    """Worker task during TensorRT's parse and build: write model.onnx; its duration goes to ``timings.background``."""
+    t0 = time.perf_counter()
+    onnx_path.write_bytes(onnx_bytes)
+    timings.add_background("write_onnx", time.perf_counter() - t0)
 
 
-def _prefill(path: Path, size: int) -> None:
-    """Create ``path`` with ``size`` zero bytes. Run during TensorRT's build, so the page cache already holds pages
-    for (most of) the plan when ``_overwrite`` writes it: on VMs that hand out fresh memory slowly, allocating those
-    pages is most of a plain write's cost (see bench/RESULTS.md)."""
-    import mmap
-
-    step = min(size, 8 << 20)
-    zeros = mmap.mmap(-1, step)  # fresh anonymous mapping: reading it maps the shared zero page, no new memory
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with memoryview(zeros) as chunk:
-            for off in range(0, size, step):
-                os.pwrite(fd, chunk[:min(step, size - off)], off)
-    finally:
-        os.close(fd)
-        zeros.close()
-
-
-def _overwrite(path: Path, data: memoryview) -> None:
-    """Write ``data`` over whatever ``path`` holds and cut the file to its length (exactly ``data`` afterwards)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        done = 0
-        while done < len(data):
-            done += os.pwrite(fd, data[done:], done)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
+def _write_all(path: Path, data: memoryview) -> None:
+    """Write ``data`` (the plan, through the buffer protocol: no copy) to a new file."""
+    with open(path, "wb") as fh:
+        fh.write(data)
 
 
 def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
@@ -354,11 +318,8 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
             onnx_bytes = staged.model.SerializeToString()
         staged.model = None  # serialised: free the folded model now
-        # One task writes model.onnx, then creates model.plan's file, while TensorRT parses and builds. One task, so
-        # no second worker thread has to start here (on a busy 2-core machine that took 5-10 ms of this thread).
-        staged.prefill = io_pool.submit(_files_during_build, onnx_path_built, onnx_bytes, tmp / PLAN_NAME,
-                                        staged.plan_estimate, timings)
-        writes.append(staged.prefill)
+        if onnx_bytes is not None:  # model.onnx is written while TensorRT parses and builds
+            writes.append(io_pool.submit(_write_onnx, onnx_path_built, onnx_bytes, timings))
     with _Timer(timings, "configure"):
         if staged.plugin_nodes:
             prepare_plugin_loading(chosen)
@@ -430,23 +391,6 @@ def _effective_precision(model: Any, wanted: str) -> str:
             size[key] += n
     other = "bf16" if wanted == "fp16" else "fp16"
     return other if size[other] > size[wanted] else wanted
-
-
-def _weight_bytes(model: Any) -> int:
-    """Bytes of the main graph's initializers, from their shapes and types (reading raw_data would copy it)."""
-    from onnx import helper
-
-    total = 0
-    for t in model.graph.initializer:
-        try:
-            itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        except (KeyError, TypeError, ValueError):
-            continue
-        n = 1
-        for d in t.dims:
-            n *= d
-        total += n * itemsize
-    return total
 
 
 def _built_ccs(backend: Backend, cc: str) -> list[str]:
