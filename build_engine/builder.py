@@ -20,92 +20,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 from trtforge.build_engine import fsutil, onnx_io
 from trtforge.build_engine.backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
+from trtforge.build_engine.build_timings import BuildTimings, _Timer
 from trtforge.build_engine.errors import BuildError, InputError
 from trtforge.build_engine.manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, TensorInfo, make_manifest
 from trtforge.build_engine.profiles import Profile, load_profile
 from trtforge.build_engine.shapes import InputPlan, plan_shapes
 
 # TensorRT DataType member name -> numpy dtype name (bfloat16/fp8 have no numpy type, so trt.nptype cannot be used).
-_T = TypeVar("_T")
-
 _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
                "INT64": "int64", "BOOL": "bool", "UINT8": "uint8", "FP8": "float8_e4m3fn", "INT4": "int4"}
-
-
-@dataclass
-class BuildTimings:
-    """Seconds spent per step of one ``build_engine`` call; the steps add up to its wall time ("other" is whatever
-    fell between the timed steps: starting and joining the worker threads, publishing OUTDIR, freeing objects).
-
-    Three groups: TensorRT's own work (``TENSORRT``: creating the builder/network/parser and parsing; building);
-    trtforge's disk I/O (``IO``: reading the source file; writing model.plan while hashing it, and waiting for the
-    worker that writes model.onnx during the build; writing manifest.json); trtforge's compute (everything else:
-    protobuf and numpy work, checks, configuring, freeing).
-    """
-
-    TENSORRT = ("parse", "build")
-    IO = ("read_source", "write_plan", "manifest")
-
-    steps: dict[str, float] = field(default_factory=dict)
-    # Seconds each worker-thread task ran (hashing the source, writing model.onnx, creating the plan file). They
-    # overlap the steps above, so they are not part of the wall time; a step that waits for one counts the wait.
-    background: dict[str, float] = field(default_factory=dict)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.steps[name] = self.steps.get(name, 0.0) + seconds
-
-    def submit(self, pool: ThreadPoolExecutor, name: str, fn: Callable[..., _T], *args: Any) -> Future[_T]:
-        """``pool.submit(fn, *args)``, recording how long the task ran under ``background[name]``."""
-
-        def timed() -> _T:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                self.add_background(name, time.perf_counter() - t0)
-
-        return pool.submit(timed)
-
-    def add_background(self, name: str, seconds: float) -> None:
-        self.background[name] = self.background.get(name, 0.0) + seconds
-
-    @property
-    def tensorrt(self) -> float:
-        return sum(self.steps.get(k, 0.0) for k in self.TENSORRT)
-
-    @property
-    def own_io(self) -> float:
-        return sum(self.steps.get(k, 0.0) for k in self.IO)
-
-    @property
-    def own_compute(self) -> float:
-        return self.total - self.tensorrt - self.own_io
-
-    @property
-    def total(self) -> float:
-        return sum(self.steps.values())
-
-
-class _Timer:
-    def __init__(self, timings: BuildTimings, name: str) -> None:
-        self.timings, self.name = timings, name
-
-    def __enter__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.timings.add(self.name, time.perf_counter() - self.start)
 
 
 def _make_logger(trt: ModuleType) -> Any:
