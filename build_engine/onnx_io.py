@@ -152,8 +152,8 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
     if len(order) != len(graph.node):
         stuck = next(graph.node[i] for i, n in enumerate(indeg) if n > 0)
         raise ModelError(
-            f"{where}: the graph has a cycle through node {stuck.name or stuck.op_type!r}; ONNX graphs must be acyclic, "
-            "re-export the model"
+            f"{where}: the graph has a cycle through node {stuck.name or stuck.op_type!r}; ONNX graphs must be "
+            "acyclic, re-export the model"
         )
     if any(j > i for i, d in enumerate(deps) for j in d):
         # Acyclic but out of order: sort stably (keeps the original order wherever it is already valid).
