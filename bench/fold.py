@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 

@@ -63,7 +63,7 @@ def routing(reqs: list[Request], blocks: int, model: StepTimeModel) -> None:
     rates = {}
     for router in ("round-robin", "prefix-affinity"):
         cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=64, policy="cache-aware")
-        r = simulate(reqs, lambda: Scheduler(cfg), model, replicas=4, router=router).summary
+        r = simulate(reqs, lambda cfg=cfg: Scheduler(cfg), model, replicas=4, router=router).summary
         rates[router] = r["prefix_hit_rate"]
         print(f"  {router:16s} {_fmt(r)}")
     print(f"  prefix hit rate prefix-affinity / round-robin: x{rates['prefix-affinity'] / rates['round-robin']:.2f}")

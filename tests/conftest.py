@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from trtforge_testing import SHARED, CliResult, assert_one_line_error, run_console  # noqa: F401  (re-exported)
 
 

@@ -54,7 +54,7 @@ def aot_launch_spec(fields: spec.LoraFields, x_ndim: int, slot_ndim: int, dtype:
 
 def register_aot(arch: str) -> None:  # pragma: no cover - needs full TensorRT (tensorrt.plugin)
     """Register the decorator plugin for ``arch`` (e.g. 'sm_90') with full TensorRT's ``tensorrt.plugin``."""
-    from typing import Union
+    from typing import Union  # noqa: UP035  tensorrt.plugin inspects annotations; its docs use Union
 
     import tensorrt as trt
     import tensorrt.plugin as trtp
@@ -79,7 +79,7 @@ def register_aot(arch: str) -> None:  # pragma: no cover - needs full TensorRT (
     def _aot(x: trtp.TensorDesc, y: trtp.TensorDesc, lora_a: trtp.TensorDesc, lora_b: trtp.TensorDesc,
              slot_ids: trtp.TensorDesc, scales: trtp.TensorDesc, max_rank: int, num_slots: int, in_features: int,
              out_features: int, tile: int, outputs: tuple[trtp.TensorDesc, ...], tactic: int
-             ) -> tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
+             ) -> tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:  # noqa: UP007
         fields = spec.LoraFields(int(max_rank), int(num_slots), int(in_features), int(out_features), int(tile))
         s = aot_launch_spec(fields, x.ndim, slot_ids.ndim, dtypes[x.dtype], arch)
 

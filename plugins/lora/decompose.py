@@ -12,7 +12,8 @@ reference an engine with the plugin is diffed against. Per node, with ``ids`` th
 Where(..., y) returns y's own bits for slot -1, so a model with every slot at -1 computes exactly what the original
 model computed. Per token vs per sequence comes from the ranks of x and slot_ids (shape inference; a node whose x
 rank inference cannot see, because it lies downstream of another plugin node, takes the rank of a node sharing its
-slot_ids input); a node whose layout stays unknown is refused. The gathered per-token pools are [tokens, H, R] tensors: fine for a reference, not fast.
+slot_ids input); a node whose layout stays unknown is refused. The gathered per-token pools are [tokens, H, R]
+tensors: fine for a reference, not fast.
 """
 
 from __future__ import annotations
