@@ -45,6 +45,18 @@ class LoadedModel:
     external_data: bool
 
 
+Dim = int | str | None  # a dim_value, a dim_param, or unknown
+
+
+def tensor_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
+    """A tensor value's dims (static size, dim_param name, or None when unknown); None when its rank is unknown."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return tuple(int(d.dim_value) if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
+                 for d in tt.shape.dim)
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

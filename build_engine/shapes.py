@@ -21,6 +21,7 @@ import onnx
 from onnx import ModelProto
 
 from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.onnx_io import Dim, tensor_dims
 from trtforge.build_engine.profiles import Profile, Range
 
 BATCH_NAMES = frozenset({"batch", "batch_size", "batchsize", "b", "n", "num_sequences"})
@@ -29,7 +30,6 @@ SEQUENCE_NAMES = frozenset({"sequence", "seq", "seq_len", "seqlen", "sequence_le
 _INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
               onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
 
-Dim = int | str | None  # static size, dim_param name, or unknown
 
 
 @dataclass(frozen=True)
@@ -77,16 +77,7 @@ def model_inputs(model: ModelProto) -> list[InputSpec]:
     for vi in model.graph.input:
         if vi.name in inits:
             continue
-        tt = vi.type.tensor_type
-        dims: list[Dim] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
-            else:
-                dims.append(None)
-        out.append(InputSpec(vi.name, tt.elem_type, tuple(dims)))
+        out.append(InputSpec(vi.name, vi.type.tensor_type.elem_type, tensor_dims(vi) or ()))
     return out
 
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
 
+from trtforge.build_engine.onnx_io import Dim, tensor_dims
 from trtforge.plugins.lora import spec
 
-DimT = int | str | None  # a dim_value, a dim_param, or unknown
+DimT = Dim  # a dim_value, a dim_param, or unknown
 
 
 @dataclass(frozen=True)
@@ -19,19 +20,7 @@ class ValueType:
 
 
 def _from_value_info(vi: ValueInfoProto) -> ValueType:
-    tt = vi.type.tensor_type
-    shape: tuple[DimT, ...] | None = None
-    if tt.HasField("shape"):
-        dims: list[DimT] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(d.dim_param)
-            else:
-                dims.append(None)
-        shape = tuple(dims)
-    return ValueType(int(tt.elem_type), shape)
+    return ValueType(int(vi.type.tensor_type.elem_type), tensor_dims(vi))
 
 
 def value_types(model: ModelProto) -> dict[str, ValueType]:
