@@ -1,0 +1,280 @@
+"""A NumPy mirror of plugins/lora/kernel.cu (its loops, index math and scratch layout), for
+tests/plugins/test_lora_kernel_model.py. See that file's docstring for how the mirror works.
+
+If kernel.cu changes, change the mirror here line for line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from trtforge.plugins.lora.launch import plan_simple, simple_o_tile
+from trtforge.plugins.lora.ptx import kernel_define
+
+THREADS, G, MAXR = kernel_define("LORA_THREADS"), kernel_define("LORA_TOKENS"), kernel_define("LORA_MAX_RANK")
+UNROLL = kernel_define("LORA_SORT_UNROLL")
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+EPS = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}
+tid = np.arange(THREADS)
+f32 = np.float32
+
+
+def ld(arr: np.ndarray, idx):  # type: ignore[no-untyped-def]
+    """Bounds-checked gather (NumPy would wrap negative indices silently)."""
+    idx = np.asarray(idx)
+    assert idx.size == 0 or (idx.min() >= 0 and idx.max() < arr.size), f"out of bounds {idx.min()}..{idx.max()}"
+    return arr[idx]
+
+
+def st(arr: np.ndarray, idx, val) -> None:  # type: ignore[no-untyped-def]
+    idx = np.asarray(idx)
+    assert idx.size == 0 or (idx.min() >= 0 and idx.max() < arr.size), f"out of bounds {idx.min()}..{idx.max()}"
+    arr[idx] = val
+
+
+@dataclass
+class Layout:  # lora_scratch(base, max_chunks, num_tokens)
+    done: int
+    start: int
+    len: int
+    slot: int
+    sorted: int
+    vpart: int
+
+    @classmethod
+    def of(cls, max_chunks: int, num_tokens: int) -> Layout:
+        done = 4
+        return cls(done, done + max_chunks, done + 2 * max_chunks, done + 3 * max_chunks, done + 4 * max_chunks,
+                   done + 4 * max_chunks + num_tokens)
+
+
+def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resident: int,  # type: ignore[no-untyped-def]
+                 old_reset: bool = False) -> None:
+    """One launch of lora_fused_* on flat buffers (y updated in place). ``old_reset`` replays the pre-fix kernel."""
+    memf = mem.view(np.float32)
+    T, H, Of, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
+    L = Layout.of(p.max_chunks, T)
+    n_shrink = p.max_chunks * p.n_hs
+    smem_words = p.shared_bytes // 4
+    dt = y.dtype
+
+    def slot_of(t):  # lora_slot_of, vectorized
+        s = np.where(t < T, ld(ids, np.where(t < T, t // tps, 0)), -1)
+        return np.where((s >= 0) & (s < N), s, -1)
+
+    def warp_groups(sv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """__match_any_sync over one warp's 32 values: (peers bitmask per lane, leader = lowest lane of the group)."""
+        peers = np.array([sum(1 << j for j in range(32) if sv[j] == sv[i]) for i in range(32)], np.int64)
+        leader = np.array([(int(m) & -int(m)).bit_length() - 1 for m in peers])
+        return peers, leader
+
+    def popc(v: np.ndarray) -> np.ndarray:
+        return np.array([bin(int(m)).count("1") for m in v])
+
+    def sort() -> None:
+        hist = np.zeros(N, np.int64)  # shared
+        if not old_reset:
+            mem[L.done:L.done + p.max_chunks] = 0
+        lane = tid % 32
+        for t0 in range(0, T, THREADS * UNROLL):
+            sv = [slot_of(t0 + u * THREADS + tid) for u in range(UNROLL)]  # the batch's loads, before any use
+            for u in range(UNROLL):
+                for w in rng.permutation(THREADS // 32):  # warps in any order
+                    ws = sv[u][w * 32:(w + 1) * 32]
+                    peers, leader = warp_groups(ws)
+                    for i in range(32):
+                        if ws[i] >= 0 and leader[i] == i:
+                            hist[ws[i]] += popc(peers[i:i + 1])[0]
+        off = c = 0
+        cursor = np.zeros(N, np.int64)  # shared
+        for s in range(N):
+            n = int(hist[s])
+            cursor[s] = off
+            for i in range(0, n, G):
+                assert c < p.max_chunks, "more chunks than max_chunks"
+                st(mem, L.start + c, off + i), st(mem, L.len + c, min(G, n - i)), st(mem, L.slot + c, s)
+                c += 1
+            off += n
+        mem[3] = c
+        written = np.zeros(T, int)
+        for t0 in range(0, T, THREADS * UNROLL):
+            sv = [slot_of(t0 + u * THREADS + tid) for u in range(UNROLL)]
+            for u in range(UNROLL):
+                for w in rng.permutation(THREADS // 32):  # warps race for the cursors in any order
+                    ws = sv[u][w * 32:(w + 1) * 32]
+                    peers, leader = warp_groups(ws)
+                    base = np.zeros(32, np.int64)
+                    for i in range(32):
+                        if ws[i] >= 0 and leader[i] == i:
+                            base[i] = cursor[ws[i]]
+                            cursor[ws[i]] += popc(peers[i:i + 1])[0]
+                    base = base[leader]  # __shfl_sync(base, leader)
+                    below = popc(peers & ((1 << lane[:32]) - 1))
+                    for i in range(32):
+                        if ws[i] >= 0:
+                            pos = base[i] + below[i]
+                            assert pos < T and written[pos] == 0, "two tokens sorted into one position"
+                            written[pos] = 1
+                            st(mem, L.sorted + pos, t0 + u * THREADS + w * 32 + i)
+        mem[2] = 1  # release
+
+    def shrink(c: int, k: int, h_per_slice: int) -> None:
+        smem = np.full(smem_words, np.nan, np.float32)
+        start, count, slot = (int(ld(mem, w + c)) for w in (L.start, L.len, L.slot))
+        tok = ld(mem, L.sorted + start + tid[:count])
+        rp = 1
+        while rp < R:
+            rp <<= 1
+        r, hsub, nsub = tid % rp, tid // rp, THREADS // rp
+        acc = np.zeros((THREADS, G), np.float32)
+        a_s = slot * H * R
+        h_begin, h_end = k * h_per_slice, min(H, k * h_per_slice + h_per_slice)
+        for h0 in range(h_begin, h_end, p.tile):
+            hn = min(p.tile, h_end - h0)
+            i = np.arange(count * p.tile)
+            g, h = i // p.tile, i % p.tile
+            xv = ld(x, np.where(h < hn, tok[g] * H + h0 + np.minimum(h, hn - 1), 0)).astype(f32)
+            st(smem, i, np.where(h < hn, xv, f32(0)))
+            for m in range(-(-p.tile // nsub)):
+                hh = hsub + m * nsub
+                on = (r < R) & (hh < hn)
+                av = ld(a, np.where(on, a_s + (h0 + hh) * R + r, 0)).astype(f32)
+                for gg in range(count):
+                    xs = ld(smem, np.where(on, gg * p.tile + hh, 0))
+                    acc[:, gg] = np.where(on, acc[:, gg] + xs * av, acc[:, gg])
+        for gg in range(G):  # red[(hsub * G + g) * rp + r] = acc[g]
+            st(smem, (hsub * G + gg) * rp + r, acc[:, gg])
+        for q in range(0, count * R, THREADS):
+            pp = q + tid[tid < count * R - q]
+            g, rr = pp // R, pp % R
+            s = np.zeros(len(pp), np.float32)
+            for j in range(nsub):
+                s = s + ld(smem, (j * G + g) * rp + rr)
+            st(memf, L.vpart + (k * T + start + g) * R + rr, s)
+        mem[L.done + c] += 1  # release
+
+    def expand(c: int, j: int, o_tile: int) -> None:
+        start, count, slot = (int(ld(mem, w + c)) for w in (L.start, L.len, L.slot))
+        tok = ld(mem, L.sorted + start + tid[:count])
+        scale = f32(ld(scales, slot))
+        v = np.full(G * MAXR, np.nan, np.float32)
+        pp = np.arange(count * R)
+        g, rr = pp // R, pp % R
+        s = np.zeros(len(pp), np.float32)
+        for kk in range(p.n_hs):
+            s = s + ld(memf, L.vpart + (kk * T + start + g) * R + rr)
+        st(v, g * MAXR + rr, s * scale)
+        b_s = slot * R * Of
+        o_end = min(Of, (j + 1) * o_tile)
+        for o0 in range(j * o_tile, o_end, THREADS):
+            o = o0 + tid[tid < o_end - o0]
+            acc = np.zeros((G, len(o)), np.float32)
+            for r_ in range(R):
+                bv = ld(b, b_s + r_ * Of + o).astype(f32)
+                for gg in range(count):
+                    acc[gg] = acc[gg] + ld(v, gg * MAXR + r_) * bv
+            for gg in range(count):
+                yi = tok[gg] * Of + o
+                st(y, yi, (ld(y, yi).astype(f32) + acc[gg]).astype(dt))
+
+    def wait(pred) -> Generator:  # type: ignore[no-untyped-def]  # lora_spin_until
+        while not pred():
+            yield pred
+
+    def block() -> Generator:
+        ticket = int(mem[0])  # atomicAdd(&ctrl[0], 1)
+        mem[0] += 1
+        yield None
+        if ticket == 0:
+            sort()
+        else:
+            yield from wait(lambda: mem[2] >= 1)
+            n_chunks = int(mem[3])
+            i = ticket - 1
+            if i < n_shrink:
+                c, k = divmod(i, p.n_hs)
+                h_per_slice = ((H + p.n_hs - 1) // p.n_hs + p.tile - 1) // p.tile * p.tile
+                if c < n_chunks and k * h_per_slice < H:
+                    shrink(c, k, h_per_slice)
+                elif c < n_chunks:
+                    mem[L.done + c] += 1  # empty H slice still counts as done
+            else:
+                e = i - n_shrink
+                c, j = divmod(e, p.n_ot)
+                o_tile = ((Of + p.n_ot - 1) // p.n_ot + 31) // 32 * 32
+                if c < n_chunks and j * o_tile < Of:
+                    yield from wait(lambda: mem[L.done + c] >= p.n_hs)
+                    expand(c, j, o_tile)
+        last = int(mem[1]) == p.grid[0] - 1  # atomicAdd(&ctrl[1], 1) == gridDim.x - 1
+        mem[1] += 1
+        if last:
+            if old_reset:  # the pre-fix kernel zeroed this launch's chunk_done here instead of in the sort
+                mem[L.done:L.done + p.max_chunks] = 0
+            mem[0:4] = 0
+
+    # Scheduler: fill free residency first (each start takes the next ticket), then advance the newest block whose
+    # wait condition holds. A consumer thus runs the moment its flag allows it.
+    running: list[list] = []
+    unstarted = p.grid[0]
+    while running or unstarted:
+        if unstarted and len(running) < resident:
+            gen = block()
+            next(gen)
+            running.append([gen, None])
+            unstarted -= 1
+            continue
+        for item in reversed(running):
+            if item[1] is None or item[1]():
+                try:
+                    item[1] = next(item[0])
+                except StopIteration:
+                    running.remove(item)
+                break
+        else:
+            pytest.fail(f"deadlock: {len(running)} resident blocks all waiting, {unstarted} not started")
+
+
+def simple_launch(x, y, out, a, b, ids, scales, tps, f, dt) -> None:  # type: ignore[no-untyped-def]
+    """lora_simple_*: grid (T, ceil(O / o_tile)); out may be y."""
+    T, H, Of, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
+    p = plan_simple(f, T, dt)
+    o_tile = simple_o_tile(Of)
+    assert p.grid[0] == T and p.grid[1] * o_tile >= Of and p.grid[1] <= 65535
+    for t in range(p.grid[0]):
+        for by in range(p.grid[1]):
+            o0, o1 = by * o_tile, min(Of, by * o_tile + o_tile)
+            slot = int(ld(ids, t // tps))
+            o = np.arange(o0, o1)
+            if slot < 0 or slot >= N:
+                if out is not y:
+                    st(out, t * Of + o, ld(y, t * Of + o))
+                continue
+            rp = 1
+            while rp < R:
+                rp <<= 1
+            r, hsub, nsub = tid % rp, tid // rp, THREADS // rp
+            acc = np.zeros(THREADS, np.float32)
+            for h0 in range(0, H, nsub):
+                h = hsub + h0
+                on = (r < R) & (h < H)
+                xv = ld(x, np.where(on, t * H + h, 0)).astype(f32)
+                av = ld(a, np.where(on, slot * H * R + h * R + r, 0)).astype(f32)
+                acc = np.where(on, acc + xv * av, acc)
+            red = acc
+            v = np.full(MAXR, np.nan, np.float32)
+            s = np.zeros(R, np.float32)
+            for j in range(nsub):
+                s = s + ld(red, j * rp + tid[:R])
+            v[:R] = s * f32(ld(scales, slot))
+            acc_o = np.zeros(len(o), np.float32)
+            for rr in range(R):
+                acc_o = acc_o + v[rr] * ld(b, slot * R * Of + rr * Of + o).astype(f32)
+            st(out, t * Of + o, (ld(y, t * Of + o).astype(f32) + acc_o).astype(y.dtype))
+
+
+# --- cases ------------------------------------------------------------------------------------------------------
