@@ -47,7 +47,7 @@ def _one(kind: str, repeat: int, tmp_root: str | None) -> dict:
     import onnx
     import tensorrt_rtx  # noqa: F401  (import cost is not part of a build)
 
-    from trtforge.build_engine.builder import BuildTimings, build_engine
+    from trtforge.build_engine.engine.builder import BuildTimings, build_engine
     from trtforge.examples.llama import BIGGER, LlamaConfig, make_llama
 
     rss_floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -97,7 +97,7 @@ def main() -> int:
     if args.one:
         print(json.dumps(_one(args.one, args.repeat, args.tmp)))
         return 0
-    from trtforge.build_engine.builder import BuildTimings
+    from trtforge.build_engine.engine.builder import BuildTimings
 
     where = args.tmp or tempfile.gettempdir()
     print(f"trtforge build, profile a100 (TensorRT-RTX, bf16, SM 8.0), median of {args.repeat} builds per model, "

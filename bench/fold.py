@@ -27,9 +27,9 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trtforge.build_engine.fold_check import compare, random_inputs, run_model, uses_low_precision  # noqa: E402
 from trtforge.build_engine.passes import fold  # noqa: E402
 from trtforge.build_engine.passes.pipeline import op_histogram  # noqa: E402
+from trtforge.build_engine.verify.bitwise import compare, random_inputs, run_model, uses_low_precision  # noqa: E402
 
 MODELS = ["distilbert", "minilm", "llama"]
 PRECISIONS = ["fp32", "fp16", "fp16-autocast"]

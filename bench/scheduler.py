@@ -21,13 +21,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from trtforge.build_engine.profiles import load_profile
+from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import PRESETS, plan_kv
 from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-from trtforge.scheduler.simulator import calibrate, simulate
-from trtforge.scheduler.step_time import StepTimeModel
-from trtforge.scheduler.traces import read_mooncake_jsonl
+from trtforge.scheduler.sim.simulator import calibrate, simulate
+from trtforge.scheduler.sim.step_time import StepTimeModel
+from trtforge.scheduler.sim.traces import read_mooncake_jsonl
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 POLICIES = ("fcfs-no-evict", "max-utilization", "cache-aware")

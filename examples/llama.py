@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtforge.examples._graph import FLOAT, FLOAT16, INT32, INT64, GraphWriter, np_dtype
+from ._graph import FLOAT, FLOAT16, INT32, INT64, GraphWriter, np_dtype
 
 __all__ = ["BIGGER", "VARIANTS", "LlamaConfig", "hf_config", "llama_weights", "make_llama", "PROJECTIONS"]
 

@@ -12,15 +12,17 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from trtforge.build_engine.fsutil import write_json
-from trtforge.build_engine.onnx_io import save_model
-from trtforge.examples.llama import BIGGER, LlamaConfig, Variant, hf_config, make_llama
+from trtforge.build_engine.core.fsutil import write_json
+from trtforge.build_engine.core.onnx_io import save_model
+
+from .llama import BIGGER, LlamaConfig, Variant, hf_config, make_llama
 
 FILES: dict[Variant, str] = {"fp32": "llama_fp32.onnx", "fp16-autocast": "llama_fp16_autocast.onnx"}
 
 
-def write_example(out_dir: str | Path, config: LlamaConfig = LlamaConfig(), seed: int = 0) -> dict[str, Path]:
+def write_example(out_dir: str | Path, config: LlamaConfig | None = None, seed: int = 0) -> dict[str, Path]:
     """Write both variants and config.json into ``out_dir`` (created if missing); returns the written paths."""
+    config = LlamaConfig() if config is None else config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}

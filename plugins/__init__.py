@@ -15,7 +15,7 @@ def register_all(trt_module: ModuleType) -> list[str]:
 
     Returns ``namespace::name/version`` of each creator registered (or already registered) in that module.
     """
-    from trtforge.plugins.lora.trt_plugin import register
+    from .lora.trt_plugin import register
 
     return [register(trt_module)]
 
@@ -35,7 +35,8 @@ def configure_builder(trt_module: ModuleType, config: Any) -> None:
 def has_plugin_nodes(model: Any) -> bool:
     """True when an ``onnx.ModelProto`` holds a node of any trtforge plugin (main graph or subgraphs)."""
     from trtforge.build_engine.passes.ir import all_graphs
-    from trtforge.plugins.lora import spec
+
+    from .lora import spec
 
     names = {spec.PLUGIN_NAME}
     return any(node.op_type in names and node.domain in (spec.ONNX_DOMAIN, "")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from trtforge.build_engine.errors import TrtforgeError
+from trtforge.build_engine.core.errors import TrtforgeError
 
 
 class BlockPoolError(TrtforgeError):

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 
 GIB = 1 << 30
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
@@ -186,7 +186,7 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
             weights_dtype: str | None = None, request_tokens: int = 4096, max_num_tokens: int = 8192,
             max_batch: int = 256, memory_fraction: float | None = None,
             tokens_per_block: int | None = None) -> KVPlan:
-    """Plan the KV cache of ``model_spec`` on ``profile`` (a ``trtforge.build_engine.profiles.Profile``).
+    """Plan the KV cache of ``model_spec`` on ``profile`` (a ``trtforge.profiles.loader.Profile``).
 
     Raises InputError (exit 2) when the model does not fit, naming the sizes and what to change.
     """

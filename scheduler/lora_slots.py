@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from trtforge.build_engine.errors import InputError
-from trtforge.scheduler.block_pool import BlockPoolError
+from trtforge.build_engine.core.errors import InputError
+
+from .block_pool import BlockPoolError
 
 
 class LoraSlots:

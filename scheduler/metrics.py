@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trtforge.scheduler.scheduler import Scheduler, StepPlan
+    from .scheduler import Scheduler, StepPlan
 
 
 class SchedulerMetrics:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 
 
 class Skippable(Protocol):

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from trtforge.scheduler.block_pool import BlockPool, BlockPoolError
-from trtforge.scheduler.request import Request
+from .block_pool import BlockPool, BlockPoolError
+from .request import Request
 
 
 def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 
 
 @dataclass(frozen=True)

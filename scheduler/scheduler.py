@@ -20,13 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trtforge.build_engine.errors import InputError
-from trtforge.scheduler.block_pool import BlockPool
-from trtforge.scheduler.lora_slots import LoraSlots
-from trtforge.scheduler.metrics import SchedulerMetrics
-from trtforge.scheduler.policies import Policy, get_policy
-from trtforge.scheduler.prefix_cache import PrefixCache, block_keys
-from trtforge.scheduler.request import Request, Seq
+from trtforge.build_engine.core.errors import InputError
+
+from .block_pool import BlockPool
+from .lora_slots import LoraSlots
+from .metrics import SchedulerMetrics
+from .policies import Policy, get_policy
+from .prefix_cache import PrefixCache, block_keys
+from .request import Request, Seq
 
 RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter"]
 

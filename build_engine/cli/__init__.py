@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _help() -> str:
-    from trtforge.build_engine import __version__
+    from .. import __version__
 
     width = max(len(n) for n in COMMANDS)
     lines = [
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_help())
             return 0
         if opt == "--version":
-            from trtforge.build_engine import __version__
+            from .. import __version__
 
             print(f"trtforge {__version__}")
             return 0

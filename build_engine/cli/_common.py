@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from trtforge.build_engine.errors import InputError, TrtforgeError
+from ..core.errors import InputError, TrtforgeError
 
 
 class UsageError(InputError):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trtforge.build_engine import fsutil
-from trtforge.build_engine.errors import InputError
+from ..core import fsutil
+from ..core.errors import InputError
 
 
 def check_outputs(*named: tuple[str, str | os.PathLike[str] | None]) -> None:

@@ -7,7 +7,7 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.build_engine.cli._common import make_parser, run_command, stdout_console
+from ._common import make_parser, run_command, stdout_console
 
 
 def build_parser() -> ArgumentParser:
@@ -18,7 +18,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _rows() -> list[dict[str, Any]]:
-    from trtforge.build_engine.backend import available_backends, local_gpu_compute_capabilities
+    from ..engine.backend import available_backends, local_gpu_compute_capabilities
 
     local = list(local_gpu_compute_capabilities())
     return [
@@ -28,7 +28,7 @@ def _rows() -> list[dict[str, Any]]:
 
 
 def _run(args: Any) -> int:
-    from trtforge.build_engine.backend import INSTALL_RTX, INSTALL_TRT
+    from ..engine.backend import INSTALL_RTX, INSTALL_TRT
 
     rows = _rows()
     if args.json:

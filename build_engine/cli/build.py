@@ -6,7 +6,7 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.build_engine.cli._common import make_parser, run_command
+from ._common import make_parser, run_command
 
 
 def build_parser() -> ArgumentParser:
@@ -26,7 +26,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from trtforge.build_engine.builder import build_engine
+    from ..engine.builder import build_engine
 
     m = build_engine(args.input, args.profile, args.output, backend=args.backend, force=args.force,
                      progress=not args.no_progress)

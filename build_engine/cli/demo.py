@@ -1,6 +1,6 @@
 """``trtforge demo [--workdir DIR]``: the whole pipeline on the bundled example model.
 
-The steps live in trtforge.build_engine.demo.
+The steps live in trtforge.examples.demo.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtforge.build_engine.cli._common import make_parser, run_command, stdout_console
-from trtforge.build_engine.errors import InputError
+from ..core.errors import InputError
+from ._common import make_parser, run_command, stdout_console
 
 
 def build_parser() -> ArgumentParser:
@@ -26,7 +26,7 @@ def build_parser() -> ArgumentParser:
 def _run(args: Any) -> int:
     from rich.table import Table
 
-    from trtforge.build_engine.demo import run_demo, write_summary
+    from trtforge.examples.demo import run_demo, write_summary
 
     work: Path = args.workdir
     if work.exists() and not work.is_dir():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from argparse import Namespace
 from collections.abc import Sequence
 
-from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command, stdout_console
+from ._common import ArgumentParser, make_parser, run_command, stdout_console
 
 
 def build_parser() -> ArgumentParser:
@@ -43,7 +43,7 @@ def build_parser() -> ArgumentParser:
 def _run(args: Namespace) -> int:
     from rich.table import Table
 
-    from trtforge.build_engine.diff import (
+    from ..verify.diff import (
         check,
         parse_shape_args,
         parse_value_args,

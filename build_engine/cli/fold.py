@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command, stdout_console
-from trtforge.build_engine.cli._outputs import check_outputs
+from ._common import ArgumentParser, make_parser, run_command, stdout_console
+from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
@@ -44,8 +44,8 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
 
 
 def _run(args: Any) -> int:
-    from trtforge.build_engine import fsutil, onnx_io
-    from trtforge.build_engine.passes import fold
+    from ..core import fsutil, onnx_io
+    from ..passes import fold
 
     check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
@@ -55,7 +55,7 @@ def _run(args: Any) -> int:
     report["output"] = str(args.output)
     passed = True
     if args.check:
-        from trtforge.build_engine.fold_check import check_equivalent
+        from ..verify.bitwise import check_equivalent
 
         chk = check_equivalent(loaded.model, result.model, seed=args.seed)
         report["check"] = chk.as_dict()

@@ -6,7 +6,7 @@ import json
 from argparse import Namespace
 from collections.abc import Sequence
 
-from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
+from ._common import ArgumentParser, make_parser, run_command
 
 
 def build_parser() -> ArgumentParser:
@@ -27,9 +27,10 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Namespace) -> int:
-    from trtforge.build_engine.fsutil import write_json
-    from trtforge.build_engine.profiles import load_profile
+    from trtforge.profiles.loader import load_profile
     from trtforge.scheduler.kv_plan import GIB, load_model_spec, plan_kv
+
+    from ..core.fsutil import write_json
 
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)

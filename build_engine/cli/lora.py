@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from trtforge.build_engine.cli._common import ArgumentParser, add_debug, make_parser, run_command
-from trtforge.build_engine.errors import InputError
+from ..core.errors import InputError
+from ._common import ArgumentParser, add_debug, make_parser, run_command
 
 
 def build_parser() -> ArgumentParser:
@@ -52,9 +52,10 @@ def _targets(text: str) -> list[str]:
 
 
 def _inject(args: argparse.Namespace) -> int:
-    from trtforge.build_engine.onnx_io import load_model, save_model
     from trtforge.plugins.lora import spec
     from trtforge.plugins.lora.inject import inject
+
+    from ..core.onnx_io import load_model, save_model
 
     model = load_model(args.input)
     try:
@@ -69,9 +70,10 @@ def _inject(args: argparse.Namespace) -> int:
 
 
 def _decompose(args: argparse.Namespace) -> int:
-    from trtforge.build_engine.onnx_io import load_model, save_model
     from trtforge.plugins import has_plugin_nodes
     from trtforge.plugins.lora.decompose import decompose
+
+    from ..core.onnx_io import load_model, save_model
 
     model = load_model(args.input)
     if not has_plugin_nodes(model):

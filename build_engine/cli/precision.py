@@ -6,8 +6,8 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.build_engine.cli._common import make_parser, run_command
-from trtforge.build_engine.cli._outputs import check_outputs
+from ._common import make_parser, run_command
+from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
@@ -25,8 +25,8 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from trtforge.build_engine import fsutil, onnx_io
-    from trtforge.build_engine.precision import convert_precision
+    from ..core import fsutil, onnx_io
+    from ..precision.convert import convert_precision
 
     check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
@@ -50,9 +50,10 @@ def _refuse_plugin_conflicts(model: Any, path: str, to: str) -> None:
     Conversion only rewrites float32 tensors (16-bit -> 16-bit would round twice), so a "bf16" model would keep
     float16 adapter pools; refuse and name the order that works (inject into the fp32 model, then convert).
     """
-    from trtforge.build_engine.errors import InputError
-    from trtforge.build_engine.precision_plugins import dtype_conflicts
-    from trtforge.build_engine.precision_policy import LOW_TYPES
+    from trtforge.plugins.lora.precision import dtype_conflicts
+
+    from ..core.errors import InputError
+    from ..precision.policy import LOW_TYPES
 
     found = dtype_conflicts(model, LOW_TYPES[to])
     if found:

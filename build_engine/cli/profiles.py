@@ -7,8 +7,9 @@ from argparse import ArgumentParser, Namespace
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.build_engine.cli._common import make_parser, run_command, stdout_console
-from trtforge.build_engine.profiles import Profile, list_profiles, load_profile, profile_to_dict
+from trtforge.profiles.loader import Profile, list_profiles, load_profile, profile_to_dict
+
+from ._common import make_parser, run_command, stdout_console
 
 
 def build_parser() -> ArgumentParser:

@@ -7,8 +7,8 @@ import math
 from argparse import Namespace
 from collections.abc import Sequence
 
-from trtforge.build_engine.cli._common import ArgumentParser, make_parser, run_command
-from trtforge.build_engine.cli._outputs import check_outputs
+from ._common import ArgumentParser, make_parser, run_command
+from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
@@ -37,14 +37,15 @@ def build_parser() -> ArgumentParser:
 def _run(args: Namespace) -> int:
     from dataclasses import replace
 
-    from trtforge.build_engine.errors import InputError
-    from trtforge.build_engine.fsutil import write_json
-    from trtforge.build_engine.profiles import load_profile
+    from trtforge.profiles.loader import load_profile
     from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
     from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-    from trtforge.scheduler.simulator import simulate
-    from trtforge.scheduler.step_time import StepTimeModel
-    from trtforge.scheduler.traces import load_trace
+    from trtforge.scheduler.sim.simulator import simulate
+    from trtforge.scheduler.sim.step_time import StepTimeModel
+    from trtforge.scheduler.sim.traces import load_trace
+
+    from ..core.errors import InputError
+    from ..core.fsutil import write_json
 
     if not 0 < args.kv_scale <= 1:
         raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")
@@ -75,7 +76,7 @@ def _run(args: Namespace) -> int:
         write_json(args.json, {k: (None if isinstance(v, float) and math.isnan(v) else v)
                                for k, v in summary.items()})
     if args.plot:
-        from trtforge.scheduler.plots import plot_results
+        from trtforge.scheduler.sim.plots import plot_results
 
         plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
     keys = ("policy", "requests", "completed", "rejected", "preempted", "stuck", "req_per_s", "throughput_tok_s",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from argparse import Namespace
 from collections.abc import Sequence
 
-from trtforge.build_engine.cli._common import ArgumentParser, UsageError, make_parser, run_command
+from ._common import ArgumentParser, UsageError, make_parser, run_command
 
 
 def build_parser() -> ArgumentParser:
@@ -31,7 +31,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Namespace) -> int:
-    from trtforge.build_engine.triton_repo import check_entry, write_entry
+    from ..triton.repo import check_entry, write_entry
 
     if args.check:
         if args.engine_dir or args.repo or args.name:

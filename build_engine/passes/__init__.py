@@ -6,7 +6,7 @@ Public API: ``fold(model) -> FoldResult(model, report)``. Individual passes live
 
 from __future__ import annotations
 
-from trtforge.build_engine.passes.base import GraphPass, PassResult
-from trtforge.build_engine.passes.pipeline import FoldResult, Pipeline, default_passes, fold
+from .base import GraphPass, PassResult
+from .pipeline import FoldResult, Pipeline, default_passes, fold
 
 __all__ = ["FoldResult", "GraphPass", "PassResult", "Pipeline", "default_passes", "fold"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
-from trtforge.build_engine.passes.ir import GraphCtx
+from .ir import GraphCtx
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class GraphPass:
         raise NotImplementedError
 
     def call(self, model: ModelProto) -> PassResult:
-        from trtforge.build_engine.passes.walk import run_passes
+        from .walk import run_passes
 
         stats = run_passes(model, [self], fixed_point=False)
         return PassResult(model, stats.rewrites > 0)

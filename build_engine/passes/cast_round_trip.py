@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trtforge.build_engine.passes import dtypes as dt
-from trtforge.build_engine.passes.base import GraphPass
-from trtforge.build_engine.passes.ir import GraphCtx
+from . import dtypes as dt
+from .base import GraphPass
+from .ir import GraphCtx
 
 
 class CollapseCastRoundTrip(GraphPass):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper, numpy_helper
 
-from trtforge.build_engine.passes.base import GraphPass
-from trtforge.build_engine.passes.exact_cast import exact_cast
-from trtforge.build_engine.passes.ir import GraphCtx
+from .base import GraphPass
+from .exact_cast import exact_cast
+from .ir import GraphCtx
 
 #: A cast result up to this many elements is folded even when the source constant stays alive (model grows a bit).
 SMALL_CONSTANT = 4096

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from trtforge.build_engine.passes import dtypes as dt
+from . import dtypes as dt
 
 
 def _np_type(t: int) -> np.dtype:

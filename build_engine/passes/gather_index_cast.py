@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from trtforge.build_engine.passes import dtypes as dt
-from trtforge.build_engine.passes.base import GraphPass
-from trtforge.build_engine.passes.ir import GraphCtx
+from . import dtypes as dt
+from .base import GraphPass
+from .ir import GraphCtx
 
 _INDEX_TYPES = (TensorProto.INT32, TensorProto.INT64)
 _OPS = ("Gather", "GatherElements")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
-from trtforge.build_engine.passes import dtypes as dt
+from . import dtypes as dt
 
 
 @dataclass(eq=False, slots=True)

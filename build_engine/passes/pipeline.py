@@ -20,11 +20,11 @@ from typing import Any
 import onnx
 from onnx import GraphProto, ModelProto
 
-from trtforge.build_engine import onnx_io
-from trtforge.build_engine.errors import CheckFailed
-from trtforge.build_engine.passes.base import GraphPass, PassResult
-from trtforge.build_engine.passes.ir import all_graphs, may_have_subgraphs, subgraphs
-from trtforge.build_engine.passes.walk import WalkStats, collect_types, run_passes
+from ..core import onnx_io
+from ..core.errors import CheckFailed
+from .base import GraphPass, PassResult
+from .ir import all_graphs, may_have_subgraphs, subgraphs
+from .walk import WalkStats, collect_types, run_passes
 
 _MAX_ROUNDS = 16
 _PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference cannot take the (skeleton) model
@@ -32,16 +32,16 @@ _PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference can
 
 def default_passes() -> tuple[GraphPass, ...]:
     """Every exact rule, cheapest first; dead-node elimination last (it cleans what the others orphan)."""
-    from trtforge.build_engine.passes.cast_chain import CollapseCastChain
-    from trtforge.build_engine.passes.cast_round_trip import CollapseCastRoundTrip
-    from trtforge.build_engine.passes.const_cast import FoldConstantCast
-    from trtforge.build_engine.passes.dead_nodes import RemoveDeadNodes
-    from trtforge.build_engine.passes.dedup_cast import MergeDuplicateCasts
-    from trtforge.build_engine.passes.gather_index_cast import GatherIndexCast
-    from trtforge.build_engine.passes.identity import RemoveIdentity
-    from trtforge.build_engine.passes.same_cast import RemoveSameTypeCast
-    from trtforge.build_engine.passes.shape_of_cast import ShapeOfCast
-    from trtforge.build_engine.passes.sink_cast import SinkCastThroughDataMovement
+    from .cast_chain import CollapseCastChain
+    from .cast_round_trip import CollapseCastRoundTrip
+    from .const_cast import FoldConstantCast
+    from .dead_nodes import RemoveDeadNodes
+    from .dedup_cast import MergeDuplicateCasts
+    from .gather_index_cast import GatherIndexCast
+    from .identity import RemoveIdentity
+    from .same_cast import RemoveSameTypeCast
+    from .shape_of_cast import ShapeOfCast
+    from .sink_cast import SinkCastThroughDataMovement
 
     return (RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain(),
             FoldConstantCast(), ShapeOfCast(), GatherIndexCast(), MergeDuplicateCasts(),

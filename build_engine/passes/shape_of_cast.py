@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trtforge.build_engine.passes.base import GraphPass
-from trtforge.build_engine.passes.ir import GraphCtx
+from .base import GraphPass
+from .ir import GraphCtx
 
 
 class ShapeOfCast(GraphPass):

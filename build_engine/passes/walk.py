@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from onnx import GraphProto, ModelProto, OperatorSetIdProto
 
-from trtforge.build_engine.passes.ir import GraphCtx, Scope, may_have_subgraphs, subgraphs
+from .ir import GraphCtx, Scope, may_have_subgraphs, subgraphs
 
 if TYPE_CHECKING:
-    from trtforge.build_engine.passes.base import GraphPass
+    from .base import GraphPass
 
 _MAX_LOCAL_ROUNDS = 64
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
 
-from trtforge.build_engine.onnx_io import Dim, tensor_dims
-from trtforge.plugins.lora import spec
+from trtforge.build_engine.core.onnx_io import Dim, tensor_dims
+
+from . import spec
 
 DimT = Dim  # a dim_value, a dim_param, or unknown
 

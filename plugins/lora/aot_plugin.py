@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.plugins.lora import spec
-from trtforge.plugins.lora.launch import kernel_define, simple_o_tile
-from trtforge.plugins.lora.ptx import SIMPLE_ENTRY_NAMES, compile_ptx
+from . import spec
+from .launch import kernel_define, simple_o_tile
+from .ptx import SIMPLE_ENTRY_NAMES, compile_ptx
 
 # An extra argument is ("const", value) or ("x_dim", axis): the runtime size of x's dimension `axis`.
 Arg = tuple[str, int]

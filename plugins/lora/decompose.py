@@ -21,9 +21,10 @@ from __future__ import annotations
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from trtforge.build_engine.errors import InputError
-from trtforge.plugins.lora import spec
-from trtforge.plugins.lora._graph import FLOAT_TYPES, default_opset, is_plugin_node, value_types
+from trtforge.build_engine.core.errors import InputError
+
+from . import spec
+from ._graph import FLOAT_TYPES, default_opset, is_plugin_node, value_types
 
 
 def _const(name: str, values: list[int]) -> NodeProto:

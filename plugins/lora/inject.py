@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto
 
-from trtforge.build_engine.errors import InputError
-from trtforge.plugins.lora import spec
-from trtforge.plugins.lora._graph import FLOAT_TYPES, DimT, ValueType, is_plugin_node, make_input, value_types
+from trtforge.build_engine.core.errors import InputError
+
+from . import spec
+from ._graph import FLOAT_TYPES, DimT, ValueType, is_plugin_node, make_input, value_types
 
 
 @dataclass(frozen=True)

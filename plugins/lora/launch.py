@@ -25,9 +25,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.build_engine.errors import BackendError, InputError
-from trtforge.plugins.lora import spec
-from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
+from trtforge.build_engine.core.errors import BackendError, InputError
+
+from . import spec
+from .ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
 
 DEFAULT_SM_COUNT = 132  # H100/H200 SXM; the launcher reads the real count from the device
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic + static shared memory a block may use without opting in

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trtforge.build_engine.errors import InputError
-from trtforge.plugins.lora import spec
+from trtforge.build_engine.core.errors import InputError
+
+from . import spec
 
 _KEY = re.compile(r"^base_model\.model\.(?P<path>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
 _ST_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": "bfloat16"}
@@ -124,7 +125,7 @@ def layout_from_model(model_path: Path) -> PoolLayout:
     """Read the pool layout from an injected ONNX model's ``lora_a.*``/``lora_b.*`` graph inputs."""
     import onnx
 
-    from trtforge.build_engine.onnx_io import load_model
+    from trtforge.build_engine.core.onnx_io import load_model
 
     model = load_model(model_path)
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
@@ -200,7 +201,7 @@ def write_pool(tensors: Mapping[str, np.ndarray], adapters: Sequence[Adapter], p
     """Atomically write the pool as safetensors; metadata records which folder sits in which slot."""
     from safetensors.numpy import save
 
-    from trtforge.build_engine.fsutil import write_bytes
+    from trtforge.build_engine.core.fsutil import write_bytes
 
     meta = {"format": "trtforge-lora-pool-1", "slots": json.dumps([str(a.folder) for a in adapters])}
     write_bytes(path, save(dict(tensors), metadata=meta))

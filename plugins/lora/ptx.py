@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtforge.build_engine.errors import BackendError, BuildError, InputError
+from trtforge.build_engine.core.errors import BackendError, BuildError, InputError
 
 KERNEL_PATH = Path(__file__).with_name("kernel.cu")
 ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_90")  # A100, A10, H100/H200 (what the profiles target)
@@ -183,7 +183,7 @@ def _compile(arch: str, kind: str, compiler: str, use_cache: bool) -> Ptx:
 def _store(path: Path, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        from trtforge.build_engine.fsutil import write_bytes
+        from trtforge.build_engine.core.fsutil import write_bytes
 
         write_bytes(path, data)
     except (OSError, InputError):  # a read-only home is fine: the cache is optional

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtforge.build_engine.errors import InputError
-from trtforge.plugins.lora import spec
+from trtforge.build_engine.core.errors import InputError
+
+from . import spec
 
 
 def expand_slots(slot_ids: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray:

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 
 PLUGIN_NAME = "LoRAOpPluginDynamic"
 PLUGIN_NAMESPACE = "trtforge"

@@ -27,7 +27,7 @@ import math
 from types import ModuleType
 from typing import Any
 
-from trtforge.plugins.lora import spec
+from . import spec
 
 ALIAS_ENV = "TRTFORGE_LORA_ALIAS"
 _CLASSES: dict[str, tuple[type, type]] = {}
@@ -157,7 +157,7 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
 
         def enqueue(self, input_desc: list[Any], output_desc: list[Any], inputs: list[int], outputs: list[int],
                     workspace: int, stream: int) -> None:
-            from trtforge.plugins.lora.launch import LoraLauncher
+            from .launch import LoraLauncher
 
             dtype = _dtype_name(trt, input_desc[spec.X].type)
             if dtype is None:

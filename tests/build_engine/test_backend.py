@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from trtforge.build_engine import backend as backend_mod
-from trtforge.build_engine.backend import (
+from trtforge.build_engine.core.errors import BackendError
+from trtforge.build_engine.engine import backend as backend_mod
+from trtforge.build_engine.engine.backend import (
     local_gpu_compute_capabilities,
     normalize_cc,
     prepare_plugin_loading,
     rtx_libs_dir,
     select_backend,
 )
-from trtforge.build_engine.errors import BackendError
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None

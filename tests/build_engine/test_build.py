@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 import pytest
 
-from trtforge.build_engine.builder import BuildTimings, build_engine
-from trtforge.build_engine.profiles import load_profile
+from trtforge.build_engine.engine.builder import BuildTimings, build_engine
 from trtforge.examples.llama import LlamaConfig, make_llama
+from trtforge.profiles.loader import load_profile
 from trtforge_testing import assert_one_line_error
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None,
@@ -31,7 +31,7 @@ DTYPE = {"fp16": T.FLOAT16, "bf16": T.BFLOAT16}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from trtforge.build_engine.precision import convert_precision
+    from trtforge.build_engine.precision.convert import convert_precision
 
     folder = tmp_path_factory.mktemp("models")
     fp32 = make_llama(seed=7)

@@ -78,7 +78,7 @@ def test_tolerance_presets_decide(tmp_path: Path, cli) -> None:
 
 
 def test_api_numbers_match_numpy(pair) -> None:
-    from trtforge.build_engine.diff import run_diff
+    from trtforge.build_engine.verify.diff import run_diff
 
     a, _, bad = pair
     result = run_diff(a, bad, seed=11, shapes={"input_ids": (3, 5), "bias": (3, 5, HIDDEN)})
@@ -129,7 +129,7 @@ def test_plugin_models_are_decomposed(tmp_path: Path, cli) -> None:
     ids are drawn from [-1, num_slots), and two copies compare bitwise equal."""
     inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
     pytest.importorskip("trtforge.plugins.lora.decompose")
-    from trtforge.build_engine.diff import run_diff
+    from trtforge.build_engine.verify.diff import run_diff
 
     rng = np.random.default_rng()
     h, o = 16, 16
@@ -198,7 +198,7 @@ def test_folded_weight_is_bitwise_equal(tmp_path: Path, cli) -> None:
 def test_rel_to_scale_is_max_abs_over_reference_scale() -> None:
     import numpy as np
 
-    from trtforge.build_engine.diff import _output_diff
+    from trtforge.build_engine.verify.diff import _output_diff
 
     rng = np.random.default_rng()
     b = rng.standard_normal((3, 50)).astype(np.float32)

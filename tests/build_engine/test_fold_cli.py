@@ -61,8 +61,8 @@ def test_fold_writes_model_and_report(cli, tmp_path: Path) -> None:
 
 def test_check_equivalent_detects_a_lossy_fold() -> None:
     """A pass that is not exact is caught by --check (exercised with a deliberately lossy pass)."""
-    from trtforge.build_engine.fold_check import check_equivalent
     from trtforge.build_engine.passes import fold
+    from trtforge.build_engine.verify.bitwise import check_equivalent
 
     model = _model()
     bad = fold(model, passes=[_DropAnyCastPair()]).model
@@ -154,7 +154,7 @@ def test_check_uses_reference_for_fp16_models_and_token_ids_stay_in_vocab(cli, t
     report = json.loads(rep.read_text())
     assert report["check"]["runtime"] == "onnx.reference" and report["check"]["passed"]
     assert [n.op_type for n in onnx.load(out).graph.node] == ["Gather"]
-    from trtforge.build_engine.fold_check import random_inputs
+    from trtforge.build_engine.verify.bitwise import random_inputs
 
     ids = random_inputs(m, seed=5)["ids"]
     assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 11 and ids.ndim == 2
@@ -163,8 +163,8 @@ def test_check_uses_reference_for_fp16_models_and_token_ids_stay_in_vocab(cli, t
 def test_check_is_not_fooled_by_onnxruntime_weight_prepacking(tmp_path: Path) -> None:
     """MatMul(x, Identity(W)) -> MatMul(x, W) is exact, but onnxruntime pre-packs constant weights (another
     summation order); the check must disable that so an exact fold is not reported as a mismatch."""
-    from trtforge.build_engine.fold_check import check_equivalent
     from trtforge.build_engine.passes import fold
+    from trtforge.build_engine.verify.bitwise import check_equivalent
 
     rng = np.random.default_rng(3)
     w = nh.from_array(rng.standard_normal((256, 300)).astype(np.float32), "w")
@@ -196,7 +196,7 @@ def test_cli_check_failure_exits_1_writes_report_but_not_model(cli, tmp_path: Pa
 
 def test_low_precision_inside_a_function_picks_the_exact_judge() -> None:
     """A Cast to fp16 only inside a model-local function still makes --check judge with onnx.reference."""
-    from trtforge.build_engine.fold_check import uses_low_precision
+    from trtforge.build_engine.verify.bitwise import uses_low_precision
 
     def model(to: int) -> onnx.ModelProto:
         fn = h.make_function("local", "RoundTrip", ["a"], ["b"],

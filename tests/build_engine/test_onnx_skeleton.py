@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from trtforge.build_engine import onnx_io
-from trtforge.build_engine.errors import ModelError
+from trtforge.build_engine.core import onnx_io
+from trtforge.build_engine.core.errors import ModelError
 
 
 def _model(rng: np.random.Generator) -> ModelProto:

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from trtforge.build_engine.precision import convert_precision
-from trtforge.build_engine.precision_policy import KEEP_OPS
+from trtforge.build_engine.precision.convert import convert_precision
+from trtforge.build_engine.precision.policy import KEEP_OPS
 from trtforge.examples.llama import LlamaConfig, make_llama
 from trtforge_testing import assert_one_line_error
 

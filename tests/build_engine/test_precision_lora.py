@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from trtforge.build_engine.precision import convert_precision
+from trtforge.build_engine.precision.convert import convert_precision
 from trtforge.examples.llama import LlamaConfig, make_llama
 from trtforge.plugins.lora.decompose import decompose
 from trtforge.plugins.lora.inject import inject

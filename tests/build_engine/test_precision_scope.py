@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtforge.build_engine.precision import convert_precision
+from trtforge.build_engine.precision.convert import convert_precision
 from trtforge.examples.llama import make_llama
 
 

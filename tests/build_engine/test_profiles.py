@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trtforge.build_engine.errors import ProfileError
-from trtforge.build_engine.profiles import Profile, list_profiles, load_profile, profile_to_dict
+from trtforge.build_engine.core.errors import ProfileError
+from trtforge.profiles.loader import Profile, list_profiles, load_profile, profile_to_dict
 from trtforge_testing import assert_one_line_error
 
 

@@ -46,7 +46,7 @@ def _parse(text: str):
 
 
 def test_write_parses_and_round_trips(tmp_path: Path, cli) -> None:
-    from trtforge.build_engine.triton_config import config_from_proto, render
+    from trtforge.build_engine.triton.config import config_from_proto, render
 
     eng = _engine(tmp_path)
     res = cli("triton", eng, "--repo", tmp_path / "repo", "--name", "llama", "--instances", "2")
@@ -152,8 +152,8 @@ _BROKEN = [
 
 @pytest.mark.parametrize("desc,transform,reason,marker", _BROKEN, ids=[b[0] for b in _BROKEN])
 def test_broken_configs_rejected_with_line(tmp_path: Path, cli, desc, transform, reason, marker) -> None:
-    from trtforge.build_engine.triton_config import load_manifest
-    from trtforge.build_engine.triton_validate import validate_text
+    from trtforge.build_engine.triton.config import load_manifest
+    from trtforge.build_engine.triton.validate import validate_text
 
     eng = _engine(tmp_path)
     repo = tmp_path / "repo"
@@ -179,7 +179,7 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     """Build the bundled example with the real builder (TensorRT-RTX on CPU) and write a repository from it."""
     pytest.importorskip("tensorrt_rtx")
     try:
-        from trtforge.build_engine.builder import build_engine  # noqa: F401
+        from trtforge.build_engine.engine.builder import build_engine  # noqa: F401
         from trtforge.examples.llama import LlamaConfig, make_llama
     except ImportError as exc:
         pytest.skip(f"builder or example model not available yet: {exc}")
@@ -210,7 +210,7 @@ def test_real_lora_engine_refused(tmp_path: Path, cli) -> None:
     """A LoRA-injected model built by the real builder records its Python plugin; Triton output is refused."""
     pytest.importorskip("tensorrt_rtx")
     try:
-        from trtforge.build_engine.builder import build_engine  # noqa: F401
+        from trtforge.build_engine.engine.builder import build_engine  # noqa: F401
         from trtforge.plugins.lora.inject import inject
     except ImportError as exc:
         pytest.skip(f"builder or LoRA inject not available yet: {exc}")

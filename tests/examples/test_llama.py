@@ -208,7 +208,7 @@ def test_hf_config_and_make_example(tmp_path: Path) -> None:
 def test_tensorrt_rtx_parses_fp32(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
     """TensorRT-RTX's ONNX parser accepts the fp32 example (parse only; building is the builder's test)."""
     trt = pytest.importorskip("tensorrt_rtx")
-    from trtforge.build_engine.backend import prepare_plugin_loading, select_backend
+    from trtforge.build_engine.engine.backend import prepare_plugin_loading, select_backend
 
     prepare_plugin_loading(select_backend("tensorrt-rtx"))
     path = tmp_path / "llama.onnx"

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 from trtforge.plugins import has_plugin_nodes
 from trtforge.plugins.lora import reference, spec
 from trtforge.plugins.lora.decompose import decompose

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.launch import kernel_args, max_chunks, plan_launch, scratch_bytes
 from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define, normalize_arch
@@ -139,7 +139,7 @@ def test_aot_launch_spec(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])
 def test_each_compiler_when_available(compiler, tmp_path, monkeypatch):
-    from trtforge.build_engine.errors import BackendError
+    from trtforge.build_engine.core.errors import BackendError
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     try:
@@ -153,7 +153,7 @@ def test_each_compiler_when_available(compiler, tmp_path, monkeypatch):
 @pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])
 def test_cubin_for_the_exact_arch(compiler, tmp_path, monkeypatch):
     """The launcher loads a cubin first (no driver JIT: a compiler newer than the driver still works)."""
-    from trtforge.build_engine.errors import BackendError
+    from trtforge.build_engine.core.errors import BackendError
     from trtforge.plugins.lora.ptx import compile_cubin
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -188,7 +188,7 @@ def _elf_section_sizes(data: bytes, prefix: str) -> dict[str, int]:
 def test_static_shared_memory_fits_the_plan(arch, tmp_path, monkeypatch):
     """plan_launch's FUSED_STATIC_SHARED covers the cubin's static shared memory (the section also holds the 1 KiB
     the hardware reserves per block), so the largest plan (4096 slots) stays under the 48 KiB default."""
-    from trtforge.build_engine.errors import BackendError
+    from trtforge.build_engine.core.errors import BackendError
     from trtforge.plugins.lora.launch import DEFAULT_SHARED_LIMIT, FUSED_STATIC_SHARED
     from trtforge.plugins.lora.ptx import compile_cubin
 

@@ -17,7 +17,7 @@ from trtforge.plugins.lora.inject import inject
 @pytest.fixture(scope="module")
 def rtx():
     pytest.importorskip("tensorrt_rtx")
-    from trtforge.build_engine.backend import prepare_plugin_loading, select_backend
+    from trtforge.build_engine.engine.backend import prepare_plugin_loading, select_backend
 
     backend = select_backend("tensorrt-rtx")
     prepare_plugin_loading(backend)
@@ -74,7 +74,7 @@ def test_fields_survive_serialization_round_trip(rtx, lora_network):
 
 
 def test_aliased_output_builds_with_preview_feature(rtx, lora_network, monkeypatch):
-    from trtforge.build_engine.backend import rtx_compute_capability_enum
+    from trtforge.build_engine.engine.backend import rtx_compute_capability_enum
     from trtforge.plugins.lora.trt_plugin import ALIAS_ENV
 
     monkeypatch.setenv(ALIAS_ENV, "1")
@@ -95,7 +95,7 @@ def test_aliased_output_builds_with_preview_feature(rtx, lora_network, monkeypat
 
 @pytest.mark.parametrize("cc", ["8.0", "8.6"])
 def test_engine_builds_with_plugin(rtx, lora_network, cc):
-    from trtforge.build_engine.backend import rtx_compute_capability_enum
+    from trtforge.build_engine.engine.backend import rtx_compute_capability_enum
 
     builder, network, _ = lora_network
     config = builder.create_builder_config()  # plain config: the default (non-aliased) plugin needs nothing more

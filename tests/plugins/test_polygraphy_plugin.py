@@ -53,15 +53,15 @@ def test_entry_point_declared() -> None:
 
     eps = metadata.entry_points().select(group="polygraphy.run.plugins")
     assert "trtforge" in eps.names
-    assert eps["trtforge"].value == "trtforge.plugins.polygraphy_plugin:register"
+    assert eps["trtforge"].value == "trtforge.build_engine.engine.polygraphy_plugin:register"
 
 
 def test_register_returns_no_arg_groups_and_registers_creators() -> None:
     _needs_plugin_glue()
     import tensorrt_rtx as trt
 
+    from trtforge.build_engine.engine.polygraphy_plugin import register_plugins
     from trtforge.plugins.lora import spec
-    from trtforge.plugins.polygraphy_plugin import register_plugins
 
     assert register_plugins(trt)
     creator = trt.get_plugin_registry().get_creator(spec.PLUGIN_NAME, spec.PLUGIN_VERSION, spec.PLUGIN_NAMESPACE)
@@ -88,7 +88,7 @@ def test_polygraphy_convert_builds_lora_model(tmp_path: Path) -> None:
 def test_without_rtx_variable_nothing_is_imported(tmp_path: Path) -> None:
     """Without POLYGRAPHY_USE_TENSORRT_RTX, the hook targets full TensorRT, which is absent here: it registers
     nothing and imports no TensorRT module, so unrelated Polygraphy commands are unaffected."""
-    code = ("import sys; from trtforge.plugins.polygraphy_plugin import register; "
+    code = ("import sys; from trtforge.build_engine.engine.polygraphy_plugin import register; "
             "assert register() == []; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'tensorrt_rtx')))")
     env = {k: v for k, v in os.environ.items() if k != "POLYGRAPHY_USE_TENSORRT_RTX"}

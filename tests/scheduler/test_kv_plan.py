@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trtforge.build_engine.errors import InputError
-from trtforge.build_engine.profiles import load_profile
+from trtforge.build_engine.core.errors import InputError
+from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import GIB, PRESETS, ModelSpec, load_model_spec, plan_kv
 from trtforge_testing import assert_one_line_error
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trtforge.build_engine.errors import InputError
+from trtforge.build_engine.core.errors import InputError
 from trtforge.scheduler.block_pool import BlockPool, BlockPoolError
 from trtforge.scheduler.lora_slots import LoraSlots
 from trtforge.scheduler.prefix_cache import PrefixCache

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from functools import partial
 
-from trtforge.build_engine.profiles import load_profile
+from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import PRESETS
 from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-from trtforge.scheduler.simulator import calibrate, percentile, simulate
-from trtforge.scheduler.step_time import StepTimeModel
-from trtforge.scheduler.traces import synthetic_trace
+from trtforge.scheduler.sim.simulator import calibrate, percentile, simulate
+from trtforge.scheduler.sim.step_time import StepTimeModel
+from trtforge.scheduler.sim.traces import synthetic_trace
 from trtforge_testing import assert_one_line_error
 
 KEYS = ("policy", "requests", "completed", "rejected", "preempted", "throughput_tok_s", "ttft_p50_s",

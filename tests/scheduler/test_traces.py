@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from trtforge.build_engine.errors import InputError
-from trtforge.scheduler.traces import load_trace, read_azure_csv, read_mooncake_jsonl, synthetic_trace
+from trtforge.build_engine.core.errors import InputError
+from trtforge.scheduler.sim.traces import load_trace, read_azure_csv, read_mooncake_jsonl, synthetic_trace
 from trtforge_testing import SHARED
 
 TRACES = SHARED / "traces"

@@ -7,9 +7,9 @@ import importlib.util
 
 import pytest
 
-from trtforge.build_engine.errors import BackendError
+from trtforge.build_engine.core.errors import BackendError
+from trtforge.scheduler.integrations.trtllm import Candidate, decide
 from trtforge.scheduler.policies import get_policy
-from trtforge.scheduler.trtllm_adapter import Candidate, decide
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 
@@ -36,7 +36,7 @@ def test_decide_respects_max_requests() -> None:
 
 @pytest.mark.skipif(HAS_TRTLLM, reason="TensorRT-LLM is installed")
 def test_absent_trtllm_gives_clear_error() -> None:
-    from trtforge.scheduler.trtllm_adapter import CacheAwareCapacityScheduler, install, patch_executor_creation
+    from trtforge.scheduler.integrations.trtllm import CacheAwareCapacityScheduler, install, patch_executor_creation
 
     for call in (lambda: install(object()), patch_executor_creation,
                  lambda: CacheAwareCapacityScheduler(None, 8)):
@@ -48,7 +48,7 @@ def test_with_real_trtllm() -> None:
     pytest.importorskip("tensorrt_llm")
     from tensorrt_llm._torch.pyexecutor import _util
 
-    from trtforge.scheduler.trtllm_adapter import patch_executor_creation
+    from trtforge.scheduler.integrations.trtllm import patch_executor_creation
 
     original = _util.create_py_executor_instance
     restore = patch_executor_creation()

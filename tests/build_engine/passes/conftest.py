@@ -51,7 +51,7 @@ def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
 def _assert_same_outputs(a: onnx.ModelProto, b: onnx.ModelProto, seeds: Sequence[int] = (1, 2)) -> None:
     from onnx.reference import ReferenceEvaluator
 
-    from trtforge.build_engine.fold_check import compare
+    from trtforge.build_engine.verify.bitwise import compare
 
     for seed in seeds:
         feeds = _feeds(a, seed)

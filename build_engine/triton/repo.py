@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtforge.build_engine import fsutil
-from trtforge.build_engine.errors import CheckFailed, InputError
-from trtforge.build_engine.triton_config import (
+from ..core import fsutil
+from ..core.errors import CheckFailed, InputError
+from .config import (
     TritonConfig,
     check_model_name,
     load_manifest,
@@ -25,7 +25,7 @@ from trtforge.build_engine.triton_config import (
     serving_notes,
     validate_manifest,
 )
-from trtforge.build_engine.triton_validate import Problem, validate_text
+from .validate import Problem, validate_text
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _plan_path(engine_dir: Path, manifest: dict[str, Any]) -> Path:
 def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version: int = 1,
                 max_batch: int | None = None, instances: int = 1, force: bool = False) -> EntryReport:
     """Write ``REPO/NAME`` for the engine in ``engine_dir``; raises InputError (bad input) or CheckFailed."""
-    from trtforge.build_engine.onnx_io import sha256_file
+    from ..core.onnx_io import sha256_file
 
     engine = Path(engine_dir)
     check_model_name(name)
@@ -105,7 +105,7 @@ def _versions(model_dir: Path) -> list[int]:
 
 def check_entry(model_dir: str | Path) -> EntryReport:
     """Validate an existing ``REPO/NAME``. Raises InputError if it is not a model folder, CheckFailed if broken."""
-    from trtforge.build_engine.onnx_io import sha256_file
+    from ..core.onnx_io import sha256_file
 
     mdir = Path(model_dir)
     if not mdir.is_dir():
@@ -143,7 +143,7 @@ def check_entry(model_dir: str | Path) -> EntryReport:
             problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
     if problems:
         raise CheckFailed("; ".join(problems))
-    from trtforge.build_engine.triton_config import config_from_proto
+    from .config import config_from_proto
 
     return EntryReport(mdir, config_from_proto(proto), tuple(versions))
 

@@ -144,7 +144,7 @@ def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
         return (f"{r.get('nodes_low')} ops in {r.get('to')}, {r.get('nodes_fp32')} kept in fp32, "
                 f"{r.get('casts_inserted')} Casts inserted, {r.get('initializers_converted')} weights converted", outs)
     if argv[0] == "lora" and argv[1] == "inject":
-        from trtforge.build_engine.onnx_io import load_model
+        from trtforge.build_engine.core.onnx_io import load_model
         from trtforge.plugins.lora import spec
 
         g = load_model(argv[argv.index("-o") + 1], check=False).graph
@@ -186,7 +186,7 @@ def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
 
 
 def _make_example(work: Path) -> None:
-    from trtforge.examples.make_example import write_example
+    from .make_example import write_example
 
     write_example(work / "00_model")
 
@@ -228,7 +228,7 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
 
 def write_summary(work: Path, results: list[StepResult]) -> str:
     """summary.json and summary.md in the work folder; returns the markdown table."""
-    from trtforge.build_engine.fsutil import write_json, write_text
+    from trtforge.build_engine.core.fsutil import write_json, write_text
 
     rows = ["| step | status | seconds | result |", "|---|---|---:|---|"]
     rows += [f"| {r.name} | {r.status} | {r.seconds:.1f} | {r.detail} |" for r in results]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from trtforge.scheduler.kv_plan import DTYPE_BYTES, ModelSpec
+from ..kv_plan import DTYPE_BYTES, ModelSpec
 
 CALIBRATION: Final[Mapping[str, Any]] = MappingProxyType({
     "source": "NVIDIA TensorRT-LLM Performance Overview (perf-overview.md, v0.19/v0.20), trtllm-bench throughput",

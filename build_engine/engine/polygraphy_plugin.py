@@ -17,7 +17,7 @@ imports ``tensorrt_rtx`` instead of ``tensorrt``, and ``--compute-capabilities 8
 variable is set; ``tools/args/backend/trt/config.py``) becomes ``trt.ComputeCapability.SM80/SM86`` targets on the
 builder config (``backend/tensorrt_rtx/config.py``). So with the variable set, this hook registers into
 ``tensorrt_rtx`` and first creates the ``libtensorrt_rtx.so`` link its ONNX parser needs to load plugins
-(``trtforge.build_engine.backend.prepare_plugin_loading``); otherwise into ``tensorrt`` if it is installed. When
+(``trtforge.build_engine.engine.backend.prepare_plugin_loading``); otherwise into ``tensorrt`` if it is installed. When
 the chosen module is not installed nothing is imported or registered, so Polygraphy commands that need no TensorRT
 stay unaffected.
 
@@ -53,8 +53,9 @@ def register_plugins(trt_module: Any | None = None) -> list[str]:
     Returns the registered ``namespace::name/version`` strings, or ``[]`` when that module is not installed.
     Raises BackendError when TensorRT-RTX lacks the ``libtensorrt_rtx.so`` link and it cannot be created.
     """
-    from trtforge.build_engine.backend import prepare_plugin_loading, select_backend
     from trtforge.plugins import register_all
+
+    from .backend import prepare_plugin_loading, select_backend
 
     if trt_module is None:
         choice, module_name = ("tensorrt-rtx", "tensorrt_rtx") if polygraphy_uses_rtx() else ("tensorrt", "tensorrt")

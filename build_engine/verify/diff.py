@@ -14,7 +14,7 @@ bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
 
 ``atol=rtol=0`` means bitwise: every output must be byte-identical (so -0.0 vs +0.0 and NaN payloads count too).
 
-Inputs are planned by ``trtforge.build_engine.diff_inputs`` (small sizes for dynamic dims, integer inputs bounded
+Inputs are planned by ``trtforge.build_engine.verify.inputs`` (small sizes for dynamic dims, integer inputs bounded
 to valid indices). Models with plugin nodes are decomposed to standard ONNX ops (``trtforge.plugins.lora.decompose``)
 into a temporary file first, since onnxruntime cannot run them.
 
@@ -33,14 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.build_engine.diff_inputs import (  # noqa: F401  (re-exported for callers of trtforge.build_engine.diff)
+from ..core.errors import CheckFailed, InputError, ModelError
+from .inputs import (  # noqa: F401  (re-exported for callers of trtforge.build_engine.verify.diff)
     InputSpec,
     graph_inputs,
     parse_shape_args,
     parse_value_args,
     plan_inputs,
 )
-from trtforge.build_engine.errors import CheckFailed, InputError, ModelError
 
 PRESETS: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-5), "fp16": (1e-2, 1e-3), "bf16": (5e-2, 1e-2)}
 
@@ -110,8 +110,9 @@ def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple
     if not has_plugin_nodes(model):
         yield str(path), False
         return
-    from trtforge.build_engine.onnx_io import save_model
     from trtforge.plugins.lora.decompose import decompose
+
+    from ..core.onnx_io import save_model
 
     out = workdir / f"{tag}.decomposed.onnx"
     save_model(decompose(model), out)
@@ -146,7 +147,7 @@ def _runner(path: str, name: str, optimize: bool) -> Any:
 
 def _engine_runner(engine_dir: Path, name: str) -> Any:
     """Polygraphy TrtRunner over ``engine_dir/model.plan`` (needs full TensorRT and a GPU; not run in CI)."""
-    from trtforge.build_engine.triton_config import load_manifest
+    from ..triton.config import load_manifest
 
     manifest = load_manifest(engine_dir)
     try:
@@ -157,14 +158,14 @@ def _engine_runner(engine_dir: Path, name: str) -> Any:
         raise InputError(f"{engine_dir}: comparing an engine needs polygraphy's TensorRT backend ({exc})") from exc
     trt = lazy_import_trt()
     if manifest.get("plugins"):
-        from trtforge.plugins.polygraphy_plugin import register_plugins
+        from ..engine.polygraphy_plugin import register_plugins
 
         register_plugins(trt)
     return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest["plan"]))), name=name)
 
 
 def _load(path: Path) -> Any:
-    from trtforge.build_engine.onnx_io import load_model
+    from ..core.onnx_io import load_model
 
     if path.is_dir():
         return None
@@ -291,8 +292,7 @@ def quiet_polygraphy() -> Iterator[None]:
 
 def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path]:
     """The files ``save_results(result, path)`` writes, each checked writable (and not one of ``models``) first."""
-    from trtforge.build_engine import fsutil
-
+    from ..core import fsutil
     dest = Path(path)
     paths = [dest, dest.with_name(dest.stem + ".accuracy.json"), dest.with_name(dest.stem + ".summary.json")]
     inputs = {Path(m).resolve() for m in models}
@@ -306,8 +306,7 @@ def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path
 def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     """``path``: Polygraphy ``RunResults`` JSON (``RunResults.load`` / ``polygraphy inspect data`` read it);
     ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
-    from trtforge.build_engine import fsutil
-
+    from ..core import fsutil
     dest, acc, summ = save_paths(path)
     with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp:
         result.run_results.save(str(tmp))

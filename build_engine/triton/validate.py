@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.build_engine.triton_config import DTYPE_TO_TRITON, engine_max_batch
+from .config import DTYPE_TO_TRITON, engine_max_batch
 
 # TensorRT cannot bind these (strings) or they are not data types at all.
 _UNBINDABLE = {"TYPE_INVALID", "TYPE_STRING"}

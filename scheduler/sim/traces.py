@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from trtforge.build_engine.errors import InputError
-from trtforge.scheduler.request import Request
+from trtforge.build_engine.core.errors import InputError
+
+from ..request import Request
 
 MOONCAKE_BLOCK_TOKENS = 512
 

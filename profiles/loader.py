@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from trtforge.build_engine.errors import ProfileError
+from trtforge.build_engine.core.errors import ProfileError
 
 __all__ = [
     "BuilderSettings", "Hardware", "KVSettings", "LoraSettings", "Precision", "Profile", "Range", "ShapeProfile",

@@ -27,13 +27,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from trtforge.build_engine import fsutil, onnx_io
-from trtforge.build_engine.backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
-from trtforge.build_engine.build_timings import BuildTimings, _Timer
-from trtforge.build_engine.errors import BuildError, InputError
-from trtforge.build_engine.manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, TensorInfo, make_manifest
-from trtforge.build_engine.profiles import Profile, load_profile
-from trtforge.build_engine.shapes import InputPlan, plan_shapes
+from trtforge.profiles.loader import Profile, load_profile
+
+from ..core import fsutil, onnx_io
+from ..core.errors import BuildError, InputError
+from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
+from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, TensorInfo, make_manifest
+from .shapes import InputPlan, plan_shapes
+from .timings import BuildTimings, _Timer
 
 # TensorRT DataType member name -> numpy dtype name (bfloat16/fp8 have no numpy type, so trt.nptype cannot be used).
 _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
@@ -157,12 +158,13 @@ def _sha256(data: bytes | memoryview) -> str:
 def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, timings: BuildTimings) -> _Staged:
     """Precision conversion to the profile's type, then folding; the facts the later steps need about the result."""
     with _Timer(timings, "convert"):
-        from trtforge.build_engine.precision import convert_precision
+        from ..precision.convert import convert_precision
 
         converted = convert_precision(loaded.model, prof.precision.dtype, fold=False).model
     with _Timer(timings, "fold"):
-        from trtforge.build_engine.passes import fold
         from trtforge.plugins import has_plugin_nodes
+
+        from ..passes import fold
 
         model = fold(converted).model
         del converted
@@ -326,12 +328,12 @@ def _effective_precision(model: Any, wanted: str) -> str:
 
 
 def _built_ccs(backend: Backend, cc: str) -> list[str]:
-    from trtforge.build_engine.backend import normalize_cc
+    from .backend import normalize_cc
 
     return [normalize_cc(cc)]
 
 
 def make_monitor(trt: ModuleType) -> Any:
-    from trtforge.build_engine.progress import make_progress_monitor
+    from .progress import make_progress_monitor
 
     return make_progress_monitor(trt)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.build_engine.errors import InputError
+from ..core.errors import InputError
 
 _PASSTHROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 _LORA_OP = "LoRAOpPluginDynamic"

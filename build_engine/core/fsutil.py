@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtforge.build_engine.errors import InputError
+from .errors import InputError
 
 
 def _default_mode(base: int) -> int:

@@ -13,7 +13,7 @@ def plot_results(results: Sequence[tuple[str, object]], out: str | Path) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from trtforge.build_engine.fsutil import atomic_path
+    from trtforge.build_engine.core.fsutil import atomic_path
 
     fig, (ax_kv, ax_q, ax_cdf) = plt.subplots(3, 1, figsize=(9, 10))
     for label, res in results:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
-from trtforge.build_engine.passes.ir import all_graphs, subgraphs
+from ..passes.ir import all_graphs, subgraphs
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
                   TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}

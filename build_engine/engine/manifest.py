@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtforge.build_engine.shapes import InputPlan
+from .shapes import InputPlan
 
 FORMAT = 1
 PLAN_NAME = "model.plan"

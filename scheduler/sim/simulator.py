@@ -19,11 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtforge.build_engine.errors import InputError
-from trtforge.scheduler.prefix_cache import block_keys
-from trtforge.scheduler.request import Request
-from trtforge.scheduler.scheduler import Scheduler
-from trtforge.scheduler.step_time import StepTimeModel
+from trtforge.build_engine.core.errors import InputError
+
+from ..prefix_cache import block_keys
+from ..request import Request
+from ..scheduler import Scheduler
+from .step_time import StepTimeModel
 
 ROUTERS = ("round-robin", "prefix-affinity")
 
@@ -185,9 +186,9 @@ def _summarize(reqs: Sequence[Request], reps: list[_Replica], first: dict[str, f
 
 def calibrate(profile: Any, max_running: int = 512, token_budget: int = 8192) -> dict[str, Any]:
     """Replay ``step_time.CALIBRATION`` (an offline trtllm-bench run) and return model / published throughput."""
-    from trtforge.scheduler.kv_plan import PRESETS, plan_kv
-    from trtforge.scheduler.scheduler import SchedulerConfig
-    from trtforge.scheduler.step_time import CALIBRATION
+    from ..kv_plan import PRESETS, plan_kv
+    from ..scheduler import SchedulerConfig
+    from .step_time import CALIBRATION
 
     c = CALIBRATION
     spec = PRESETS[str(c["model"])]

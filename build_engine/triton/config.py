@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtforge.build_engine.errors import InputError
+from ..core.errors import InputError
 
 # numpy dtype names used in manifests -> Triton DataType enum names.
 DTYPE_TO_TRITON: dict[str, str] = {

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto
 
-from trtforge.build_engine.errors import InputError
-from trtforge.build_engine.onnx_io import Dim, tensor_dims
-from trtforge.build_engine.profiles import Profile, Range
+from trtforge.profiles.loader import Profile, Range
+
+from ..core.errors import InputError
+from ..core.onnx_io import Dim, tensor_dims
 
 BATCH_NAMES = frozenset({"batch", "batch_size", "batchsize", "b", "n", "num_sequences"})
 SEQUENCE_NAMES = frozenset({"sequence", "seq", "seq_len", "seqlen", "sequence_length", "s", "tokens", "num_tokens",

@@ -27,8 +27,9 @@ from collections.abc import Mapping
 
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from trtforge.build_engine.errors import ModelError
-from trtforge.plugins.lora import spec
+from trtforge.build_engine.core.errors import ModelError
+
+from . import spec
 
 _DTYPE_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 _SHARED = (spec.X, spec.Y, spec.LORA_A, spec.LORA_B)  # inputs bound to the op's one float dtype D

@@ -27,9 +27,11 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from trtforge.build_engine import onnx_io, precision_plugins
-from trtforge.build_engine.errors import InputError, ModelError
-from trtforge.build_engine.precision_policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
+from trtforge.plugins.lora import precision as precision_plugins
+
+from ..core import onnx_io
+from ..core.errors import InputError, ModelError
+from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
 
 PRECISIONS = tuple(LOW_TYPES)
 _NO_UPCAST = frozenset({"Cast", "Shape", "Size", "CastLike"})  # ops whose input dtype does not change the result
@@ -257,7 +259,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         "pool_inputs_converted": len(retyped),
     }
     if fold:
-        from trtforge.build_engine.passes import fold as run_fold
+        from ..passes import fold as run_fold
 
         folded = run_fold(converted)
         converted = folded.model

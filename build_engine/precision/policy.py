@@ -31,9 +31,10 @@ from enum import Enum
 import onnx
 from onnx import NodeProto, TensorProto
 
-from trtforge.build_engine import precision_plugins
-from trtforge.build_engine.errors import InputError
+from trtforge.plugins.lora import precision as precision_plugins
 from trtforge.plugins.lora import spec
+
+from ..core.errors import InputError
 
 FLOAT = TensorProto.FLOAT
 LOW_TYPES = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}

@@ -28,9 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtforge.build_engine.errors import BackendError
-from trtforge.scheduler.policies import Policy, get_policy
-from trtforge.scheduler.scheduler import RejectReason
+from trtforge.build_engine.core.errors import BackendError
+
+from ..policies import Policy, get_policy
+from ..scheduler import RejectReason
 
 _FIX = ("install TensorRT-LLM (pip install tensorrt_llm from NVIDIA's index, or use an NGC TensorRT-LLM "
         "container) to use the TensorRT-LLM adapter; the simulator needs nothing")

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from trtforge.build_engine.errors import BackendError
+from ..core.errors import BackendError
 
 CHOICES = ("auto", "tensorrt", "tensorrt-rtx")
 # CLI spelling -> module / manifest name.

@@ -29,7 +29,7 @@ from typing import Any
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto
 
-from trtforge.build_engine.errors import InputError, ModelError
+from .errors import InputError, ModelError
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
 _EXTERNAL_THRESHOLD = 1_800_000_000

@@ -1,0 +1,1 @@
+"""trtforge.build_engine.core."""

@@ -1,0 +1,1 @@
+"""trtforge.scheduler.integrations."""
