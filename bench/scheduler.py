@@ -25,7 +25,7 @@ from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import PRESETS, plan_kv
 from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-from trtforge.scheduler.sim.simulator import calibrate, simulate
+from trtforge.scheduler.sim.simulator import SimSummary, calibrate, simulate
 from trtforge.scheduler.sim.step_time import StepTimeModel
 from trtforge.scheduler.sim.traces import read_mooncake_jsonl
 
@@ -33,14 +33,14 @@ TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 POLICIES = ("fcfs-no-evict", "max-utilization", "cache-aware")
 
 
-def _fmt(r: dict) -> str:
-    return (f"completed {r['completed']:5d}  rejected {r['rejected']:3d}  stuck {r['stuck']:5d}  preempted "
-            f"{r['preempted']:3d}  req/s {r['req_per_s']:.3f}  ttft p50 {r['ttft_p50_s']:7.2f}s p99 "
-            f"{r['ttft_p99_s']:7.2f}s  tpot p50 {1e3 * r['tpot_p50_s']:5.1f}ms  kv {r['kv_utilization_mean']:.2f}  "
-            f"hit {r['prefix_hit_rate']:.3f}")
+def _fmt(r: SimSummary) -> str:
+    return (f"completed {r.completed:5d}  rejected {r.rejected:3d}  stuck {r.stuck:5d}  preempted "
+            f"{r.preempted:3d}  req/s {r.req_per_s:.3f}  ttft p50 {r.ttft_p50_s:7.2f}s p99 "
+            f"{r.ttft_p99_s:7.2f}s  tpot p50 {1e3 * r.tpot_p50_s:5.1f}ms  kv {r.kv_utilization_mean:.2f}  "
+            f"hit {r.prefix_hit_rate:.3f}")
 
 
-def policies(reqs: list[Request], blocks: int, model: StepTimeModel, label: str) -> dict[str, dict]:
+def policies(reqs: list[Request], blocks: int, model: StepTimeModel, label: str) -> dict[str, SimSummary]:
     print(f"\n[{label}] {len(reqs)} requests, {blocks} blocks/replica x 3 replicas (round-robin)")
     out = {}
     for pol in POLICIES:
@@ -49,12 +49,12 @@ def policies(reqs: list[Request], blocks: int, model: StepTimeModel, label: str)
         out[pol] = simulate(reqs, lambda cfg=cfg: Scheduler(cfg), model, replicas=3).summary
         print(f"  {pol:16s} {_fmt(out[pol])}  ({time.perf_counter() - t0:.1f}s wall)")
     f, c = out["fcfs-no-evict"], out["cache-aware"]
-    ratio = c["req_per_s"] / f["req_per_s"]
-    p99 = (c["ttft_p99_s"] - f["ttft_p99_s"]) / f["ttft_p99_s"]
-    p50 = (c["ttft_p50_s"] - f["ttft_p50_s"]) / f["ttft_p50_s"]
-    print(f"  cache-aware / fcfs-no-evict: completed req/s x{ratio:.2f}, completed {c['completed']} vs "
-          f"{f['completed']}, ttft p99 {100 * p99:+.0f}%, ttft p50 {100 * p50:+.0f}%, cache-aware preemptions "
-          f"{c['preempted']}, rejections {c['rejected_by_kind'] or 0}")
+    ratio = c.req_per_s / f.req_per_s
+    p99 = (c.ttft_p99_s - f.ttft_p99_s) / f.ttft_p99_s
+    p50 = (c.ttft_p50_s - f.ttft_p50_s) / f.ttft_p50_s
+    print(f"  cache-aware / fcfs-no-evict: completed req/s x{ratio:.2f}, completed {c.completed} vs "
+          f"{f.completed}, ttft p99 {100 * p99:+.0f}%, ttft p50 {100 * p50:+.0f}%, cache-aware preemptions "
+          f"{c.preempted}, rejections {c.rejected_by_kind or 0}")
     return out
 
 
@@ -64,7 +64,7 @@ def routing(reqs: list[Request], blocks: int, model: StepTimeModel) -> None:
     for router in ("round-robin", "prefix-affinity"):
         cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=64, policy="cache-aware")
         r = simulate(reqs, lambda cfg=cfg: Scheduler(cfg), model, replicas=4, router=router).summary
-        rates[router] = r["prefix_hit_rate"]
+        rates[router] = r.prefix_hit_rate
         print(f"  {router:16s} {_fmt(r)}")
     print(f"  prefix hit rate prefix-affinity / round-robin: x{rates['prefix-affinity'] / rates['round-robin']:.2f}")
 

@@ -69,19 +69,18 @@ def _run(args: Namespace) -> int:
     model = StepTimeModel.from_profile(profile, spec)
     res = simulate(reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
                    horizon_s=args.horizon)
-    summary = {**res.summary, "router": args.router, "trace": args.trace, "profile": profile.name,
-               "model": spec.name, "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_scale": args.kv_scale,
-               "time_scale": args.time_scale}
     if args.json:
-        write_json(args.json, {k: (None if isinstance(v, float) and math.isnan(v) else v)
-                               for k, v in summary.items()})
+        write_json(args.json, {**res.summary.to_json(), "router": args.router, "trace": args.trace,
+                               "profile": profile.name, "model": spec.name,
+                               "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_scale": args.kv_scale,
+                               "time_scale": args.time_scale})
     if args.plot:
         from trtforge.scheduler.sim.plots import plot_results
 
         plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
     keys = ("policy", "requests", "completed", "rejected", "preempted", "stuck", "req_per_s", "throughput_tok_s",
             "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
-    print(json.dumps({k: summary[k] for k in keys}, indent=1))
+    print(json.dumps({k: getattr(res.summary, k) for k in keys}, indent=1))
     return 0
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
@@ -56,9 +56,41 @@ class _Replica:
         return not self.stalled and bool(self.sched.running or self.sched.queue)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SimSummary:
+    """What one replay measured (times in simulated seconds; NaN where there was nothing to measure)."""
+
+    policy: str
+    replicas: int
+    requests: int
+    completed: int
+    rejected: int
+    rejected_by_kind: dict[str, int]  # rejection kind -> count
+    preempted: int
+    stuck: int  # still queued or running when the run stopped
+    stuck_ids: tuple[str, ...]  # the first 20 of them
+    duration_s: float
+    req_per_s: float
+    throughput_tok_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    kv_utilization_mean: float
+    prefix_hit_rate: float
+    steps: int
+    num_blocks_per_replica: int
+    tokens_per_block: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``trtforge simulate --json`` keys, in field order; NaN becomes ``null`` (strict JSON)."""
+        out = asdict(self)
+        out["stuck_ids"] = list(self.stuck_ids)
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+@dataclass(frozen=True)
 class SimResult:
-    summary: dict[str, Any]
+    summary: SimSummary
     samples: list[tuple[float, float, int]] = field(default_factory=list)  # (time, kv used fraction, queued)
     ttfts: list[float] = field(default_factory=list)
 
@@ -155,7 +187,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
 
 
 def _summarize(reqs: Sequence[Request], reps: list[_Replica], first: dict[str, float], done: dict[str, float],
-               rejected: dict[str, str], end: float, t_start: float, steps: int) -> dict[str, Any]:
+               rejected: dict[str, str], end: float, t_start: float, steps: int) -> SimSummary:
     by_id = {r.id: r for r in reqs}
     stuck = [r.id for r in reqs if r.id not in done and r.id not in rejected]
     ttft = [first[r.id] - r.arrival if r.id in first else end - r.arrival for r in reqs if r.id not in rejected]
@@ -170,18 +202,18 @@ def _summarize(reqs: Sequence[Request], reps: list[_Replica], first: dict[str, f
     kinds: dict[str, int] = {}
     for k in rejected.values():
         kinds[k] = kinds.get(k, 0) + 1
-    return {
-        "policy": reps[0].sched.policy.name, "replicas": len(reps), "requests": len(reqs),
-        "completed": len(done), "rejected": len(rejected), "rejected_by_kind": kinds,
-        "preempted": sum(r.sched.counts["preempted"] for r in reps), "stuck": len(stuck),
-        "stuck_ids": stuck[:20], "duration_s": duration, "req_per_s": len(done) / duration,
-        "throughput_tok_s": out_tokens / duration, "ttft_p50_s": percentile(ttft, 50),
-        "ttft_p99_s": percentile(ttft, 99), "tpot_p50_s": percentile(tpot, 50),
-        "kv_utilization_mean": sum(r.used_time for r in reps) / busy if busy else 0.0,
-        "prefix_hit_rate": hits / queries if queries else 0.0, "steps": steps,
-        "num_blocks_per_replica": reps[0].sched.config.num_blocks,
-        "tokens_per_block": reps[0].sched.config.tokens_per_block,
-    }
+    return SimSummary(
+        policy=reps[0].sched.policy.name, replicas=len(reps), requests=len(reqs),
+        completed=len(done), rejected=len(rejected), rejected_by_kind=kinds,
+        preempted=sum(r.sched.counts["preempted"] for r in reps), stuck=len(stuck),
+        stuck_ids=tuple(stuck[:20]), duration_s=duration, req_per_s=len(done) / duration,
+        throughput_tok_s=out_tokens / duration, ttft_p50_s=percentile(ttft, 50),
+        ttft_p99_s=percentile(ttft, 99), tpot_p50_s=percentile(tpot, 50),
+        kv_utilization_mean=sum(r.used_time for r in reps) / busy if busy else 0.0,
+        prefix_hit_rate=hits / queries if queries else 0.0, steps=steps,
+        num_blocks_per_replica=reps[0].sched.config.num_blocks,
+        tokens_per_block=reps[0].sched.config.tokens_per_block,
+    )
 
 
 def calibrate(profile: Any, max_running: int = 512, token_budget: int = 8192) -> dict[str, Any]:
@@ -199,7 +231,7 @@ def calibrate(profile: Any, max_running: int = 512, token_budget: int = 8192) ->
     cfg = SchedulerConfig(num_blocks=plan.num_blocks, tokens_per_block=plan.tokens_per_block,
                           policy="fcfs-no-evict", token_budget=token_budget, max_running=max_running)
     res = simulate(reqs, lambda: Scheduler(cfg), model).summary
-    return {"published_output_tok_s": c["output_tok_s"], "model_output_tok_s": res["throughput_tok_s"],
-            "ratio_model_over_published": res["throughput_tok_s"] / float(c["output_tok_s"]),
+    return {"published_output_tok_s": c["output_tok_s"], "model_output_tok_s": res.throughput_tok_s,
+            "ratio_model_over_published": res.throughput_tok_s / float(c["output_tok_s"]),
             "source": c["source"], "setup": f"{c['model']} {c['weights']} weights+KV on {c['gpu']}, "
             f"ISL {c['isl']} / OSL {c['osl']}, {c['num_requests']} requests at once, max batch {max_running}"}

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from functools import partial
+
+import pytest
 
 from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import PRESETS
@@ -39,9 +43,28 @@ def test_never_fit_under_fcfs_terminates_and_reports_stuck() -> None:
     for policy in ("fcfs-no-evict", "cache-aware"):
         cfg = SchedulerConfig(num_blocks=40, tokens_per_block=64, policy=policy, max_running=16)
         out[policy] = simulate(reqs, partial(Scheduler, cfg), _model(), horizon_s=30).summary
-    assert out["fcfs-no-evict"]["stuck"] == 20 and out["fcfs-no-evict"]["completed"] == 0
-    assert out["cache-aware"]["rejected"] == 1 and out["cache-aware"]["completed"] == 19
-    assert out["cache-aware"]["rejected_by_kind"] == {"kv-never-fits": 1}
+    assert out["fcfs-no-evict"].stuck == 20 and out["fcfs-no-evict"].completed == 0
+    assert out["cache-aware"].rejected == 1 and out["cache-aware"].completed == 19
+    assert out["cache-aware"].rejected_by_kind == {"kv-never-fits": 1}
+
+
+# The ``trtforge simulate --json`` keys the summary owns, in order (the CLI appends its run context after them).
+SUMMARY_KEYS = ("policy", "replicas", "requests", "completed", "rejected", "rejected_by_kind", "preempted", "stuck",
+                "stuck_ids", "duration_s", "req_per_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
+                "kv_utilization_mean", "prefix_hit_rate", "steps", "num_blocks_per_replica", "tokens_per_block")
+
+
+def test_summary_is_frozen_and_to_json_keeps_the_keys() -> None:
+    reqs = [Request("huge", 0.0, 5000, 100)] + [Request(f"r{k}", 0.01 * k, 300, 20) for k in range(1, 5)]
+    cfg = SchedulerConfig(num_blocks=40, tokens_per_block=64, policy="fcfs-no-evict", max_running=16)
+    summ = simulate(reqs, partial(Scheduler, cfg), _model(), horizon_s=5).summary
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        summ.completed = 1  # type: ignore[misc]
+    data = summ.to_json()
+    assert tuple(data) == SUMMARY_KEYS
+    assert summ.completed == 0 and math.isnan(summ.tpot_p50_s) and data["tpot_p50_s"] is None  # NaN -> null
+    assert data["stuck_ids"] == ["huge", "r1", "r2", "r3", "r4"]
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
 
 
 def test_metrics_queue_wait_in_simulated_seconds() -> None:
@@ -55,10 +78,10 @@ def test_metrics_queue_wait_in_simulated_seconds() -> None:
 
     res = simulate(reqs, make, _model()).summary
     m = scheds[0].metrics
-    assert res["completed"] == 6
+    assert res.completed == 6
     assert m.sample("trtforge_scheduler_queue_wait_seconds_count") == 6
     waited = m.sample("trtforge_scheduler_queue_wait_seconds_sum")
-    assert waited > 0 and waited <= 2 * res["duration_s"]
+    assert waited > 0 and waited <= 2 * res.duration_s
     assert m.sample("trtforge_scheduler_used_blocks") == 0  # nothing leaked at the end
 
 
@@ -68,8 +91,8 @@ def test_prefix_affinity_routes_conversations_together() -> None:
     for router in ("round-robin", "prefix-affinity"):
         cfg = SchedulerConfig(num_blocks=3000, tokens_per_block=64, policy="cache-aware")
         rates[router] = simulate(reqs, partial(Scheduler, cfg), _model(), replicas=4, router=router).summary
-    assert rates["prefix-affinity"]["prefix_hit_rate"] > rates["round-robin"]["prefix_hit_rate"]
-    assert rates["prefix-affinity"]["completed"] == 300
+    assert rates["prefix-affinity"].prefix_hit_rate > rates["round-robin"].prefix_hit_rate
+    assert rates["prefix-affinity"].completed == 300
 
 
 def test_calibration_ratio_is_reported() -> None:
