@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from argparse import ArgumentParser
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._common import make_parser, run_command
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.manifest import ShapeRange
 
 
 def build_parser() -> ArgumentParser:
@@ -30,11 +33,15 @@ def _run(args: Any) -> int:
 
     m = build_engine(args.input, args.profile, args.output, backend=args.backend, force=args.force,
                      progress=not args.no_progress)
-    ins = ", ".join(f"{i['name']} {i['dtype']} {i['min']}..{i['max']}" for i in m["inputs"])
-    print(f"{args.output}: {m['backend']['name']} {m['backend']['version']} engine for {m['profile']} "
-          f"(sm {', '.join(m['compute_capabilities'])}, {m['precision']}, {m['optimization_profiles']} optimization "
-          f"profiles; inputs {ins}) in {m['build_seconds']:.2f} s")
+    ins = ", ".join(f"{i.name} {i.dtype} {_range(i.envelope)}" for i in m.inputs)
+    print(f"{args.output}: {m.backend.name} {m.backend.version} engine for {m.profile} "
+          f"(sm {', '.join(m.compute_capabilities)}, {m.precision}, {m.optimization_profiles} optimization "
+          f"profiles; inputs {ins}) in {m.build_seconds:.2f} s")
     return 0
+
+
+def _range(r: ShapeRange | None) -> str:
+    return "static" if r is None else f"{list(r.min)}..{list(r.max)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

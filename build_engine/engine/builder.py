@@ -19,7 +19,6 @@ it. Workers are joined before OUTDIR is published or removed.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from trtforge.profiles.loader import Profile, load_profile
 from ..core import fsutil, onnx_io
 from ..core.errors import BuildError, InputError
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
-from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, TensorInfo, make_manifest
+from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, TensorInfo
 from .shapes import InputPlan, plan_shapes
 from .timings import BuildTimings, _Timer
 
@@ -93,7 +92,7 @@ def _configure(backend: Backend, builder: Any, network: Any, profile: Profile, p
     return config
 
 
-def _plugins_used(model: Any) -> list[dict[str, str]]:
+def _plugins_used(model: Any) -> list[PluginInfo]:
     """Plugins in the built graph. "python": the IPluginV3 Python plugin, the one ``register_all`` registers with
     both backends (it needs Python at runtime; Triton's TensorRT backend cannot load it)."""
     from trtforge.plugins.lora.spec import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
@@ -101,8 +100,7 @@ def _plugins_used(model: Any) -> list[dict[str, str]]:
     names = {n.op_type for n in model.graph.node}
     if PLUGIN_NAME not in names:
         return []
-    return [{"name": PLUGIN_NAME, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION,
-             "implementation": "python"}]
+    return [PluginInfo(name=PLUGIN_NAME, namespace=PLUGIN_NAMESPACE, version=PLUGIN_VERSION, implementation="python")]
 
 
 @dataclass
@@ -115,11 +113,11 @@ class _Staged:
     external: bool
     plugin_nodes: bool
     non_onnx_ops: bool
-    plugins: list[dict[str, str]]
+    plugins: list[PluginInfo]
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
-                 force: bool = False, progress: bool = True, timings: BuildTimings | None = None) -> dict[str, Any]:
+                 force: bool = False, progress: bool = True, timings: BuildTimings | None = None) -> Manifest:
     """Build an engine for ``profile`` into ``out_dir``; returns the manifest (see module docstring)."""
     start = time.perf_counter()
     timings = timings if timings is not None else BuildTimings()
@@ -183,7 +181,7 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
 
 def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
            out: Path, force: bool, progress: bool, timings: BuildTimings, start: float, io_pool: ThreadPoolExecutor,
-           source_sha: Future[str]) -> dict[str, Any]:
+           source_sha: Future[str]) -> Manifest:
     """Everything after folding (see ``build_engine``); ``io_pool`` runs the hashing and the file writes."""
     cc = prof.hardware.compute_capability
     writes: list[Future[Any]] = []
@@ -197,7 +195,7 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
                 for w in writes:
                     w.result()  # model.onnx (written during the build) and the plan: re-raise a failed write
             with _Timer(timings, "manifest"):
-                manifest = make_manifest(
+                manifest = Manifest.make(
                     backend_name=chosen.name, backend_version=chosen.version, profile=prof.name,
                     precision=staged.precision, compute_capabilities=_built_ccs(chosen, cc),
                     inputs=inputs, input_plans=plans, outputs=outputs, plugins=staged.plugins,
@@ -206,7 +204,7 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
                 )
                 # Plain write: the temporary folder becomes OUTDIR only by atomic_dir's rename, so nothing half-written
                 # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.
-                (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+                (tmp / MANIFEST_NAME).write_text(manifest.dumps())
         finally:
             # Never let atomic_dir publish or remove the folder while a worker still writes into it.
             wait(writes)

@@ -24,6 +24,7 @@ from trtforge.profiles.loader import Profile, Range
 
 from ..core.errors import InputError
 from ..core.onnx_io import Dim, tensor_dims
+from .manifest import ShapeRange
 
 BATCH_NAMES = frozenset({"batch", "batch_size", "batchsize", "b", "n", "num_sequences"})
 SEQUENCE_NAMES = frozenset({"sequence", "seq", "seq_len", "seqlen", "sequence_length", "s", "tokens", "num_tokens",
@@ -42,15 +43,6 @@ class InputSpec:
     @property
     def dtype(self) -> str:
         return onnx_dtype_name(self.elem_type)
-
-
-@dataclass(frozen=True)
-class ShapeRange:
-    """One optimization profile's shapes for one input."""
-
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
 
 
 @dataclass(frozen=True)

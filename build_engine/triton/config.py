@@ -13,13 +13,13 @@ adapter-pool inputs have a static first dimension) ``max_batch_size`` is 0 and `
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
+from ..engine.manifest import MANIFEST_NAME, Manifest, ManifestTensor
 
 # numpy dtype names used in manifests -> Triton DataType enum names.
 DTYPE_TO_TRITON: dict[str, str] = {
@@ -72,89 +72,24 @@ def check_model_name(name: str) -> str:
     return name
 
 
-def load_manifest(engine_dir: str | Path) -> dict[str, Any]:
-    """Read and structurally validate ``ENGINE_DIR/manifest.json`` (the keys the Triton writer needs)."""
-    path = Path(engine_dir) / "manifest.json"
-    if not Path(engine_dir).is_dir():
-        raise InputError(f"{engine_dir}: not an engine folder; pass the folder 'trtforge build -o' wrote")
-    if not path.is_file():
-        raise InputError(f"{path}: missing; pass an engine folder written by 'trtforge build'")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); rebuild the engine with 'trtforge build'") from exc
-    validate_manifest(manifest, str(path))
+def load_for_triton(engine_dir: str | Path) -> Manifest:
+    """``Manifest.load`` plus the Triton rule: every tensor's dtype has a Triton data type."""
+    manifest = Manifest.load(engine_dir)
+    check_triton_types(manifest, str(Path(engine_dir) / MANIFEST_NAME))
     return manifest
 
 
-def _shape(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1
-                                              for d in value):
-        raise InputError(f"{where}: expected a list of integers >= -1, got {value!r}; rebuild the engine")
-    return value
-
-
-def validate_manifest(manifest: Any, where: str = "manifest.json") -> None:
-    """Check the manifest keys (schema in COMMON interface 6) that the Triton writer and validator rely on."""
-    if not isinstance(manifest, dict):
-        raise InputError(f"{where}: expected a JSON object; rebuild the engine with 'trtforge build'")
-    if manifest.get("format") != 1:
-        raise InputError(f"{where}: key 'format' is {manifest.get('format')!r}, expected 1; rebuild the engine "
-                         "with this trtforge version")
-    if not isinstance(manifest.get("plan"), str) or not manifest["plan"]:
-        raise InputError(f"{where}: key 'plan' missing; rebuild the engine with 'trtforge build'")
-    n_prof = manifest.get("optimization_profiles", 1)
-    if not isinstance(n_prof, int) or n_prof < 1:
-        raise InputError(f"{where}: key 'optimization_profiles' must be an integer >= 1, got {n_prof!r}")
-    for kind in ("inputs", "outputs"):
-        tensors = manifest.get(kind)
-        if not isinstance(tensors, list) or not tensors:
-            raise InputError(f"{where}: key '{kind}' missing or empty; rebuild the engine with 'trtforge build'")
+def check_triton_types(manifest: Manifest, where: str = MANIFEST_NAME) -> None:
+    for kind, tensors in (("inputs", manifest.inputs), ("outputs", manifest.outputs)):
         for i, t in enumerate(tensors):
-            key = f"{where}: {kind}[{i}]"
-            if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
-                raise InputError(f"{key}: needs a non-empty 'name'")
-            if t.get("dtype") not in DTYPE_TO_TRITON:
-                raise InputError(f"{key} ({t['name']}): dtype {t.get('dtype')!r} has no Triton type; "
+            if t.dtype not in DTYPE_TO_TRITON:
+                raise InputError(f"{where}: {kind}[{i}] ({t.name}): dtype {t.dtype!r} has no Triton type; "
                                  f"expected one of {', '.join(DTYPE_TO_TRITON)}")
-            shape = _shape(t.get("shape"), f"{key} ({t['name']}).shape")
-            if kind == "inputs":
-                for j, prof in enumerate(input_profiles(t)):
-                    for k in ("min", "opt", "max"):
-                        dims = _shape(prof.get(k), f"{key} ({t['name']}).profiles[{j}].{k}")
-                        if len(dims) != len(shape):
-                            raise InputError(f"{key} ({t['name']}).profiles[{j}].{k} has rank {len(dims)}, shape "
-                                             f"has rank {len(shape)}; rebuild the engine")
-    names = [t["name"] for t in manifest["inputs"] + manifest["outputs"]]
-    if len(set(names)) != len(names):
-        raise InputError(f"{where}: tensor names repeat ({names}); rebuild the engine")
-    plugins = manifest.get("plugins", [])
-    if not isinstance(plugins, list) or not all(isinstance(p, dict) for p in plugins):
-        raise InputError(f"{where}: key 'plugins' must be a list of objects")
 
 
-def input_profiles(tensor: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-optimization-profile ``{min, opt, max}`` of an input (``profiles``, or the top-level range as one)."""
-    profs = tensor.get("profiles")
-    if isinstance(profs, list) and profs:
-        return [p if isinstance(p, dict) else {} for p in profs]
-    if "min" in tensor:
-        return [{"min": tensor.get("min"), "opt": tensor.get("opt"), "max": tensor.get("max")}]
-    return []
-
-
-def python_plugins(manifest: dict[str, Any]) -> list[str]:
-    """Plugins the engine needs whose implementation is Python (Triton's TensorRT backend cannot load them)."""
-    return [f"{p.get('namespace', '')}::{p.get('name', '?')}" for p in manifest.get("plugins", [])
-            if p.get("implementation") == "python"]
-
-
-def serving_notes(manifest: dict[str, Any]) -> list[str]:
+def serving_notes(manifest: Manifest) -> list[str]:
     """Caveats Triton's config cannot express: which runtime must deserialize the plan."""
-    backend = manifest.get("backend")
-    if not isinstance(backend, dict):
-        backend = {}
-    name, version = backend.get("name", "?"), backend.get("version", "?")
+    name, version = manifest.backend.name, manifest.backend.version
     if name == "tensorrt_rtx":
         return [f"the plan was built by TensorRT-RTX {version}; Triton's stock tensorrt_plan backend links full "
                 "TensorRT and cannot deserialize it: serve it with a Triton TensorRT backend built against "
@@ -162,39 +97,37 @@ def serving_notes(manifest: dict[str, Any]) -> list[str]:
     return [f"the plan was built by TensorRT {version}; Triton's TensorRT backend must use that same version"]
 
 
-def engine_max_batch(manifest: dict[str, Any]) -> int:
+def engine_max_batch(manifest: Manifest) -> int:
     """The largest batch every optimization profile admits, or 0 if the first dim is not a dynamic batch dim."""
-    tensors = manifest["inputs"] + manifest["outputs"]
-    if any(not t["shape"] or t["shape"][0] != -1 for t in tensors):
+    if any(not t.shape or t.shape[0] != -1 for t in manifest.inputs + manifest.outputs):
         return 0
     best: int | None = None
-    for t in manifest["inputs"]:
-        profs = input_profiles(t)
-        if not profs:
+    for t in manifest.inputs:
+        if not t.profiles:
             return 0
-        for p in profs:
-            if p["min"][0] != 1 or p["max"][0] < 1:
+        for p in t.profiles:
+            if p.min[0] != 1 or p.max[0] < 1:
                 return 0  # Triton sends batch 1..max_batch_size: every profile must admit batch 1
-            best = p["max"][0] if best is None else min(best, p["max"][0])
+            best = p.max[0] if best is None else min(best, p.max[0])
     return best or 0
 
 
-def _preferred(manifest: dict[str, Any], max_batch: int) -> tuple[int, ...]:
+def _preferred(manifest: Manifest, max_batch: int) -> tuple[int, ...]:
     """The profiles' opt batches and ``max_batch``, each within 1..max_batch (Triton's rule)."""
     sizes = {max_batch}
-    for t in manifest["inputs"]:
-        for p in input_profiles(t):
-            opt = p.get("opt") or []
-            if opt and 1 <= opt[0] <= max_batch:
-                sizes.add(opt[0])
+    for t in manifest.inputs:
+        for p in t.profiles:
+            if p.opt and 1 <= p.opt[0] <= max_batch:
+                sizes.add(p.opt[0])
     return tuple(sorted(sizes))
 
 
-def plan_config(manifest: dict[str, Any], name: str, *, max_batch: int | None = None,
+def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
                 instances: int = 1, queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> TritonConfig:
     """Pure planning: the Triton config for an engine manifest. Raises InputError for impossible requests."""
     check_model_name(name)
-    bad = python_plugins(manifest)
+    check_triton_types(manifest)
+    bad = manifest.python_plugins
     if bad:
         raise InputError(
             f"the engine uses Python plugin(s) {', '.join(bad)}, which Triton's TensorRT backend cannot load; "
@@ -216,51 +149,41 @@ def plan_config(manifest: dict[str, Any], name: str, *, max_batch: int | None = 
         mbs = max_batch
     skip = 1 if mbs > 0 else 0
 
-    def tensors(kind: str) -> tuple[TensorConfig, ...]:
-        return tuple(TensorConfig(t["name"], DTYPE_TO_TRITON[t["dtype"]], tuple(t["shape"][skip:]))
-                     for t in manifest[kind])
+    def tensors(items: tuple[ManifestTensor, ...]) -> tuple[TensorConfig, ...]:
+        return tuple(TensorConfig(t.name, DTYPE_TO_TRITON[t.dtype], t.shape[skip:]) for t in items)
 
-    n_prof = int(manifest.get("optimization_profiles", 1))
+    n_prof = manifest.optimization_profiles
     return TritonConfig(
-        name=name, max_batch_size=mbs, inputs=tensors("inputs"), outputs=tensors("outputs"),
+        name=name, max_batch_size=mbs, inputs=tensors(manifest.inputs), outputs=tensors(manifest.outputs),
         preferred_batch_sizes=_preferred(manifest, mbs) if mbs else (),
         max_queue_delay_us=queue_delay_us if mbs else 0, dynamic_batching=mbs > 0,
         instance_count=instances, profiles=tuple(str(i) for i in range(n_prof)))
 
 
-def _q(text: str) -> str:
-    from google.protobuf import text_encoding  # lazy: protobuf ships with tritonclient
+def to_proto(cfg: TritonConfig) -> Any:
+    """``cfg`` as tritonclient's ``ModelConfig`` protobuf."""
+    from tritonclient.grpc import model_config_pb2 as pb  # lazy
 
-    return '"' + text_encoding.CEscape(text, as_utf8=True) + '"'
-
-
-def _ints(values: tuple[int, ...]) -> str:
-    return "[ " + ", ".join(str(v) for v in values) + " ]"
-
-
-def _tensor_block(kind: str, tensors: tuple[TensorConfig, ...]) -> list[str]:
-    lines = [f"{kind} ["]
-    for i, t in enumerate(tensors):
-        lines += ["  {", f"    name: {_q(t.name)}", f"    data_type: {t.data_type}", f"    dims: {_ints(t.dims)}",
-                  "  }" + ("," if i < len(tensors) - 1 else "")]
-    return lines + ["]"]
+    proto = pb.ModelConfig(name=cfg.name, platform=cfg.platform, max_batch_size=cfg.max_batch_size)
+    for items, field in ((cfg.inputs, proto.input), (cfg.outputs, proto.output)):
+        for t in items:
+            field.add(name=t.name, data_type=pb.DataType.Value(t.data_type), dims=list(t.dims))
+    if cfg.dynamic_batching:
+        proto.dynamic_batching.SetInParent()  # present even when every field is at its default
+        proto.dynamic_batching.preferred_batch_size.extend(cfg.preferred_batch_sizes)
+        proto.dynamic_batching.max_queue_delay_microseconds = cfg.max_queue_delay_us
+    proto.instance_group.add(count=cfg.instance_count, kind=pb.ModelInstanceGroup.KIND_GPU,
+                             profile=list(cfg.profiles))
+    return proto
 
 
 def render(cfg: TritonConfig, header: str = "") -> str:
-    """``config.pbtxt`` text for ``cfg`` (protobuf text format; ``#`` comments allowed)."""
+    """``config.pbtxt`` text for ``cfg``: protobuf's own text format of ``to_proto(cfg)``, after a ``#`` comment
+    header. (proto3 prints no field at its default value, e.g. ``max_batch_size: 0``; parsing gives it back.)"""
+    from google.protobuf import text_format  # lazy: protobuf ships with tritonclient
+
     lines = [f"# {ln}" for ln in header.splitlines()]
-    lines += [f"name: {_q(cfg.name)}", f"platform: {_q(cfg.platform)}", f"max_batch_size: {cfg.max_batch_size}"]
-    lines += _tensor_block("input", cfg.inputs) + _tensor_block("output", cfg.outputs)
-    if cfg.dynamic_batching:
-        lines += ["dynamic_batching {"]
-        if cfg.preferred_batch_sizes:
-            lines += [f"  preferred_batch_size: {_ints(cfg.preferred_batch_sizes)}"]
-        lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
-    lines += ["instance_group [", "  {", f"    count: {cfg.instance_count}", "    kind: KIND_GPU"]
-    if cfg.profiles:
-        lines += ["    profile: [ " + ", ".join(_q(p) for p in cfg.profiles) + " ]"]
-    lines += ["  }", "]"]
-    return "\n".join(lines) + "\n"
+    return "".join(ln + "\n" for ln in lines) + text_format.MessageToString(to_proto(cfg), as_utf8=True)
 
 
 def config_from_proto(proto: Any) -> TritonConfig:

@@ -12,19 +12,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
-from .config import (
-    TritonConfig,
-    check_model_name,
-    load_manifest,
-    plan_config,
-    render,
-    serving_notes,
-    validate_manifest,
-)
+from ..engine.manifest import MANIFEST_NAME, Manifest
+from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
 from .validate import Problem, validate_text
 
 
@@ -39,10 +31,10 @@ class EntryReport:
     notes: tuple[str, ...] = ()
 
 
-def _plan_path(engine_dir: Path, manifest: dict[str, Any]) -> Path:
-    rel = Path(manifest["plan"])
+def _plan_path(engine_dir: Path, manifest: Manifest) -> Path:
+    rel = Path(manifest.plan)
     if rel.is_absolute() or ".." in rel.parts:
-        raise InputError(f"{engine_dir / 'manifest.json'}: 'plan' {manifest['plan']!r} escapes the engine folder; "
+        raise InputError(f"{engine_dir / MANIFEST_NAME}: 'plan' {manifest.plan!r} escapes the engine folder; "
                          "rebuild the engine")
     path = engine_dir / rel
     if not path.is_file():
@@ -59,13 +51,11 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     check_model_name(name)
     if version < 1:
         raise InputError(f"--version {version}: Triton version folders are integers >= 1")
-    manifest = load_manifest(engine)
+    manifest = load_for_triton(engine)
     plan_src = _plan_path(engine, manifest)
     cfg = plan_config(manifest, name, max_batch=max_batch, instances=instances)
-    backend = manifest.get("backend", {}) if isinstance(manifest.get("backend"), dict) else {}
-    header = (f"Written by 'trtforge triton' from {engine.name}/manifest.json (backend {backend.get('name', '?')} "
-              f"{backend.get('version', '?')}, profile {manifest.get('profile', '?')}, precision "
-              f"{manifest.get('precision', '?')}).")
+    header = (f"Written by 'trtforge triton' from {engine.name}/manifest.json (backend {manifest.backend.name} "
+              f"{manifest.backend.version}, profile {manifest.profile}, precision {manifest.precision}).")
     notes = serving_notes(manifest)
     header += "\nNote: " + " ".join(notes)
     text = render(cfg, header)
@@ -81,7 +71,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         fsutil.check_output_file(repo_path)
         repo_path.mkdir()
     dest = repo_path / name
-    want_sha = manifest.get("plan_sha256")
+    want_sha = manifest.plan_sha256
     try:
         with fsutil.atomic_dir(dest, force=force) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
@@ -89,7 +79,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
             vdir.mkdir()
             shutil.copyfile(plan_src, vdir / "model.plan")
             shutil.copyfile(engine / "manifest.json", vdir / "manifest.json")
-            if isinstance(want_sha, str) and sha256_file(vdir / "model.plan") != want_sha:
+            if sha256_file(vdir / "model.plan") != want_sha:
                 raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was "
                                  "changed after the build); rebuild the engine with 'trtforge build'")
     except BaseException:
@@ -120,14 +110,14 @@ def check_entry(model_dir: str | Path) -> EntryReport:
         raise CheckFailed(f"{cfg_path}: unreadable ({exc})") from exc
     versions = _versions(mdir)
     problems: list[str] = []
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     if not versions:
         problems.append(f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); Triton will load nothing")
     else:
         man_path = mdir / str(versions[-1]) / "manifest.json"
         if man_path.is_file():
             try:
-                manifest = load_manifest(man_path.parent)
+                manifest = load_for_triton(man_path.parent)
             except InputError as exc:
                 problems.append(str(exc))
     proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name)
@@ -138,8 +128,7 @@ def check_entry(model_dir: str | Path) -> EntryReport:
         plan = mdir / str(v) / plan_name
         if not plan.is_file():
             problems.append(f"{plan}: missing; Triton cannot load version {v}")
-        elif v == versions[-1] and manifest is not None and isinstance(manifest.get("plan_sha256"), str) \
-                and sha256_file(plan) != manifest["plan_sha256"]:
+        elif v == versions[-1] and manifest is not None and sha256_file(plan) != manifest.plan_sha256:
             problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
     if problems:
         raise CheckFailed("; ".join(problems))
@@ -148,4 +137,4 @@ def check_entry(model_dir: str | Path) -> EntryReport:
     return EntryReport(mdir, config_from_proto(proto), tuple(versions))
 
 
-__all__ = ["EntryReport", "Problem", "check_entry", "validate_manifest", "write_entry"]
+__all__ = ["EntryReport", "Problem", "check_entry", "write_entry"]

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.manifest import Manifest
 from .config import DTYPE_TO_TRITON, engine_max_batch
 
 # TensorRT cannot bind these (strings) or they are not data types at all.
@@ -86,7 +87,7 @@ def _platform_rules(proto: Any, text: str) -> list[Problem]:
                     "platform: \"tensorrt_plan\"")]
 
 
-def _batch_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list[Problem]:
+def _batch_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
     out: list[Problem] = []
     mbs = proto.max_batch_size
     mbs_line = _line_of(text, r"\bmax_batch_size\b")
@@ -114,14 +115,14 @@ def _batch_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list
     return out
 
 
-def _tensor_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list[Problem]:
+def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
     from tritonclient.grpc import model_config_pb2 as pb  # lazy
 
     out: list[Problem] = []
     skip = 1 if proto.max_batch_size > 0 else 0
     for kind, items, mkey in (("input", proto.input, "inputs"), ("output", proto.output, "outputs")):
         seen: set[str] = set()
-        expected = {t["name"]: t for t in manifest[mkey]} if manifest is not None else {}
+        expected = {t.name: t for t in getattr(manifest, mkey)} if manifest is not None else {}
         for t in items:
             line = _tensor_line(text, kind, t.name)
             dtype = pb.DataType.Name(t.data_type)
@@ -141,15 +142,15 @@ def _tensor_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> lis
                 out.append(Problem(line, f"{kind} {t.name!r} is not an {kind} of the engine (manifest has "
                                          f"{sorted(expected)}); use the engine's tensor names"))
                 continue
-            want_type = DTYPE_TO_TRITON[m["dtype"]]
+            want_type = DTYPE_TO_TRITON.get(m.dtype, "no Triton type")
             if dtype != want_type:
                 tl = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
                 out.append(Problem(tl, f"{kind} {t.name!r}: data_type {dtype} but the engine's tensor is "
-                                         f"{m['dtype']} ({want_type})"))
-            want_dims = list(m["shape"][skip:])
-            if skip and (not m["shape"] or m["shape"][0] != -1):
+                                         f"{m.dtype} ({want_type})"))
+            want_dims = list(m.shape[skip:])
+            if skip and (not m.shape or m.shape[0] != -1):
                 out.append(Problem(line, f"{kind} {t.name!r}: max_batch_size > 0 but the engine's first dimension "
-                                         f"is {m['shape'][:1]}, not a dynamic batch dimension"))
+                                         f"is {list(m.shape[:1])}, not a dynamic batch dimension"))
             elif list(t.dims) != want_dims:
                 what = "without the batch dimension" if skip else "(max_batch_size 0: full shape)"
                 dl = _line_of(text, r"\bdims\b", _offset_of_line(text, line)) or line
@@ -163,11 +164,11 @@ def _tensor_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> lis
     return out
 
 
-def _instance_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> list[Problem]:
+def _instance_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
     from tritonclient.grpc import model_config_pb2 as pb  # lazy
 
     out: list[Problem] = []
-    n_prof = int(manifest.get("optimization_profiles", 1)) if manifest is not None else None
+    n_prof = manifest.optimization_profiles if manifest is not None else None
     start = _offset_of_line(text, _line_of(text, r"^\s*instance_group\b"))
     for g in proto.instance_group:
         kind = pb.ModelInstanceGroup.Kind.Name(g.kind)
@@ -187,7 +188,7 @@ def _instance_rules(proto: Any, text: str, manifest: dict[str, Any] | None) -> l
     return out
 
 
-def validate_text(text: str, manifest: dict[str, Any] | None = None,
+def validate_text(text: str, manifest: Manifest | None = None,
                   expected_name: str | None = None) -> tuple[Any, list[Problem]]:
     """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems)."""
     proto, problems = parse_config(text)

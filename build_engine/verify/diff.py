@@ -147,9 +147,9 @@ def _runner(path: str, name: str, optimize: bool) -> Any:
 
 def _engine_runner(engine_dir: Path, name: str) -> Any:
     """Polygraphy TrtRunner over ``engine_dir/model.plan`` (needs full TensorRT and a GPU; not run in CI)."""
-    from ..triton.config import load_manifest
+    from ..engine.manifest import Manifest
 
-    manifest = load_manifest(engine_dir)
+    manifest = Manifest.load(engine_dir)
     try:
         from polygraphy.backend.common import BytesFromPath
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
@@ -157,11 +157,11 @@ def _engine_runner(engine_dir: Path, name: str) -> Any:
     except ImportError as exc:
         raise InputError(f"{engine_dir}: comparing an engine needs polygraphy's TensorRT backend ({exc})") from exc
     trt = lazy_import_trt()
-    if manifest.get("plugins"):
+    if manifest.plugins:
         from ..engine.polygraphy_plugin import register_plugins
 
         register_plugins(trt)
-    return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest["plan"]))), name=name)
+    return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest.plan))), name=name)
 
 
 def _load(path: Path) -> Any:

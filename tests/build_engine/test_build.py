@@ -16,6 +16,7 @@ import onnx
 import pytest
 
 from trtforge.build_engine.engine.builder import BuildTimings, build_engine
+from trtforge.build_engine.engine.manifest import Manifest
 from trtforge.examples.llama import LlamaConfig, make_llama
 from trtforge.profiles.loader import load_profile
 from trtforge_testing import assert_one_line_error
@@ -63,6 +64,7 @@ def test_engine_and_manifest(built: dict, models: dict, profile_name: str, varia
     profile = load_profile(profile_name)
     manifest = json.loads((d / "manifest.json").read_text())
     assert list(manifest) == MANIFEST_KEYS
+    assert Manifest.load(d).to_json() == manifest  # the typed manifest reads back exactly what the build wrote
     plan = (d / "model.plan").read_bytes()
     assert len(plan) > 100_000  # weights alone are ~3.8 MB in fp32 / ~1.9 MB in 16 bit
     assert hashlib.sha256(plan).hexdigest() == manifest["plan_sha256"]
@@ -223,7 +225,8 @@ def test_lora_plugin_model_builds_with_progress(models: dict, tmp_path: Path, ca
     model = inject_mod.inject(onnx.load(models["bf16"]), ["q_proj", "v_proj"], max_rank=8, slots=4)
     path = tmp_path / "lora.onnx"
     onnx.save(model, path)
-    manifest = build_engine(path, "a100", tmp_path / "e", progress=True)
+    manifest = build_engine(path, "a100", tmp_path / "e", progress=True).to_json()
+    assert manifest == json.loads((tmp_path / "e" / "manifest.json").read_text())
     assert manifest["plugins"] == [{"name": PLUGIN_NAME, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION,
                                     "implementation": "python"}]
     assert (tmp_path / "e" / "model.plan").stat().st_size > 100_000

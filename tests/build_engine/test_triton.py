@@ -136,23 +136,23 @@ _BROKEN = [
     ("unknown field", lambda t: t.replace("max_batch_size: 8", "max_batch_size: 8\nmax_batchsize: 4"),
      "no field named \"max_batchsize\"", "max_batchsize"),
     ("bad enum", lambda t: t.replace("TYPE_INT64", "TYPE_INT65"), "TYPE_INT65", "TYPE_INT65"),
-    ("preferred above max", lambda t: t.replace("preferred_batch_size: [ 4, 8 ]", "preferred_batch_size: [ 4, 16 ]"),
-     "preferred_batch_size 16", "preferred_batch_size"),
-    ("missing profile", lambda t: t.replace('profile: [ "0", "1" ]', 'profile: [ "0", "2" ]'),
-     "profile '2' does not exist", "profile:"),
-    ("dims inconsistent", lambda t: t.replace("dims: [ -1, 1024 ]", "dims: [ -1, 1000 ]"),
+    ("preferred above max", lambda t: t.replace("preferred_batch_size: 8", "preferred_batch_size: 16"),
+     "preferred_batch_size 16", "preferred_batch_size: 16"),
+    ("missing profile", lambda t: t.replace('profile: "1"', 'profile: "2"'),
+     "profile '2' does not exist", 'profile: "2"'),
+    ("dims inconsistent", lambda t: t.replace("dims: -1\n  dims: 1024", "dims: [ -1, 1000 ]"),
      "dims [-1, 1000] do not match", "dims: [ -1, 1000 ]"),
     ("wrong data type", lambda t: t.replace("TYPE_FP32", "TYPE_FP16"), "data_type TYPE_FP16", "TYPE_FP16"),
     ("unknown tensor name", lambda t: t.replace('"logits"', '"probs"'), "'probs' is not an output", '"probs"'),
     ("max batch above engine", lambda t: t.replace("max_batch_size: 8", "max_batch_size: 32")
-     .replace("[ 4, 8 ]", "[ 4 ]"), "exceeds the engine's largest batch 8", "max_batch_size"),
+     .replace("preferred_batch_size: 8\n", ""), "exceeds the engine's largest batch 8", "max_batch_size"),
     ("kind cpu", lambda t: t.replace("KIND_GPU", "KIND_CPU"), "only on GPU", "KIND_CPU"),
 ]
 
 
 @pytest.mark.parametrize("desc,transform,reason,marker", _BROKEN, ids=[b[0] for b in _BROKEN])
 def test_broken_configs_rejected_with_line(tmp_path: Path, cli, desc, transform, reason, marker) -> None:
-    from trtforge.build_engine.triton.config import load_manifest
+    from trtforge.build_engine.triton.config import load_for_triton
     from trtforge.build_engine.triton.validate import validate_text
 
     eng = _engine(tmp_path)
@@ -162,7 +162,7 @@ def test_broken_configs_rejected_with_line(tmp_path: Path, cli, desc, transform,
     broken = transform(cfg.read_text())
     cfg.write_text(broken)
     line = next(i for i, ln in enumerate(broken.splitlines(), 1) if marker in ln)
-    _, problems = validate_text(broken, load_manifest(eng), expected_name="m")
+    _, problems = validate_text(broken, load_for_triton(eng), expected_name="m")
     assert problems and any(p.line == line and reason in p.reason for p in problems), (problems, line)
     res = cli("triton", "--check", repo / "m")
     assert_one_line_error(res, 1, f"config.pbtxt:{line}:", reason)
@@ -234,3 +234,86 @@ def test_real_lora_engine_refused(tmp_path: Path, cli) -> None:
     res = cli("triton", tmp_path / "eng", "--repo", tmp_path / "repo", "--name", "lora")
     assert_one_line_error(res, 2, "Python plugin", "--backend tensorrt", "lora decompose")
     assert not (tmp_path / "repo" / "lora").exists()
+
+
+# What the string-concatenating renderer wrote before config.pbtxt was printed from the protobuf (same configs as
+# _PRINTED below): the printed text must parse to the very same ModelConfig.
+_BEFORE_PROTO_PRINTING = ['''# header
+name: "llama"
+platform: "tensorrt_plan"
+max_batch_size: 8
+input [
+  {
+    name: "input_ids"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  }
+]
+output [
+  {
+    name: "logits"
+    data_type: TYPE_FP32
+    dims: [ -1, 1024 ]
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+}
+instance_group [
+  {
+    count: 2
+    kind: KIND_GPU
+    profile: [ "0", "1" ]
+  }
+]
+''', '''# header
+name: "we\\"ird\\\\name"
+platform: "tensorrt_plan"
+max_batch_size: 0
+input [
+  {
+    name: "input_ids"
+    data_type: TYPE_INT64
+    dims: [ -1, -1 ]
+  },
+  {
+    name: "lora_a"
+    data_type: TYPE_FP16
+    dims: [ 4, 256, 16 ]
+  }
+]
+output [
+  {
+    name: "logits"
+    data_type: TYPE_FP32
+    dims: [ -1, -1, 1024 ]
+  }
+]
+instance_group [
+  {
+    count: 1
+    kind: KIND_GPU
+    profile: [ "0" ]
+  }
+]
+''']
+
+
+def test_printed_config_equals_the_hand_assembled_one() -> None:
+    from trtforge.build_engine.triton.config import TensorConfig as T
+    from trtforge.build_engine.triton.config import TritonConfig, config_from_proto, render, to_proto
+
+    printed = [
+        TritonConfig(name="llama", max_batch_size=8, inputs=(T("input_ids", "TYPE_INT64", (-1,)),),
+                     outputs=(T("logits", "TYPE_FP32", (-1, 1024)),), preferred_batch_sizes=(4, 8),
+                     max_queue_delay_us=100, dynamic_batching=True, instance_count=2, profiles=("0", "1")),
+        TritonConfig(name='we"ird\\name', max_batch_size=0,
+                     inputs=(T("input_ids", "TYPE_INT64", (-1, -1)), T("lora_a", "TYPE_FP16", (4, 256, 16))),
+                     outputs=(T("logits", "TYPE_FP32", (-1, -1, 1024)),), profiles=("0",)),
+    ]
+    for cfg, before in zip(printed, _BEFORE_PROTO_PRINTING, strict=True):
+        text = render(cfg, "header")
+        assert text.startswith("# header\n")
+        assert _parse(text) == _parse(before) == to_proto(cfg)
+        assert config_from_proto(_parse(text)) == cfg
