@@ -1,0 +1,173 @@
+"""Plan the matrix: one cell per (model, profile), its backend, the cluster resource it needs and its cache key.
+
+The cache key is a sha256 over everything that decides the engine's bytes: the source model's bytes (and its
+external-data files), the pipeline options, the profile's full content (not its name), the backend and its version,
+and trtforge's version. A cell whose folder already holds a build with the same key (and an intact plan) is not
+rebuilt.
+
+Resources (Ray custom resources, see ``node_resources``): a TensorRT-RTX cell runs on any node advertising
+``trtforge_rtx``; a full-TensorRT cell only on a node whose GPU has the profile's compute capability
+(``trtforge_cc_9_0`` for 9.0), because full TensorRT builds for the GPU it runs on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from trtforge.profiles.loader import Profile, load_profile
+
+from ..core.errors import TrtforgeError
+from ..engine.backend import normalize_cc
+from .spec import MatrixSpec, ModelEntry
+
+RESOURCE_RTX = "trtforge_rtx"
+# Compute capabilities TensorRT-RTX 1.x can target ahead of time (its ComputeCapability enum); Hopper is not one.
+RTX_TARGETS = ("8.0", "8.6", "8.9", "12.0")
+_DISTS = {"tensorrt_rtx": ("tensorrt-rtx", "tensorrt_rtx"), "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt_cu13")}
+
+
+def cc_resource(cc: str) -> str:
+    return "trtforge_cc_" + normalize_cc(cc).replace(".", "_")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One engine to build. ``refusal`` is set when the cell cannot be built anywhere this run can reach."""
+
+    model: ModelEntry
+    profile_ref: str
+    profile: Profile | None
+    backend: str  # tensorrt | tensorrt_rtx (resolved), or "" when refused
+    resource: str
+    key: str
+    refusal: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.name}/{self.profile_name}"
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile.name if self.profile is not None else Path(self.profile_ref).stem
+
+    def outdir(self, root: Path) -> Path:
+        return root / self.model.name / self.profile_name
+
+
+def backend_version(module_name: str) -> str:
+    """The installed distribution's version (no import of TensorRT), or "absent"."""
+    for dist in _DISTS.get(module_name, (module_name,)):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "absent"
+
+
+def trtforge_version() -> str:
+    try:
+        return version("trtforge")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def resolve_backend(choice: str, cc: str) -> str:
+    """Which backend builds a cell: by rule, so a driver without TensorRT can plan a cluster's work."""
+    cc = normalize_cc(cc)
+    if choice == "tensorrt-rtx":
+        return "tensorrt_rtx"
+    if choice == "tensorrt":
+        return "tensorrt"
+    return "tensorrt_rtx" if cc in RTX_TARGETS else "tensorrt"
+
+
+def model_digest(path: Path) -> str:
+    """sha256 of the model file and every external-data file it names (streamed, in a stable order)."""
+    h = hashlib.sha256()
+    files = [path, *external_files(path)]
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def external_files(path: Path) -> list[Path]:
+    """The external-data files an ONNX model names (sorted, deduplicated), read from the graph without its data."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a readable model: the worker's load reports it with the contract's one line
+        return []
+    from ..passes.ir import all_graphs
+
+    names: set[str] = set()
+    for graph in all_graphs(model.graph):
+        for t in graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                names.update(e.value for e in t.external_data if e.key == "location")
+    return [path.parent / n for n in sorted(names)]
+
+
+def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) -> str:
+    payload = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": asdict(profile),
+               "backend": backend, "backend_version": backend_version(backend), "trtforge": trtforge_version()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def plan_cells(spec: MatrixSpec) -> list[Cell]:
+    """Every (model, profile) cell with backend, resource and key; profiles that fail to load refuse their cells."""
+    profiles: dict[str, Profile | str] = {}
+    for ref in dict.fromkeys(p for m in spec.models for p in m.profiles):
+        target = ref if not ref.endswith(".toml") else str((spec.source.parent / ref).resolve())
+        try:
+            profiles[ref] = load_profile(target)
+        except TrtforgeError as exc:
+            profiles[ref] = exc.message
+    cells: list[Cell] = []
+    for entry in spec.models:
+        sha = model_digest(entry.path)
+        for ref in entry.profiles:
+            prof = profiles[ref]
+            if isinstance(prof, str):
+                cells.append(Cell(entry, ref, None, "", "", "", refusal=prof))
+                continue
+            cc = prof.hardware.compute_capability
+            backend = resolve_backend(spec.backend, cc)
+            if backend == "tensorrt_rtx" and normalize_cc(cc) not in RTX_TARGETS:
+                cells.append(Cell(entry, ref, prof, "", "", "", refusal=(
+                    f"TensorRT-RTX cannot target compute capability {cc} (profile {prof.name}); use backend "
+                    "\"tensorrt\" or \"auto\" and a node with that GPU")))
+                continue
+            resource = RESOURCE_RTX if backend == "tensorrt_rtx" else cc_resource(cc)
+            cells.append(Cell(entry, ref, prof, backend, resource, cell_key(sha, entry, prof, backend)))
+    return cells
+
+
+def node_resources() -> dict[str, float]:
+    """The Ray custom resources this node should advertise: one ``trtforge_rtx`` slot per CPU core when TensorRT-RTX
+    is installed, and ``trtforge_cc_X_Y`` per local GPU when full TensorRT is (it builds for the GPU it runs on)."""
+    import os
+
+    from ..engine.backend import available_backends, local_gpu_compute_capabilities
+
+    out: dict[str, float] = {}
+    names = {b.name for b in available_backends()}
+    if "tensorrt_rtx" in names:
+        out[RESOURCE_RTX] = float(os.cpu_count() or 1)
+    if "tensorrt" in names:
+        for cc in local_gpu_compute_capabilities():
+            out[cc_resource(cc)] = out.get(cc_resource(cc), 0.0) + 1.0
+    return out
+
+
+def describe(cell: Cell) -> dict[str, Any]:
+    return {"model": cell.model.name, "profile": cell.profile_name, "backend": cell.backend,
+            "resource": cell.resource, "key": cell.key}

@@ -1,0 +1,263 @@
+"""The build-matrix driver: plan, skip what is cached, run the rest, commit each engine atomically, report.
+
+Workers produce; only the driver writes under OUTROOT, and each cell's folder ``OUTROOT/<model>/<profile>/`` is
+published by one rename (old folder moved aside first), so a kill at any instant leaves every cell folder all-old or
+all-new. ``cell.json`` in the folder records the cache key; a rerun (after a crash of the driver or a worker too)
+skips every cell whose folder holds the same key and an intact plan. ``OUTROOT/matrix.json`` lists every cell with its
+status: built, cached, failed (with the reason) or refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core import fsutil
+from ..core.errors import InputError
+from .cells import Cell, describe, plan_cells, trtforge_version
+from .executors import Submission, run_local, run_ray, start_ray
+from .spec import MatrixSpec
+from .worker import CellJob, CellResult
+
+CELL_FILE = "cell.json"
+REPORT_FILE = "matrix.json"
+STAGING = ".trtforge-staging"
+
+
+@dataclass
+class CellStatus:
+    cell: Cell
+    status: str = "pending"  # pending | running | built | cached | failed | refused | planned
+    reason: str = ""
+    seconds: float = 0.0
+    attempts: int = 0
+    plan_bytes: int = 0
+    outdir: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**describe(self.cell), "status": self.status, "reason": self.reason,
+                "seconds": round(self.seconds, 3), "attempts": self.attempts, "plan_bytes": self.plan_bytes,
+                "outdir": self.outdir}
+
+
+@dataclass
+class MatrixReport:
+    source: str
+    executor: str
+    cells: list[CellStatus] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(1 for c in self.cells if c.status == status)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status in ("built", "cached", "planned") for c in self.cells)
+
+    def to_json(self) -> dict[str, Any]:
+        counts = {s: self.count(s) for s in ("built", "cached", "failed", "refused")}
+        return {"format": 1, "matrix": self.source, "executor": self.executor, "seconds": round(self.seconds, 3),
+                "trtforge": trtforge_version(), "counts": counts, "cells": [c.to_json() for c in self.cells]}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_cached(cell: Cell, outdir: Path) -> bool:
+    """The folder holds a finished build with this cell's key and a plan whose bytes match its manifest."""
+    try:
+        recorded = json.loads((outdir / CELL_FILE).read_text())
+        manifest = json.loads((outdir / "manifest.json").read_text())
+        return bool(recorded.get("key") == cell.key and
+                    _sha256_file(outdir / "model.plan") == manifest.get("plan_sha256"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
+    """OUTROOT resolved; refused when it is (or holds) an input or is not a folder we may create."""
+    root = outroot.resolve()
+    inputs = [spec.source, *(m.path for m in spec.models)]
+    for inp in inputs:
+        if inp == root or root in inp.parents:
+            raise InputError(f"output folder {outroot} contains the input {inp}; choose an output folder outside "
+                             "the inputs")
+    if root.exists() and not root.is_dir():
+        raise InputError(f"{outroot} exists and is not a folder; choose another output folder")
+    if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):
+        raise InputError(f"the Triton repository {spec.triton_repo} must not be inside the output folder {outroot}")
+    return root
+
+
+def _refuse_unplaceable(cells: list[CellStatus]) -> None:
+    """The local executor builds only what this machine can: the resources it would advertise to a cluster."""
+    from .cells import node_resources
+
+    have = node_resources()
+    for st in cells:
+        if st.status in ("pending", "planned") and have.get(st.cell.resource, 0) < 1:
+            st.status = "refused"
+            st.reason = (f"this machine cannot build it (needs resource {st.cell.resource!r}: "
+                         + ("TensorRT-RTX is not installed" if st.cell.resource == "trtforge_rtx" else
+                            "full TensorRT and a GPU of that compute capability")
+                         + "); run it with --executor ray on a cluster that has such a node")
+
+
+def _clean_staging(root: Path) -> None:
+    """Leftovers of a killed run: staging folders and atomic_dir temporaries under OUTROOT/<model>/."""
+    shutil.rmtree(root / STAGING, ignore_errors=True)
+    for tmp in root.glob("*/.*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in root.glob("*/.*.old"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _publish(staged: Path, dest: Path) -> None:
+    """Rename ``staged`` onto ``dest``; an existing folder is moved aside first and deleted after."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
+        os.replace(dest, old)
+    os.replace(staged, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _cell_record(st: CellStatus, result: CellResult) -> dict[str, Any]:
+    c = st.cell
+    return {"key": c.key, **describe(c), "pipeline": c.model.pipeline.to_json(), "steps": result.steps,
+            "seconds": round(result.seconds, 3), "host": result.host, "trtforge": trtforge_version()}
+
+
+def commit(root: Path, st: CellStatus, result: CellResult) -> None:
+    """Write the cell's engine folder as one unit (see module docstring)."""
+    dest = st.cell.outdir(root)
+    if result.staged is not None:
+        staged = Path(result.staged)
+    else:
+        staged = root / STAGING / uuid.uuid4().hex
+        staged.mkdir(parents=True)
+        for name, data in (result.files or {}).items():
+            (staged / name).write_bytes(data)
+    (staged / CELL_FILE).write_text(json.dumps(_cell_record(st, result), indent=2) + "\n")
+    _publish(staged, dest)
+    st.plan_bytes = (dest / "model.plan").stat().st_size
+    st.outdir = str(dest)
+
+
+def _sources(spec: MatrixSpec, need: list[CellStatus], executor: str) -> dict[str, dict[str, bytes] | None]:
+    """Model bytes for the object store (Ray without a shared filesystem); None: workers read the path."""
+    from .cells import external_files
+
+    out: dict[str, dict[str, bytes] | None] = {}
+    for st in need:
+        m = st.cell.model
+        if m.name in out:
+            continue
+        if executor != "ray" or spec.shared_fs:
+            out[m.name] = None
+        else:
+            out[m.name] = {f.name: f.read_bytes() for f in [m.path, *external_files(m.path)]}
+    return out
+
+
+def _submissions(spec: MatrixSpec, root: Path, need: list[CellStatus], sources: dict[str, Any],
+                 executor: str) -> list[Submission]:
+    subs = []
+    staging_shared = executor == "local" or spec.shared_fs
+    for i, st in enumerate(need):
+        c = st.cell
+        staging = str(root / STAGING / uuid.uuid4().hex) if staging_shared else None
+        job = CellJob(label=c.label, model_name=c.model.path.name,
+                      source_path=None if sources[c.model.name] is not None else str(c.model.path),
+                      source_files=None, pipeline=c.model.pipeline, profile=c.profile, backend=c.backend,
+                      staging=staging)
+        subs.append(Submission(index=i, job=job, resource=c.resource, source_key=c.model.name))
+    if staging_shared:
+        (root / STAGING).mkdir(parents=True, exist_ok=True)
+    return subs
+
+
+def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", address: str = "local", jobs: int = 2,
+               retries: int = 2, dry_run: bool = False, progress: Any = None) -> MatrixReport:
+    """Plan, build what is not cached, commit, write matrix.json; returns the report (see module docstring)."""
+    t0 = time.perf_counter()
+    root = check_outroot(spec, outroot)
+    report = MatrixReport(source=str(spec.source), executor=executor)
+    report.cells = [CellStatus(c) for c in plan_cells(spec)]
+    for st in report.cells:
+        if st.cell.refusal:
+            st.status, st.reason = "refused", st.cell.refusal
+        elif is_cached(st.cell, st.cell.outdir(root)):
+            st.status, st.outdir = "cached", str(st.cell.outdir(root))
+            st.plan_bytes = (st.cell.outdir(root) / "model.plan").stat().st_size
+        elif dry_run:
+            st.status = "planned"
+    if executor == "local":
+        _refuse_unplaceable(report.cells)
+    need = [st for st in report.cells if st.status == "pending"]
+    if dry_run:
+        report.seconds = time.perf_counter() - t0
+        return report
+    root.mkdir(parents=True, exist_ok=True)
+    _clean_staging(root)
+    if need:
+        _execute(spec, root, need, executor, address, jobs, retries, progress)
+    shutil.rmtree(root / STAGING, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    fsutil.write_json(root / REPORT_FILE, report.to_json())
+    if spec.triton_repo is not None:
+        from .triton_assembly import assemble
+
+        assemble(report, spec.triton_repo)
+    return report
+
+
+def _execute(spec: MatrixSpec, root: Path, need: list[CellStatus], executor: str, address: str, jobs: int,
+             retries: int, progress: Any) -> None:
+    sources = _sources(spec, need, executor)
+    subs = _submissions(spec, root, need, sources, executor)
+
+    def on_event(index: int, state: str, attempt: int, result: CellResult | None) -> None:
+        st = need[index]
+        st.attempts = attempt
+        if state in ("running", "retry"):
+            st.status = state
+        elif result is not None:  # done: commit now, so a crash of the driver later keeps this cell
+            _finish(root, st, result)
+        if progress is not None:
+            progress(st)
+
+    if executor == "ray":
+        import ray
+
+        started = start_ray(address, jobs)
+        try:
+            run_ray(subs, sources, retries, on_event)
+        finally:
+            if started:
+                ray.shutdown()
+    else:
+        run_local(subs, jobs, retries, on_event)
+
+
+def _finish(root: Path, st: CellStatus, res: CellResult) -> None:
+    st.seconds, st.attempts = res.seconds, res.attempts
+    if res.ok:
+        commit(root, st, res)
+        st.status = "built"
+    else:
+        st.status, st.reason = ("refused" if res.refused else "failed"), res.reason

@@ -1,0 +1,195 @@
+"""Executors: run cell jobs on local worker processes or as Ray tasks; retry crashes, never deterministic failures.
+
+- ``local``: ``jobs`` long-lived ``spawn`` worker processes (trtforge and TensorRT imported once per worker). Each
+  result comes back over the worker's pipe; a pipe that closes without a result means the worker died (killed, out
+  of memory): it is replaced by a new process and the cell retried, up to ``retries`` times.
+- ``ray``: one task per cell, requesting one CPU and the cell's custom resource. Ray itself retries a task whose
+  worker died (``max_retries``) on any node with the resource; ``retry_exceptions=False`` because deterministic
+  failures come back as results. A cell whose resource no node advertises is refused before submission (Ray would
+  leave it pending forever). The source model travels through the object store once per model (``ray.put``) and
+  the engine's files come back as the task's return value, unless the matrix asks for a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .worker import KILL_ONCE_ENV, CellJob, CellResult, run_cell
+
+Event = Callable[[int, str, int, "CellResult | None"], None]  # (cell index, state, attempt, result when done)
+
+
+@dataclass(frozen=True)
+class Submission:
+    index: int
+    job: CellJob
+    resource: str
+    source_key: str  # cells of one model share one copy of its bytes
+
+
+def _serve(conn: Any) -> None:
+    """A local worker: build the cells it is sent until it gets None (or the driver goes away)."""
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        conn.send(run_cell(job))
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode} without a result"
+
+
+class _Workers:
+    """``jobs`` long-lived ``spawn`` processes (imports paid once per worker, not per cell); a dead one is replaced."""
+
+    def __init__(self, jobs: int) -> None:
+        import multiprocessing as mp
+
+        self.ctx = mp.get_context("spawn")
+        self.idle = [self._spawn() for _ in range(jobs)]
+        self.busy: dict[Any, tuple[Any, Submission, int]] = {}  # conn -> (process, submission, attempt)
+
+    def _spawn(self) -> tuple[Any, Any]:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(child,), daemon=True)
+        proc.start()
+        child.close()  # the worker holds the only other end: EOF here means it is gone
+        return proc, parent
+
+    def submit(self, sub: Submission, attempt: int) -> None:
+        proc, conn = self.idle.pop()
+        conn.send(sub.job)
+        self.busy[conn] = (proc, sub, attempt)
+
+    def collect(self) -> list[tuple[Submission, int, CellResult | None, str]]:
+        """Wait for at least one busy worker; (submission, attempt, result or None if it died, death reason)."""
+        from multiprocessing.connection import wait
+
+        out = []
+        for conn in wait(list(self.busy)):
+            proc, sub, attempt = self.busy.pop(conn)
+            try:
+                out.append((sub, attempt, conn.recv(), ""))
+                self.idle.append((proc, conn))
+            except (EOFError, OSError):
+                conn.close()
+                proc.join()
+                out.append((sub, attempt, None, _death(proc.exitcode)))
+                self.idle.append(self._spawn())
+        return out
+
+    def close(self) -> None:
+        for _proc, conn in self.idle:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for proc, _, _ in self.busy.values():
+            proc.kill()
+        for proc, _ in self.idle:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        for proc, _, _ in self.busy.values():
+            proc.join()
+
+
+def run_local(subs: Sequence[Submission], jobs: int, retries: int, on_event: Event) -> dict[int, CellResult]:
+    """Run every submission on local worker processes (see module docstring)."""
+    pending: collections.deque[tuple[Submission, int]] = collections.deque((s, 0) for s in subs)
+    results: dict[int, CellResult] = {}
+    workers = _Workers(min(jobs, max(1, len(subs))))
+    try:
+        while pending or workers.busy:
+            while pending and workers.idle:
+                sub, done = pending.popleft()
+                workers.submit(sub, done + 1)
+                on_event(sub.index, "running", done + 1, None)
+            for sub, attempt, result, death in workers.collect():
+                if result is not None:
+                    result.attempts = attempt
+                elif attempt <= retries:
+                    on_event(sub.index, "retry", attempt, None)
+                    pending.append((sub, attempt))
+                    continue
+                else:
+                    result = CellResult(ok=False, attempts=attempt, reason=(
+                        f"the worker died in each of {attempt} attempts (last: {death}); check the machine's "
+                        "memory and the build's log, or raise --retries"))
+                results[sub.index] = result
+                on_event(sub.index, "done", attempt, result)
+    finally:
+        workers.close()
+    return results
+
+
+def _ray_cell(job: CellJob, files: dict[str, bytes] | None) -> CellResult:
+    return run_cell(job if files is None else replace(job, source_files=files))
+
+
+def start_ray(address: str, jobs: int) -> bool:
+    """Connect to ``address`` or start a local cluster ("local"); returns True when this call started one."""
+    import os
+
+    import ray
+
+    from .cells import node_resources
+
+    if ray.is_initialized():  # the caller (a benchmark, a notebook) already connected this process
+        return False
+    env = {KILL_ONCE_ENV: os.environ[KILL_ONCE_ENV]} if os.environ.get(KILL_ONCE_ENV) else {}
+    runtime_env = {"env_vars": env} if env else None
+    if address == "local":
+        ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, runtime_env=runtime_env)
+        return True
+    ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    return False
+
+
+def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | None], retries: int,
+            on_event: Event) -> dict[int, CellResult]:
+    """Run every submission as a Ray task on the connected cluster (see module docstring)."""
+    import ray
+
+    available = ray.cluster_resources()
+    remote = ray.remote(_ray_cell)
+    refs = {key: (ray.put(files) if files is not None else None) for key, files in sources.items()}
+    waiting: dict[Any, Submission] = {}
+    results: dict[int, CellResult] = {}
+    for sub in subs:
+        if available.get(sub.resource, 0) < 1:
+            results[sub.index] = CellResult(ok=False, refused=True, attempts=0, reason=(
+                f"no node in the Ray cluster advertises resource {sub.resource!r}; start a node that can build it "
+                f"with: ray start --address=... --resources='{{\"{sub.resource}\": 1}}' "
+                "(see 'trtforge build-matrix --node-resources')"))
+            on_event(sub.index, "done", 0, results[sub.index])
+            continue
+        options = {"num_cpus": 1, "resources": {sub.resource: 1}, "max_retries": retries, "retry_exceptions": False}
+        waiting[remote.options(**options).remote(sub.job, refs[sub.source_key])] = sub
+        on_event(sub.index, "running", 1, None)
+    while waiting:
+        done, _ = ray.wait(list(waiting), num_returns=1)
+        for ref in done:
+            sub = waiting.pop(ref)
+            try:
+                results[sub.index] = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # the worker (or its node) died in every attempt
+                first = " ".join(str(exc).split())[:200]
+                results[sub.index] = CellResult(ok=False, attempts=retries + 1, reason=(
+                    f"the Ray worker died in each of {retries + 1} attempts ({type(exc).__name__}: {first}); "
+                    "check the node's memory and logs, or raise --retries"))
+            on_event(sub.index, "done", results[sub.index].attempts, results[sub.index])
+    return results
