@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from trtforge_testing import assert_one_line_error
 
 from trtforge.build_engine.cli import main
 from trtforge.build_engine.matrix.driver import run_matrix
 from trtforge.build_engine.matrix.spec import load_matrix
 from trtforge.build_engine.matrix.worker import KILL_ONCE_ENV
 from trtforge.examples.make_example import write_example
+from trtforge_testing import assert_one_line_error
 
 pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX builds the engines (pip install 'trtforge[rtx]')")
 
