@@ -45,25 +45,59 @@ def _progress_printer(stream: Any) -> Any:
     return show
 
 
-def _print_table(report: Any) -> None:
+def _table(title: str, cells: Any, started: dict[int, float] | None = None) -> Any:
+    import time
+
     from rich.table import Table
 
-    from ._common import stdout_console
-
-    table = Table(title=f"build-matrix ({report.executor}, {report.seconds:.1f} s)")
+    table = Table(title=title)
     for col in ("model", "profile", "status", "seconds", "plan", "reason"):
         table.add_column(col)
-    for st in report.cells:
+    for st in cells:
         plan = f"{st.plan_bytes / 2**20:.1f} MiB" if st.plan_bytes else ""
-        table.add_row(st.cell.model.name, st.cell.profile_name, st.status, f"{st.seconds:.1f}", plan, st.reason)
-    stdout_console().print(table)
+        secs = st.seconds
+        if started is not None and st.status in ("running", "retry") and id(st) in started:
+            secs = time.perf_counter() - started[id(st)]
+        table.add_row(st.cell.model.name, st.cell.profile_name, st.status, f"{secs:.1f}", plan, st.reason)
+    return table
+
+
+class _LiveTable:
+    """A live rich table of every cell on a terminal (stderr); state and running time refresh twice a second."""
+
+    def __init__(self) -> None:
+        self.cells: list[Any] = []
+        self.started: dict[int, float] = {}
+        self.live: Any = None
+
+    def __call__(self, st: Any) -> None:
+        import time
+
+        from rich.live import Live
+
+        from ._common import stderr_console
+
+        if all(c is not st for c in self.cells):
+            self.cells.append(st)
+        if st.status == "running":
+            self.started.setdefault(id(st), time.perf_counter())
+        if self.live is None:
+            self.live = Live(get_renderable=lambda: _table("build-matrix", self.cells, self.started),
+                             console=stderr_console(), refresh_per_second=2, transient=True)
+            self.live.start()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
 
 
 def _run(args: Any) -> int:
     if args.node_resources:
         from ..matrix.cells import node_resources
 
-        print(f"--resources='{json.dumps(node_resources(), sort_keys=True)}'")
+        # No spaces or shell quotes: meant for `ray start ... $(trtforge build-matrix --node-resources)`.
+        res = {k: int(v) if float(v).is_integer() else v for k, v in node_resources().items()}
+        print("--resources=" + json.dumps(res, sort_keys=True, separators=(",", ":")))
         return 0
     if not args.matrix or not args.output:
         fail("trtforge build-matrix: give MATRIX.toml and -o OUTROOT (or --node-resources); see --help")
@@ -75,13 +109,20 @@ def _run(args: Any) -> int:
     from ..matrix.spec import load_matrix
 
     spec = load_matrix(args.matrix)
-    report = run_matrix(spec, Path(args.output), executor=args.executor, address=args.address, jobs=args.jobs,
-                        retries=args.retries, dry_run=args.dry_run,
-                        progress=None if args.dry_run else _progress_printer(sys.stderr))
+    live = _LiveTable() if sys.stderr.isatty() and not args.dry_run else None
+    progress = live if live is not None else (None if args.dry_run else _progress_printer(sys.stderr))
+    try:
+        report = run_matrix(spec, Path(args.output), executor=args.executor, address=args.address, jobs=args.jobs,
+                            retries=args.retries, dry_run=args.dry_run, progress=progress)
+    finally:
+        if live is not None:
+            live.stop()
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        _print_table(report)
+        from ._common import stdout_console
+
+        stdout_console().print(_table(f"build-matrix ({report.executor}, {report.seconds:.1f} s)", report.cells))
     return 0 if report.ok else 1
 
 

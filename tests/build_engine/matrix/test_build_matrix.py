@@ -181,4 +181,5 @@ def test_output_root_holding_an_input_is_refused(models: Path, capsys: pytest.Ca
 def test_node_resources_names_rtx(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build-matrix", "--node-resources"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith("--resources='") and json.loads(out[len("--resources='"):-1])["trtforge_rtx"] >= 1
+    assert out.startswith("--resources=") and " " not in out
+    assert json.loads(out[len("--resources="):])["trtforge_rtx"] >= 1
