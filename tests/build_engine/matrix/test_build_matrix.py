@@ -183,3 +183,18 @@ def test_node_resources_names_rtx(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out.strip()
     assert out.startswith("--resources=") and " " not in out
     assert json.loads(out[len("--resources="):])["trtforge_rtx"] >= 1
+
+
+def test_triton_repository_assembled_from_cached_cells(models: Path, local_run: Path) -> None:
+    pytest.importorskip("tritonclient", reason="the Triton writer needs tritonclient (pip install 'trtforge[triton]')")
+    from trtforge.build_engine.triton.repo import check_entry
+
+    text = TWO_BY_TWO + '\n[triton]\nrepo = "triton-repo"\n'
+    report = run_matrix(load_matrix(_matrix(models, text, "mx-triton.toml")), local_run)
+    assert [c.status for c in report.cells] == ["cached"] * 4
+    repo = models / "triton-repo"
+    assert sorted(p.name for p in repo.iterdir()) == ["llama_a10", "llama_a100"]
+    for entry in repo.iterdir():
+        assert not check_entry(entry).problems
+    lora = {c.cell.label: c.reason for c in report.cells if c.cell.model.name == "llama16"}
+    assert all("Python plugin" in r or "plugin" in r for r in lora.values()), lora
