@@ -7,7 +7,7 @@ from argparse import ArgumentParser, Namespace
 from collections.abc import Sequence
 from typing import Any
 
-from trtforge.profiles.loader import Profile, list_profiles, load_profile, profile_to_dict
+from trtforge.profiles.loader import Profile, list_profiles, load_profile, profile_rows, profile_to_dict
 
 from ._common import make_parser, run_command, stdout_console
 
@@ -58,35 +58,10 @@ def _show(p: Profile) -> None:
     from rich.table import Table
 
     console = _console()
-    hw = p.hardware
     table = Table(title=escape(f"profile {p.name}: {p.description}"), show_header=False)
     table.add_column("key")
     table.add_column("value")
-    rows: list[tuple[str, str]] = [
-        ("source", p.source),
-        ("hardware.name", hw.name),
-        ("hardware.compute_capability", hw.compute_capability),
-        ("hardware.memory_gb", _fmt_num(hw.memory_gb)),
-        ("hardware.memory_bandwidth_gbs", _fmt_num(hw.memory_bandwidth_gbs)),
-        ("hardware.fp16_tflops", _fmt_num(hw.fp16_tflops)),
-        ("hardware.bf16_tflops", _fmt_num(hw.bf16_tflops)),
-        ("hardware.fp8_tflops", _fmt_num(hw.fp8_tflops)),
-        ("hardware.sm_count", str(hw.sm_count)),
-        ("precision.dtype", p.precision.dtype),
-        ("precision.allow_fp8", str(p.precision.allow_fp8).lower()),
-        ("builder.optimization_level", str(p.builder.optimization_level)),
-        ("builder.workspace_mb", str(p.builder.workspace_mb)),
-        ("builder.aux_streams", str(p.builder.aux_streams)),
-    ]
-    for s in p.shapes:
-        for axis in ("batch", "sequence"):
-            r = getattr(s, axis)
-            rows.append((f"shapes.{s.name}.{axis}", f"min {r.min}, opt {r.opt}, max {r.max}"))
-    rows += [
-        ("kv.tokens_per_block", str(p.kv.tokens_per_block)),
-        ("kv.memory_fraction", _fmt_num(p.kv.memory_fraction)),
-        ("lora.tile", str(p.lora.tile)),
-    ]
+    rows = profile_rows(p)
     for k, v in rows:
         table.add_row(escape(k), escape(v))
     console.print(table)

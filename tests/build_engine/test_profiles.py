@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,81 @@ def test_cli_list_show_json(cli) -> None:
     assert data["shapes"][0]["batch"].keys() == {"min", "opt", "max"}
     res = cli("profiles", "--json")
     assert [d["name"] for d in json.loads(res.out)] == list_profiles()
+
+
+# ------------------------------------------------------------------------------------ the schema is the dataclasses
+def _tables() -> dict[str, type]:
+    """Dotted table path in the TOML -> its dataclass ("" is the top level; shapes[0] is a [[shapes]] table)."""
+    from trtforge.profiles.schema import (
+        BuilderSettings,
+        Hardware,
+        KVSettings,
+        LoraSettings,
+        Precision,
+        Range,
+        ShapeProfile,
+    )
+
+    return {"": Profile, "hardware": Hardware, "precision": Precision, "builder": BuilderSettings,
+            "shapes[0]": ShapeProfile, "shapes[0].batch": Range, "kv": KVSettings, "lora": LoraSettings}
+
+
+def _h100_data() -> dict:
+    import tomllib
+
+    return tomllib.loads(_builtin_text("h100"))
+
+
+def _table_of(data: dict, path: str) -> dict:
+    for part in filter(None, path.split(".")):
+        data = data["shapes"][0] if part == "shapes[0]" else data[part]
+    return data
+
+
+@pytest.mark.parametrize("path", list(_tables()))
+def test_accepted_toml_keys_are_the_dataclass_fields(path: str) -> None:
+    """The keys a table accepts (listed in the unknown-key error) are exactly its dataclass's fields, and the
+    built-in h100 file (which sets every optional key too) uses each of them."""
+    from trtforge.profiles.loader import parse_profile
+
+    cls = _tables()[path]
+    expected = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
+    data = _h100_data()
+    assert sorted(_table_of(data, path)) == sorted(expected)
+    _table_of(data, path)["zzzzzzzzzz"] = 1
+    with pytest.raises(ProfileError) as err:
+        parse_profile(data, "x.toml", "x")
+    prefix = f"{path}." if path else ""
+    listed = str(err.value).split("valid keys: ")[1].split(", ")
+    assert listed == [prefix + k for k in expected]
+
+
+@pytest.mark.parametrize("path", list(_tables()))
+def test_each_key_is_required_or_has_its_default(path: str) -> None:
+    from trtforge.profiles.loader import parse_profile, toml_keys
+
+    cls = _tables()[path]
+    prefix = f"{path}." if path else ""
+    for key, required in toml_keys(cls).items():
+        data = _h100_data()
+        del _table_of(data, path)[key]
+        if key == "fp8_tflops":
+            data["precision"]["allow_fp8"] = False  # fp8 needs the fp8 rate (a rule between keys)
+        if required:
+            with pytest.raises(ProfileError, match=rf"{re.escape(prefix + key)}: missing required key"):
+                parse_profile(data, "x.toml", "x")
+        else:
+            parse_profile(data, "x.toml", "x")  # optional: the default is used
+
+
+def test_cli_rows_and_json_follow_the_fields() -> None:
+    from trtforge.profiles.loader import profile_rows
+
+    p = load_profile("h100")
+    keys = [k for k, _ in profile_rows(p)]
+    flat = ["source"] + [f"{t}.{f.name}" for t in ("hardware", "precision", "builder", "kv", "lora")
+                         for f in dataclasses.fields(getattr(p, t))]
+    assert [k for k in keys if not k.startswith("shapes.")] == flat
+    assert [k for k in keys if k.startswith("shapes.")] == [f"shapes.{s.name}.{a}" for s in p.shapes
+                                                             for a in ("batch", "sequence")]
+    assert set(profile_to_dict(p)) == {f.name for f in dataclasses.fields(Profile)}
