@@ -21,6 +21,7 @@ from typing import Any
 
 from ..core import fsutil
 from ..core.errors import InputError
+from ..engine.manifest import Manifest
 from .cells import Cell, describe, plan_cells, trtforge_version
 from .executors import Submission, run_local, run_ray, start_ray
 from .spec import MatrixSpec
@@ -79,10 +80,9 @@ def is_cached(cell: Cell, outdir: Path) -> bool:
     """The folder holds a finished build with this cell's key and a plan whose bytes match its manifest."""
     try:
         recorded = json.loads((outdir / CELL_FILE).read_text())
-        manifest = json.loads((outdir / "manifest.json").read_text())
-        return bool(recorded.get("key") == cell.key and
-                    _sha256_file(outdir / "model.plan") == manifest.get("plan_sha256"))
-    except (OSError, ValueError, AttributeError):
+        manifest = Manifest.load(outdir)
+        return bool(recorded.get("key") == cell.key and _sha256_file(outdir / manifest.plan) == manifest.plan_sha256)
+    except (OSError, ValueError, AttributeError, InputError):
         return False
 
 
