@@ -1,0 +1,92 @@
+"""Response-cache configuration and the stored entry (with its integrity check).
+
+An entry carries its *logical* expiry (the TTL of its session class) and the cache *version* it was written under
+(engine manifest sha256 + semantic-index version). Redis keeps it ``stale_grace_s`` past the logical expiry so a
+stale answer can be served while one refresh runs; an entry of another version is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtforge.build_engine.core.errors import InputError
+
+LAYERS = ("l1", "l2", "l3")
+TOOL_TASKS = frozenset({"tool", "tools", "agent", "tool-calling", "function-calling"})
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Defaults follow issue 16: single-turn Q&A 120 s, multi-step tool-calling sessions 3600 s."""
+
+    layers: tuple[str, ...] = ("l1",)
+    l1_entries: int = 10_000
+    ttl_qa_s: float = 120.0
+    ttl_tool_s: float = 3600.0
+    stale_grace_s: float = 60.0
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    pool_size: int = 32
+    flush_interval_s: float = 0.1
+    flush_entries: int = 64
+    buffer_max: int = 10_000
+    l3_threshold: float = 0.9
+    l3_dim: int = 256
+    l3_index: str = "flat"  # flat (exact inner product) | hnsw (approximate, for 10^6+ entries)
+    cache_sampled: bool = False
+    namespace: str = "trtforge:rc"
+
+    def __post_init__(self) -> None:
+        bad = [x for x in self.layers if x not in LAYERS]
+        if bad or not self.layers or "l1" not in self.layers:
+            raise InputError(f"response cache layers {','.join(self.layers)!r}: use l1, l1,l2 or l1,l2,l3")
+        if self.pool_size < 32:
+            raise InputError(f"redis pool size {self.pool_size}: use at least 32 connections")
+        for name in ("ttl_qa_s", "ttl_tool_s", "flush_interval_s"):
+            value = getattr(self, name)
+            if not 0 < value < 10**7:
+                raise InputError(f"response cache {name} = {value!r}: must be a positive number of seconds")
+        if not 0.0 < self.l3_threshold <= 1.0:
+            raise InputError(f"l3 threshold {self.l3_threshold!r}: a cosine similarity in (0, 1]")
+        if self.l3_index not in ("flat", "hnsw"):
+            raise InputError(f"l3 index {self.l3_index!r}: flat or hnsw")
+
+    def ttl(self, task: str | None) -> float:
+        return self.ttl_tool_s if (task or "").lower() in TOOL_TASKS else self.ttl_qa_s
+
+
+@dataclass(frozen=True)
+class Entry:
+    digest: str
+    value: Any
+    created: float
+    expires: float  # logical expiry (wall clock); served as stale until expires + stale_grace_s
+    version: str
+    scope: str = ""
+    text: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def fresh(self, now: float | None = None) -> bool:
+        return (time.time() if now is None else now) < self.expires
+
+    def to_bytes(self) -> bytes:
+        body = json.dumps({"d": self.digest, "v": self.value, "c": self.created, "e": self.expires,
+                           "ver": self.version, "s": self.scope, "t": self.text, "m": self.meta},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()[:16].encode() + b"|" + body.encode()
+
+    @staticmethod
+    def from_bytes(raw: bytes, digest: str) -> Entry:
+        """Parse and verify; raises ValueError on any corruption (checksum, shape, or another key's entry)."""
+        check, _, body = raw.partition(b"|")
+        if hashlib.sha256(body).hexdigest()[:16].encode() != check:
+            raise ValueError("checksum mismatch")
+        d = json.loads(body)
+        entry = Entry(digest=d["d"], value=d["v"], created=float(d["c"]), expires=float(d["e"]),
+                      version=str(d["ver"]), scope=str(d["s"]), text=str(d["t"]), meta=dict(d["m"]))
+        if entry.digest != digest:
+            raise ValueError("entry stored under another key")
+        return entry

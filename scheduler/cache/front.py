@@ -1,0 +1,173 @@
+"""``ResponseCache``: the tiers in front of the scheduler. A hit never reaches the scheduler.
+
+Lookup order L1 -> L2 -> L3 (as configured). A request that is not reproducible (sampled, no seed) is neither looked
+up nor stored unless ``cache_sampled``. An L2 or L3 hit is copied into L1. A stale L2 entry (past its logical
+expiry, inside the grace period) is served, and exactly one caller (``Lookup.refresh``) is told to recompute it.
+A corrupt entry is counted and ignored, never served. Use ``serve(request, compute)`` on the request path:
+``compute`` runs (submits to the scheduler) only on a miss or for the one refreshing caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .entry import CacheConfig, Entry
+from .keys import CacheKey, make_key
+from .l1 import L1
+
+
+@dataclass(frozen=True)
+class Lookup:
+    key: CacheKey
+    value: Any = None
+    layer: str | None = None  # l1 | l2 | l3, None on a miss
+    stale: bool = False
+    refresh: bool = False  # this caller should recompute the (stale) answer
+    similarity: float = 1.0
+
+    @property
+    def hit(self) -> bool:
+        return self.layer is not None
+
+
+class ResponseCache:
+    def __init__(self, cfg: CacheConfig | None = None, *, engine_sha: str = "none", embed: Any = None,
+                 metrics: bool = True) -> None:
+        from .metrics import CacheMetrics
+
+        self.cfg = cfg or CacheConfig()
+        self.metrics = CacheMetrics() if metrics else None
+        self.engine_sha = engine_sha
+        self.l1 = L1(self.cfg.l1_entries, self.metrics)
+        self.l2 = None
+        self.l3 = None
+        self.invalidation = None
+        if "l3" in self.cfg.layers:
+            from .l3 import L3
+
+            self.l3 = L3(self.cfg, embed, self.metrics)
+        if "l2" in self.cfg.layers:
+            from .l2 import L2
+            from .pubsub import Invalidation
+
+            self.l2 = L2(self.cfg, self.metrics)
+            self.invalidation = Invalidation(self.l2.client, self.cfg.namespace, self.apply_invalidation)
+            stored = self.invalidation.stored()
+            if stored is not None and engine_sha == "none":
+                self.apply_invalidation(*stored)
+
+    @property
+    def version(self) -> str:
+        index = self.l3.version if self.l3 is not None else 1
+        return f"{self.engine_sha[:16]}.{index}"
+
+    # --- invalidation -------------------------------------------------------------------------------------------
+    def apply_invalidation(self, engine_sha: str, index_version: int) -> None:
+        self.engine_sha = engine_sha
+        if self.l3 is not None:
+            self.l3.version = index_version
+            self.l3.prune(self.version)
+        self.l1.clear()
+
+    def set_engine(self, manifest_sha256: str) -> None:
+        """A new engine is deployed: entries answered by the old one are never served again (here and elsewhere)."""
+        self.apply_invalidation(manifest_sha256, self.l3.version if self.l3 is not None else 1)
+        self._publish()
+
+    def rebuild_index(self) -> None:
+        if self.l3 is not None:
+            self.apply_invalidation(self.engine_sha, self.l3.rebuild())
+            self._publish()
+
+    def _publish(self) -> None:
+        if self.invalidation is not None:
+            self.invalidation.publish(self.engine_sha, self.l3.version if self.l3 is not None else 1)
+
+    # --- lookup and store ---------------------------------------------------------------------------------------
+    def _timed(self, layer: str, t0: float, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.lookup.labels(layer=layer).observe(time.perf_counter() - t0)
+            self.metrics.count(result, layer)
+
+    def lookup(self, request: Any, now: float | None = None) -> Lookup:
+        """Raises InputError for a malformed request (the key contract names the field)."""
+        key = make_key(request, cache_sampled=self.cfg.cache_sampled)
+        if not key.cacheable:
+            if self.metrics is not None:
+                self.metrics.count("uncacheable", "all")
+            return Lookup(key)
+        now = time.time() if now is None else now
+        version = self.version
+        t0 = time.perf_counter()
+        entry = self.l1.get(key.digest)
+        if entry is not None and entry.version == version:
+            self._timed("l1", t0, "hit")
+            return Lookup(key, entry.value, "l1")
+        self._timed("l1", t0, "miss")
+        if self.l2 is not None:
+            got = self._lookup_l2(key, version, now)
+            if got is not None:
+                return got
+        if self.l3 is not None:
+            t0 = time.perf_counter()
+            found = self.l3.search(key.scope, key.text, version, now)
+            self._timed("l3", t0, "hit" if found else "miss")
+            if found is not None:
+                entry, sim = found
+                self.l1.put(replace(entry, digest=key.digest))
+                return Lookup(key, entry.value, "l3", similarity=sim)
+        return Lookup(key)
+
+    def _lookup_l2(self, key: CacheKey, version: str, now: float) -> Lookup | None:
+        assert self.l2 is not None
+        t0 = time.perf_counter()
+        raw, outcome = self.l2.get(version, key.digest)
+        if raw is None:
+            self._timed("l2", t0, "error" if outcome == "down" else "miss")
+            return None
+        try:
+            entry = Entry.from_bytes(raw, key.digest)
+        except (ValueError, KeyError, TypeError):
+            self._timed("l2", t0, "corrupt")
+            return None
+        if entry.version != version:
+            self._timed("l2", t0, "wrong_version")
+            return None
+        if entry.fresh(now):
+            self._timed("l2", t0, "hit")
+            self.l1.put(entry)
+            return Lookup(key, entry.value, "l2")
+        self._timed("l2", t0, "stale")
+        return Lookup(key, entry.value, "l2", stale=True, refresh=self.l2.claim_refresh(version, key.digest))
+
+    def store(self, key: CacheKey, value: Any, now: float | None = None) -> Entry | None:
+        """Cache ``value`` as the answer of ``key`` (ignored when the key is not cacheable)."""
+        if not key.cacheable:
+            return None
+        now = time.time() if now is None else now
+        entry = Entry(digest=key.digest, value=value, created=now, expires=now + self.cfg.ttl(key.task),
+                      version=self.version, scope=key.scope, text=key.text)
+        self.l1.put(entry)
+        if self.l2 is not None:
+            self.l2.put(entry.version, entry, now)
+        if self.l3 is not None:
+            self.l3.add(entry)
+        return entry
+
+    def serve(self, request: Any, compute: Callable[[Any], Any]) -> tuple[Any, Lookup]:
+        """The request path: answer from the cache, or ``compute(request)`` (the scheduler) and remember it."""
+        got = self.lookup(request)
+        if got.hit and not got.refresh:
+            return got.value, got
+        value = compute(request)
+        self.store(got.key, value)
+        return value, got
+
+    def close(self) -> None:
+        if self.invalidation is not None:
+            self.invalidation.close()
+        if self.l2 is not None:
+            self.l2.close()

@@ -1,0 +1,156 @@
+"""The response-cache key: a documented contract from a request's semantic fields to one sha256.
+
+A request is a chat-completions-style JSON object. The key covers, and only covers:
+
+| field | normalisation |
+|---|---|
+| ``model`` | required string, stripped |
+| ``adapter`` (or ``lora``) | string or absent (absent = base model); a different adapter is a different key |
+| ``conversation_id`` | string or absent; different conversations never share an entry |
+| ``task`` (role/task class) | string or absent (e.g. "qa", "tool"; also picks the TTL class) |
+| ``messages`` | the *system* messages and the *final user* message, text normalised (below); roles lower-cased.
+  Earlier turns are identified by ``conversation_id`` |
+| ``prompt`` | instead of ``messages``: the same text normalisation |
+| ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
+| ``top_k``, ``max_tokens``, ``seed`` | integers, exact; absent = null |
+| ``stop`` | a string or list of strings, sorted and deduplicated |
+| ``response_format``, ``tools`` | canonical JSON (sorted keys) |
+
+Text normalisation: Unicode NFKC, line endings to ``\\n``, runs of spaces and tabs to one space, trailing spaces on
+each line removed, runs of 3+ newlines to 2, leading/trailing blank space removed.
+
+Everything else (``id``, ``request_id``, ``user``, ``stream``, ``stream_options``, ``metadata``, ``timeout``,
+headers, ``debug``, ``logprobs`` display options...) is transport or debug data and does not change the key. Text is
+not case-folded (case changes meaning). Equal meaning under these normalisations gives equal keys; a different
+model, adapter, conversation, task, final message or generation setting gives a different key.
+
+Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` 0, or ``top_k`` 1) or
+carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge.build_engine.core.errors import InputError
+
+KEY_VERSION = 1
+_SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", "prompt", "temperature", "top_p",
+             "top_k", "max_tokens", "seed", "stop", "response_format", "tools"}
+MAX_TEXT = 1 << 20  # characters of prompt text a key accepts (a cache is no place for bigger requests)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    digest: str  # sha256 hex of the canonical form
+    scope: str  # model / adapter / conversation / task: semantic (L3) hits never cross scopes
+    text: str  # the normalised final user message (what L3 embeds)
+    task: str | None
+    cacheable: bool
+
+
+def normalize_text(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[ \t\f\v]+", " ", text)
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip()
+
+
+def _string(req: dict[str, Any], name: str, required: bool = False) -> str | None:
+    value = req.get(name)
+    if value is None:
+        if required:
+            raise InputError(f"request: field {name!r} is required (a string)")
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"request: field {name!r} must be a string, got {type(value).__name__}")
+    return value.strip()
+
+
+def _number(req: dict[str, Any], name: str, default: float | None, integer: bool = False) -> float | int | None:
+    value = req.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
+        raise InputError(f"request: field {name!r} must be a finite number, got {value!r}")
+    if integer:
+        if float(value) != int(value):
+            raise InputError(f"request: field {name!r} must be an integer, got {value!r}")
+        return int(value)
+    return round(float(value), 2)
+
+
+def _messages(req: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
+    """(system messages, final user message), normalised."""
+    if "messages" not in req:
+        prompt = _string(req, "prompt")
+        if prompt is None:
+            raise InputError("request: needs 'messages' (a list of {role, content}) or 'prompt' (a string)")
+        return [], normalize_text(prompt)
+    msgs = req["messages"]
+    if not isinstance(msgs, list) or not msgs:
+        raise InputError("request: 'messages' must be a non-empty list of {role, content} objects")
+    system: list[tuple[str, str]] = []
+    last_user: str | None = None
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InputError(f"request: messages[{i}] must be an object with string 'role' and 'content'")
+        role = m["role"].strip().lower()
+        if role == "system":
+            system.append((role, normalize_text(m["content"])))
+        elif role == "user":
+            last_user = normalize_text(m["content"])
+    if last_user is None:
+        raise InputError("request: 'messages' has no user message; the cache keys on the final user message")
+    return system, last_user
+
+
+def _stop(req: dict[str, Any]) -> list[str]:
+    stop = req.get("stop")
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise InputError("request: 'stop' must be a string or a list of strings")
+    return sorted(set(items))
+
+
+def make_key(req: Any, *, cache_sampled: bool = False) -> CacheKey:
+    """The key of ``req`` (a dict parsed from JSON); raises InputError naming the field at fault."""
+    if not isinstance(req, dict):
+        raise InputError(f"request: must be a JSON object, got {type(req).__name__}")
+    model = _string(req, "model", required=True)
+    adapter = _string(req, "adapter") if "adapter" in req else _string(req, "lora")
+    conversation = _string(req, "conversation_id")
+    task = _string(req, "task")
+    system, final = _messages(req)
+    if len(final) + sum(len(t) for _, t in system) > MAX_TEXT:
+        raise InputError(f"request: prompt text over {MAX_TEXT} characters; such requests are not cached")
+    temperature = _number(req, "temperature", 1.0)
+    top_k = _number(req, "top_k", None, integer=True)
+    seed = _number(req, "seed", None, integer=True)
+    canon = {
+        "v": KEY_VERSION, "model": model, "adapter": adapter, "conversation": conversation, "task": task,
+        "system": system, "final": final, "temperature": temperature, "top_p": _number(req, "top_p", 1.0),
+        "top_k": top_k, "max_tokens": _number(req, "max_tokens", None, integer=True), "seed": seed,
+        "stop": _stop(req), "response_format": req.get("response_format"), "tools": req.get("tools"),
+    }
+    try:
+        blob = json.dumps(canon, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"request: 'response_format'/'tools' must be plain JSON ({exc})") from exc
+    greedy = temperature == 0 or top_k == 1
+    scope = json.dumps([model, adapter, conversation, task])
+    return CacheKey(digest=hashlib.sha256(blob.encode()).hexdigest(), scope=scope, text=final, task=task,
+                    cacheable=greedy or seed is not None or cache_sampled)
+
+
+def semantic_fields() -> frozenset[str]:
+    """The request fields the key reads (everything else is ignored)."""
+    return frozenset(_SEMANTIC)

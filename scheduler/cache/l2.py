@@ -1,0 +1,166 @@
+"""L2: a Redis tier shared by every replica.
+
+- A ``BlockingConnectionPool`` of ``pool_size`` (>= 32) connections with short socket timeouts.
+- Writes are buffered and sent by one background thread as one non-transactional pipeline every
+  ``flush_interval_s`` (100 ms) or as soon as ``flush_entries`` are waiting, never one round trip per response. The
+  buffer is bounded (``buffer_max``): when full, the oldest write is dropped and counted.
+- Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
+  while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
+- An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
+  is answered from L1 or computed), writes are dropped with a count, one warning is logged per outage, and
+  ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout.
+- Key names carry the cache version, so entries of an old engine are never even found.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+from .entry import CacheConfig, Entry
+
+log = logging.getLogger(__name__)
+
+
+class L2:
+    def __init__(self, cfg: CacheConfig, metrics: Any = None, retry_s: float = 1.0) -> None:
+        import redis
+
+        self.cfg = cfg
+        self.metrics = metrics
+        self.retry_s = retry_s
+        self._errors = (redis.RedisError, OSError)
+        self.pool = redis.BlockingConnectionPool.from_url(
+            cfg.redis_url, max_connections=cfg.pool_size, timeout=0.2, socket_timeout=0.25,
+            socket_connect_timeout=0.25)
+        self.client = redis.Redis(connection_pool=self.pool)
+        self._buffer: collections.deque[tuple[str, bytes, int]] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._down_until = 0.0
+        self._warned = False
+        self.dropped = 0
+        self.flushes = 0
+        self._thread = threading.Thread(target=self._flusher, name="trtforge-cache-l2", daemon=True)
+        self._thread.start()
+        if metrics is not None:
+            metrics.l2_up.set(1)
+
+    # --- health -------------------------------------------------------------------------------------------------
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except self._errors:
+            return False
+
+    @property
+    def up(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, exc: BaseException) -> None:
+        self._down_until = time.monotonic() + self.retry_s
+        if self.metrics is not None:
+            self.metrics.l2_up.set(0)
+        if not self._warned:
+            self._warned = True
+            log.warning("response cache: Redis at %s is unreachable (%s); serving from L1 only until it is back",
+                        self.cfg.redis_url, type(exc).__name__)
+
+    def _ok(self) -> None:
+        if self._warned:
+            log.warning("response cache: Redis at %s is back", self.cfg.redis_url)
+        self._warned = False
+        if self.metrics is not None:
+            self.metrics.l2_up.set(1)
+
+    # --- reads --------------------------------------------------------------------------------------------------
+    def name(self, version: str, digest: str) -> str:
+        return f"{self.cfg.namespace}:e:{version}:{digest}"
+
+    def get(self, version: str, digest: str) -> tuple[bytes | None, str]:
+        """(raw value or None, outcome): outcome is "ok", "miss" or "down"."""
+        if not self.up:
+            return None, "down"
+        try:
+            raw = self.client.get(self.name(version, digest))
+        except self._errors as exc:
+            self._failed(exc)
+            return None, "down"
+        self._ok()
+        return (raw, "ok") if raw is not None else (None, "miss")
+
+    def claim_refresh(self, version: str, digest: str, hold_s: float = 30.0) -> bool:
+        """True for exactly one caller per stale entry (until the refresh lands or ``hold_s`` passes)."""
+        if not self.up:
+            return False
+        try:
+            return bool(self.client.set(f"{self.cfg.namespace}:r:{version}:{digest}", b"1", nx=True,
+                                        px=int(hold_s * 1000)))
+        except self._errors as exc:
+            self._failed(exc)
+            return False
+
+    # --- writes -------------------------------------------------------------------------------------------------
+    def put(self, version: str, entry: Entry, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        ttl_ms = max(1, int((entry.expires + self.cfg.stale_grace_s - now) * 1000))
+        with self._lock:
+            if len(self._buffer) >= self.cfg.buffer_max:
+                self._buffer.popleft()
+                self._drop("buffer_full")
+            self._buffer.append((self.name(version, entry.digest), entry.to_bytes(), ttl_ms))
+            depth = len(self._buffer)
+        if self.metrics is not None:
+            self.metrics.buffer_depth.set(depth)
+        if depth >= self.cfg.flush_entries:
+            self._wake.set()
+
+    def _drop(self, reason: str, n: int = 1) -> None:
+        self.dropped += n
+        if self.metrics is not None:
+            self.metrics.dropped.labels(reason=reason).inc(n)
+
+    def flush(self) -> int:
+        """Send every buffered write as one pipeline; returns how many were sent (0 when down: they are dropped)."""
+        with self._lock:
+            batch = list(self._buffer)
+            self._buffer.clear()
+        if self.metrics is not None:
+            self.metrics.buffer_depth.set(0)
+        if not batch:
+            return 0
+        if not self.up:
+            self._drop("outage", len(batch))
+            return 0
+        t0 = time.perf_counter()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name, blob, ttl_ms in batch:
+                pipe.set(name, blob, px=ttl_ms)
+            pipe.execute()
+        except self._errors as exc:
+            self._failed(exc)
+            self._drop("outage", len(batch))
+            return 0
+        self._ok()
+        self.flushes += 1
+        if self.metrics is not None:
+            self.metrics.flush.observe(time.perf_counter() - t0)
+        return len(batch)
+
+    def _flusher(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.cfg.flush_interval_s)
+            self._wake.clear()
+            self.flush()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=2)
+        self.flush()
+        self.pool.disconnect()

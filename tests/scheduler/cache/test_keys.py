@@ -1,0 +1,83 @@
+"""The cache-key contract (scheduler/cache/keys.py): equal meaning -> equal key on the normalisations it claims;
+a different model, adapter, conversation, task, final message or setting -> a different key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trtforge.build_engine.core.errors import InputError
+from trtforge.scheduler.cache.keys import make_key
+
+BASE = {"model": "llama-8b", "adapter": "support-v2", "conversation_id": "c1", "task": "qa",
+        "messages": [{"role": "system", "content": "You are terse."},
+                     {"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0, "max_tokens": 64}
+
+
+def _with(**changes: object) -> dict:
+    req = copy.deepcopy(BASE)
+    req.update(changes)
+    return req
+
+
+@pytest.mark.parametrize("variant", [
+    _with(messages=[{"role": "System", "content": "You are  terse.\r\n"},
+                    {"role": "user", "content": "  What is the capital\tof France?  \n\n\n"}]),
+    _with(messages=[{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Ｗhat is the capital of France?"}]),  # fullwidth W (NFKC)
+    _with(id="req-9", request_id="x", stream=True, user="alice", metadata={"trace": 1}, debug=True),
+    _with(temperature=0.001),  # rounds to 0.00
+    _with(messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"},
+                    {"role": "user", "content": "What is the capital of France?"}]),  # earlier turns: conversation id
+])
+def test_equal_meaning_equal_key(variant: dict) -> None:
+    assert make_key(variant).digest == make_key(BASE).digest
+
+
+def test_stop_order_and_duplicates_do_not_matter() -> None:
+    assert make_key(_with(stop=["b", "a", "a"])).digest == make_key(_with(stop=["a", "b"])).digest
+    assert make_key(_with(stop="a")).digest == make_key(_with(stop=["a"])).digest
+
+
+@pytest.mark.parametrize("variant", [
+    _with(model="llama-70b"), _with(adapter="support-v3"), _with(adapter=None), _with(conversation_id="c2"),
+    _with(task="tool"), _with(temperature=0.5, seed=1), _with(max_tokens=65), _with(top_p=0.9),
+    _with(messages=[{"role": "user", "content": "What is the capital of Spain?"}]),
+    _with(messages=[{"role": "system", "content": "You are verbose."},
+                    {"role": "user", "content": "What is the capital of France?"}]),
+    _with(messages=[{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "what is the capital of france?"}]),  # case is meaning
+])
+def test_different_meaning_different_key(variant: dict) -> None:
+    assert make_key(variant).digest != make_key(BASE).digest
+
+
+def test_adapter_and_lora_spelling_are_the_same_field_and_scope_separates() -> None:
+    a = make_key(BASE)
+    b = make_key({k: v for k, v in BASE.items() if k != "adapter"} | {"lora": "support-v2"})
+    assert a.digest == b.digest and a.scope == b.scope
+    assert make_key(_with(adapter="other")).scope != a.scope
+
+
+def test_sampled_requests_are_not_cacheable_unless_the_policy_says_so() -> None:
+    sampled = _with(temperature=0.8)
+    assert not make_key(sampled).cacheable
+    assert make_key(sampled, cache_sampled=True).cacheable
+    assert make_key(_with(temperature=0.8, seed=7)).cacheable
+    assert make_key(_with(temperature=0.8, top_k=1)).cacheable
+
+
+@pytest.mark.parametrize("bad, field", [
+    ([1, 2], "JSON object"), ({"messages": BASE["messages"]}, "'model'"), (_with(model=5), "'model'"),
+    (_with(adapter=3), "'adapter'"), (_with(temperature="hot"), "'temperature'"),
+    (_with(temperature=float("nan")), "'temperature'"), (_with(max_tokens=1.5), "'max_tokens'"),
+    (_with(messages=[]), "'messages'"), (_with(messages=[{"role": "user"}]), "messages[0]"),
+    (_with(messages=[{"role": "system", "content": "x"}]), "no user message"), (_with(stop=[1]), "'stop'"),
+])
+def test_bad_fields_are_named(bad: object, field: str) -> None:
+    with pytest.raises(InputError, match=None) as info:
+        make_key(bad)
+    assert field in str(info.value)

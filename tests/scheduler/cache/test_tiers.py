@@ -1,0 +1,168 @@
+"""The tiers against real parts: cachetools L1, a real redis-server for L2 (pipelining, TTL expiry, stale serving,
+pub/sub invalidation across two cache clients, an outage), FAISS for L3."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trtforge.scheduler.cache.entry import CacheConfig, Entry
+from trtforge.scheduler.cache.front import ResponseCache
+from trtforge.scheduler.cache.keys import make_key
+
+pytest.importorskip("prometheus_client", reason="cache metrics need prometheus_client (trtforge[sim])")
+
+
+def req(text: str, **kw: object) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0, **kw}
+
+
+def test_l1_ttl_and_lru_eviction() -> None:
+    cache = ResponseCache(CacheConfig(l1_entries=2, ttl_qa_s=0.2))
+    for i in range(3):
+        cache.store(make_key(req(f"q{i}")), f"a{i}")
+    assert not cache.lookup(req("q0")).hit  # evicted (LRU, size 2)
+    assert cache.lookup(req("q2")).value == "a2"
+    assert cache.metrics.value("trtforge_cache_eviction_total", layer="l1") == 1
+    time.sleep(0.25)
+    assert not cache.lookup(req("q2")).hit  # past its TTL
+    assert cache.metrics.value("trtforge_cache_access_total", result="hit", layer="l1") == 1
+
+
+def test_sampled_request_never_cached_and_serve_computes_once() -> None:
+    cache = ResponseCache()
+    calls: list[str] = []
+
+    def compute(r: dict) -> str:
+        calls.append(r["messages"][0]["content"])
+        return "answer"
+
+    for _ in range(3):
+        assert cache.serve(req("hello"), compute)[0] == "answer"
+    assert calls == ["hello"]
+    for _ in range(2):
+        cache.serve(req("hello", temperature=0.7), compute)
+    assert calls == ["hello", "hello", "hello"]
+
+
+def test_l2_pipelines_buffered_writes(redis_server) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, flush_entries=1000, namespace="t:pipe")
+    a = ResponseCache(cfg, engine_sha="e1")
+    import redis
+
+    stats = redis.Redis.from_url(redis_server.url)
+    before = int(stats.info("stats")["total_connections_received"])
+    for i in range(500):
+        a.store(make_key(req(f"q{i}")), i)
+    time.sleep(0.3)  # one or a few 100 ms flush ticks
+    assert a.l2.flushes <= 3 and len(stats.keys("t:pipe:e:*")) == 500
+    assert int(stats.info("stats")["total_connections_received"]) - before <= 3  # pooled, not a connection each
+    b = ResponseCache(cfg, engine_sha="e1")
+    got = b.lookup(req("q7"))
+    assert (got.layer, got.value) == ("l2", 7)
+    assert b.lookup(req("q7")).layer == "l1"  # promoted
+    a.close()
+    b.close()
+
+
+def test_l2_ttl_stale_while_one_refresh_then_expiry(redis_server) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, ttl_qa_s=0.3, stale_grace_s=0.6,
+                      namespace="t:ttl")
+    a = ResponseCache(cfg, engine_sha="e1")
+    a.store(make_key(req("q")), "v1")
+    a.l2.flush()
+    b = ResponseCache(cfg, engine_sha="e1")
+    assert b.lookup(req("q")).layer == "l2"
+    time.sleep(0.4)
+    b.l1.clear()
+    first, second = b.lookup(req("q")), b.lookup(req("q"))
+    assert first.stale and first.refresh and first.value == "v1"
+    assert second.stale and not second.refresh  # exactly one caller refreshes
+    time.sleep(0.6)
+    assert not b.lookup(req("q")).hit  # gone from Redis after the grace period
+    a.close()
+    b.close()
+
+
+def test_pubsub_invalidation_across_two_clients(redis_server) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace="t:inv")
+    a, b = ResponseCache(cfg, engine_sha="old"), ResponseCache(cfg, engine_sha="old")
+    a.store(make_key(req("q")), "from the old engine")
+    a.l2.flush()
+    assert b.lookup(req("q")).value == "from the old engine"  # now also in b's L1
+    a.set_engine("new-manifest-sha")
+    deadline = time.monotonic() + 5
+    while b.invalidation.received < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.engine_sha == "new-manifest-sha"
+    assert not b.lookup(req("q")).hit  # neither b's L1 nor the old L2 key is served
+    c = ResponseCache(cfg)  # a replica started later adopts the stored version
+    assert c.engine_sha == "new-manifest-sha"
+    for x in (a, b, c):
+        x.close()
+
+
+def test_corrupt_entry_is_counted_never_served(redis_server) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace="t:bad")
+    a = ResponseCache(cfg, engine_sha="e1")
+    key = make_key(req("q"))
+    a.store(key, "good")
+    a.l2.flush()
+    name = a.l2.name(a.version, key.digest)
+    raw = a.l2.client.get(name)
+    a.l2.client.set(name, raw.replace(b"good", b"evil"))  # bit rot / tampering: checksum no longer matches
+    b = ResponseCache(cfg, engine_sha="e1")
+    assert not b.lookup(req("q")).hit
+    assert b.metrics.value("trtforge_cache_access_total", result="corrupt", layer="l2") == 1
+    a.close()
+    b.close()
+
+
+def test_outage_degrades_to_l1_without_blocking(own_redis, caplog) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:out")
+    cache = ResponseCache(cfg, engine_sha="e1")
+    cache.store(make_key(req("kept")), "from L1")
+    own_redis.stop()  # the server dies mid-run
+    worst = 0.0
+    for i in range(50):
+        t0 = time.perf_counter()
+        assert cache.lookup(req("kept")).value == "from L1"
+        assert not cache.lookup(req(f"new{i}")).hit
+        cache.store(make_key(req(f"new{i}")), i)
+        worst = max(worst, time.perf_counter() - t0)
+    cache.l2.flush()
+    assert worst < 1.0  # one socket timeout at most, then the tier is marked down
+    assert cache.l2.dropped >= 50
+    assert cache.metrics.value("trtforge_cache_l2_up") == 0
+    assert any("unreachable" in r.message for r in caplog.records)
+    cache.close()
+
+
+def test_unreachable_redis_at_startup_is_l1_only() -> None:
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1/0", namespace="t:none")
+    cache = ResponseCache(cfg, engine_sha="e1")
+    cache.store(make_key(req("q")), "v")
+    assert cache.lookup(req("q")).value == "v"
+    cache.close()
+
+
+def test_l3_serves_near_duplicates_within_scope_only() -> None:
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    cache = ResponseCache(CacheConfig(layers=("l1", "l3"), l3_threshold=0.8), engine_sha="e1")
+    cache.store(make_key(req("How do I reset my password on the billing portal?", adapter="a")), "steps")
+    near = cache.lookup(req("How do I reset my pasword on the billing portal ?", adapter="a"))
+    assert (near.layer, near.value) == ("l3", "steps") and 0.8 <= near.similarity < 1.0
+    assert not cache.lookup(req("How do I reset my pasword on the billing portal ?", adapter="b")).hit
+    assert not cache.lookup(req("Which invoices are overdue this month?", adapter="a")).hit
+    cache.rebuild_index()  # a new index version: nothing of the old one is served
+    assert not cache.lookup(req("How do I reset my pasword on the billing portal?", adapter="a")).hit
+
+
+def test_entry_round_trip_and_integrity() -> None:
+    e = Entry(digest="d", value={"text": "x"}, created=1.0, expires=2.0, version="v")
+    assert Entry.from_bytes(e.to_bytes(), "d") == e
+    with pytest.raises(ValueError):
+        Entry.from_bytes(e.to_bytes(), "other")
+    with pytest.raises(ValueError):
+        Entry.from_bytes(b"0000|{}", "d")
