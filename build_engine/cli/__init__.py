@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "backends": ("backends", "show the TensorRT backends found and what they can target"),
     "build": ("build", "build a TensorRT engine for a GPU profile (model.plan + manifest.json)"),
     "build-matrix": ("build_matrix", "build many models x GPU profiles, locally or on a Ray cluster, cached"),
+    "cache": ("cache", "response cache: a request's key, Redis reachability, invalidation after a deploy"),
     "kv-plan": ("kv_plan", "KV-cache capacity of a decoder on a GPU profile"),
     "triton": ("triton", "write or check a Triton model repository entry from an engine folder"),
     "diff": ("diff", "compare two models' outputs through Polygraphy (exit 1 on mismatch)"),

@@ -74,6 +74,21 @@ class L3:
             index.add_with_ids(vec, np.array([self._next], dtype=np.int64))
             self._entries[self._next] = entry
 
+    def add_batch(self, entries: list[Entry], vectors: np.ndarray) -> None:
+        """Bulk insert (index rebuilds, benchmarks): one FAISS call per scope."""
+        by_scope: dict[str, list[int]] = {}
+        for row, e in enumerate(entries):
+            by_scope.setdefault(e.scope, []).append(row)
+        with self._lock:
+            for scope, rows in by_scope.items():
+                index = self._index.get(scope)
+                if index is None:
+                    index = self._index[scope] = self._new_index()
+                ids = np.arange(self._next + 1, self._next + 1 + len(rows), dtype=np.int64)
+                self._next += len(rows)
+                index.add_with_ids(np.ascontiguousarray(vectors[rows], dtype=np.float32), ids)
+                self._entries.update(zip(ids.tolist(), (entries[r] for r in rows), strict=True))
+
     def search(self, scope: str, text: str, version: str, now: float | None = None, k: int = 4,
                vector: np.ndarray | None = None) -> tuple[Entry, float] | None:
         now = time.time() if now is None else now

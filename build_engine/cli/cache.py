@@ -1,0 +1,104 @@
+"""``trtforge cache key|ping|invalidate``: the response cache's operator commands.
+
+- ``key REQUEST.json`` (or ``-`` for stdin): the cache key of a request and what it was computed from (the key
+  contract in scheduler/cache/keys.py), to check why two requests do or do not share an entry.
+- ``ping --redis-url URL``: exit 0 when the L2 Redis answers, else exit 2 naming the URL.
+- ``invalidate ENGINE_DIR --redis-url URL``: after deploying the engine in ENGINE_DIR, publish its manifest's sha256
+  as the cache version, so every replica stops serving answers of the previous engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import InputError
+from ._common import ArgumentParser, add_debug, make_parser, run_command
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser("trtforge cache", "Response-cache tools: a request's key, Redis reachability, invalidation.")
+    sub = p.add_subparsers(dest="sub", metavar="{key,ping,invalidate}", parser_class=ArgumentParser)
+    sub.required = True
+    key = sub.add_parser("key", help="print a request's cache key and whether it is cacheable")
+    add_debug(key)
+    key.add_argument("request", help="request JSON file (chat-completions style), or - for stdin")
+    key.add_argument("--cache-sampled", action="store_true", help="policy: cache sampled requests too")
+    for name, helptext in (("ping", "check that the L2 Redis answers"),
+                           ("invalidate", "publish a new engine's manifest sha256 as the cache version")):
+        sp = sub.add_parser(name, help=helptext)
+        add_debug(sp)
+        if name == "invalidate":
+            sp.add_argument("engine", type=Path, help="engine folder (manifest.json) now deployed")
+        sp.add_argument("--redis-url", required=True, help="redis://host:port/db")
+        sp.add_argument("--namespace", default="trtforge:rc", help="key prefix shared by the replicas")
+    return p
+
+
+def _read_request(where: str) -> Any:
+    try:
+        text = sys.stdin.read() if where == "-" else Path(where).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read the request ({exc}); give a UTF-8 JSON file") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc}); give one JSON object") from exc
+
+
+def _client(url: str) -> Any:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client.ping()
+        return client
+    except ValueError as exc:
+        raise InputError(f"--redis-url {url}: not a Redis URL ({exc}); use redis://host:port/db") from exc
+    except (redis.RedisError, OSError) as exc:
+        raise InputError(f"cannot reach Redis at {url} ({type(exc).__name__}); start redis-server or fix "
+                         "--redis-url") from exc
+
+
+def _run(args: Any) -> int:
+    if args.sub == "key":
+        from trtforge.scheduler.cache.keys import make_key
+
+        req = _read_request(args.request)
+        try:
+            key = make_key(req, cache_sampled=args.cache_sampled)
+        except InputError as exc:
+            raise InputError(f"{args.request}: {exc.message}") from exc
+        print(json.dumps({"key": key.digest, "cacheable": key.cacheable, "scope": json.loads(key.scope),
+                          "final_user_message": key.text}, indent=2, ensure_ascii=False))
+        return 0
+    client = _client(args.redis_url)
+    if args.sub == "ping":
+        print(f"{args.redis_url}: ok")
+        return 0
+    from trtforge.scheduler.cache.pubsub import Invalidation
+
+    manifest = args.engine / "manifest.json"
+    try:
+        sha = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise InputError(f"{manifest}: cannot read it ({exc.strerror}); give an engine folder from trtforge build") \
+            from exc
+    inv = Invalidation(client, args.namespace, lambda *_: None)
+    try:
+        stored = inv.stored()
+        index = stored[1] if stored is not None else 1
+        if not inv.publish(sha, index):
+            raise InputError(f"cannot publish to Redis at {args.redis_url}; check the server and retry")
+    finally:
+        inv.close()
+    print(f"published cache version {sha[:16]}.{index} for {args.engine} on {args.redis_url}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)
