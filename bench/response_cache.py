@@ -32,7 +32,8 @@ from trtforge.scheduler.cache.keys import make_key
 def _req(i: int) -> dict:
     return {"model": "llama-8b", "adapter": "support", "temperature": 0, "max_tokens": 128,
             "messages": [{"role": "system", "content": "You answer billing questions."},
-                         {"role": "user", "content": f"Question {i}: why was invoice {i * 7919 % 100000} charged twice?"}]}
+                         {"role": "user",
+                          "content": f"Question {i}: why was invoice {i * 7919 % 100000} charged twice?"}]}
 
 
 def bench_l1() -> None:
