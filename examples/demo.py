@@ -1,4 +1,4 @@
-"""``trtforge demo``: the whole pipeline on the bundled example model, every step through the real command.
+"""``trtforge demo``: the whole pipeline on the bundled example model, every step a call into the library.
 
 Steps (each output kept under the work folder, numbered in pipeline order):
 
@@ -13,20 +13,25 @@ Steps (each output kept under the work folder, numbered in pipeline order):
   07_kv        trtforge kv-plan (h100 with Llama-3.1-8B, a100 with the example model's config)
   08_sim       trtforge simulate on a synthetic trace, three policies, with the cache-aware run's plot
 
-Plan and doing are split: ``plan_steps`` is pure data (name, argv); ``run_demo`` runs them and collects a summary.
+Plan and doing are split: ``plan_steps`` lists each step's name, the ``trtforge`` command that writes the same
+files (shown while running), and its call into the library (``demo_steps``); ``run_demo`` runs them and builds
+the summary from the objects the library returned (fold report, precision report, manifest, Triton entry, diff
+result, KV plan, simulation summary). This package never imports ``trtforge.build_engine.cli``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from trtforge.build_engine.core.errors import TrtforgeError
+
+from . import demo_steps
 
 
 @dataclass
@@ -38,86 +43,117 @@ class StepResult:
     outputs: list[str] = field(default_factory=list)
 
 
-def _cli(argv: list[str]) -> int:
-    from trtforge.build_engine.cli import main
-
-    try:
-        return main(argv)
-    except Exception as exc:  # a step's crash is recorded as a failed step; the others still run
-        print(f"error: {type(exc).__name__}: {exc}")
-        return 1
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]  # the trtforge command that writes the same files (shown; the demo calls ``run``)
+    run: Callable[[], Any]  # the library call; returns what the library returned
+    describe: Callable[[Any], str]  # one line for the summary, from ``run``'s result
 
 
-def plan_steps(work: Path) -> list[tuple[str, list[str]]]:
-    """The pipeline as data: (step name, trtforge argv)."""
+def _step(name: str, argv: Sequence[str | Path], run: Callable[[], Any], describe: Callable[[Any], str]) -> Step:
+    return Step(name, tuple(str(a) for a in argv), run, describe)
+
+
+def plan_steps(work: Path) -> list[Step]:
+    """The pipeline: (step name, trtforge argv, library call, summary line)."""
     m, f, p, lo, e, t, d, k, s = (work / n for n in ("00_model", "01_fold", "02_precision", "03_lora", "04_engines",
                                                    "05_triton", "06_diff", "07_kv", "08_sim"))
+    steps = [_fold_step(name, m / src, f / dst, f / rep) for name, src, dst, rep in (
+        ("fold fp16-autocast", "llama_fp16_autocast.onnx", "folded_fp16.onnx", "report_fp16.json"),
+        ("fold fp32", "llama_fp32.onnx", "folded_fp32.onnx", "report_fp32.json"))]
+    steps += [_precision_step("fp16", f, p), _diff_step("diff fp16 vs fp32", p / "model_fp16.onnx",
+                                                        f / "folded_fp32.onnx", p / "diff_fp16.json",
+                                                        precision="fp16"), _precision_step("bf16", f, p)]
+    steps += [_inject_step(dt, src, lo) for dt, src in (("fp32", f / "folded_fp32.onnx"),
+                                                         ("fp16", p / "model_fp16.onnx"),
+                                                         ("bf16", p / "model_bf16.onnx"))]
+    steps.append(_step("lora decompose", ["lora", "decompose", lo / "lora_fp32.onnx", "-o",
+                                          lo / "lora_fp32_decomposed.onnx"],
+                       partial(demo_steps.decompose_file, lo / "lora_fp32.onnx", lo / "lora_fp32_decomposed.onnx"),
+                       lambda _: ""))
+    steps += [_build_step(name, src, prof, e / out) for name, src, prof, out in (
+        ("build a10 (fp16 + LoRA)", lo / "lora_fp16.onnx", "a10", "a10"),
+        ("build a100 (bf16 + LoRA)", lo / "lora_bf16.onnx", "a100", "a100"),
+        ("build a100 (bf16, no plugin)", p / "model_bf16.onnx", "a100", "a100_plain"))]
+    steps += _triton_steps(e, t)
+    steps += [_diff_step("diff original vs folded", m / "llama_fp32.onnx", f / "folded_fp32.onnx", d / "fold.json",
+                         atol=0, rtol=0),
+              _diff_step("diff inject+decompose (slots -1) vs original", lo / "lora_fp32_decomposed.onnx",
+                         m / "llama_fp32.onnx", d / "lora_off.json", atol=0, rtol=0, values=("lora_slot_ids=-1",),
+                         extra_inputs=True)]
+    steps += [_kv_step("kv-plan h100 llama-3.1-8b", "h100", "llama-3.1-8b", k / "h100_llama-3.1-8b.json"),
+              _kv_step("kv-plan a100 example", "a100", str(m / "config.json"), k / "a100_example.json")]
+    steps += [_sim_step(pol, s) for pol in ("fcfs-no-evict", "max-utilization", "cache-aware")]
+    return steps
+
+
+def _fold_step(name: str, src: Path, dst: Path, report: Path) -> Step:
+    return _step(name, ["fold", src, "-o", dst, "--report", report, "--check"],
+                 partial(demo_steps.fold_file, src, dst, report), _describe_fold)
+
+
+def _precision_step(to: str, f: Path, p: Path) -> Step:
+    src, dst, rep = f / "folded_fp32.onnx", p / f"model_{to}.onnx", p / f"report_{to}.json"
+    return _step(f"precision {to}", ["precision", src, "-o", dst, "--to", to, "--report", rep],
+                 partial(demo_steps.convert_file, src, dst, to, rep), _describe_precision)
+
+
+def _inject_step(dt: str, src: Path, lo: Path) -> Step:
+    dst = lo / f"lora_{dt}.onnx"
+    return _step(f"lora inject {dt}", ["lora", "inject", src, "-o", dst, "--targets", "q_proj,v_proj", "--max-rank",
+                                       "16", "--slots", "8"],
+                 partial(demo_steps.inject_file, src, dst, ["q_proj", "v_proj"], 16, 8), _describe_inject)
+
+
+def _build_step(name: str, src: Path, profile: str, out: Path) -> Step:
+    return _step(name, ["build", src, "--profile", profile, "-o", out, "--force", "--no-progress"],
+                 partial(demo_steps.build, src, profile, out), lambda man: _describe_build(man, out))
+
+
+def _triton_steps(e: Path, t: Path) -> list[Step]:
     return [
-        ("fold fp16-autocast", ["fold", str(m / "llama_fp16_autocast.onnx"), "-o", str(f / "folded_fp16.onnx"),
-                                "--report", str(f / "report_fp16.json"), "--check"]),
-        ("fold fp32", ["fold", str(m / "llama_fp32.onnx"), "-o", str(f / "folded_fp32.onnx"),
-                       "--report", str(f / "report_fp32.json"), "--check"]),
-        ("precision fp16", ["precision", str(f / "folded_fp32.onnx"), "-o", str(p / "model_fp16.onnx"),
-                            "--to", "fp16", "--report", str(p / "report_fp16.json")]),
-        ("diff fp16 vs fp32", ["diff", str(p / "model_fp16.onnx"), str(f / "folded_fp32.onnx"), "--precision",
-                               "fp16", "--save", str(p / "diff_fp16.json")]),
-        ("precision bf16", ["precision", str(f / "folded_fp32.onnx"), "-o", str(p / "model_bf16.onnx"),
-                            "--to", "bf16", "--report", str(p / "report_bf16.json")]),
-        *[(f"lora inject {dt}", ["lora", "inject", str(src), "-o", str(lo / f"lora_{dt}.onnx"), "--targets",
-                                 "q_proj,v_proj", "--max-rank", "16", "--slots", "8"])
-          for dt, src in (("fp32", f / "folded_fp32.onnx"), ("fp16", p / "model_fp16.onnx"),
-                          ("bf16", p / "model_bf16.onnx"))],
-        ("lora decompose", ["lora", "decompose", str(lo / "lora_fp32.onnx"), "-o",
-                            str(lo / "lora_fp32_decomposed.onnx")]),
-        ("build a10 (fp16 + LoRA)", ["build", str(lo / "lora_fp16.onnx"), "--profile", "a10", "-o", str(e / "a10"),
-                                     "--force", "--no-progress"]),
-        ("build a100 (bf16 + LoRA)", ["build", str(lo / "lora_bf16.onnx"), "--profile", "a100", "-o",
-                                      str(e / "a100"), "--force", "--no-progress"]),
-        ("build a100 (bf16, no plugin)", ["build", str(p / "model_bf16.onnx"), "--profile", "a100", "-o",
-                                          str(e / "a100_plain"), "--force", "--no-progress"]),
-        ("triton (LoRA engine)", ["triton", str(e / "a100"), "--repo", str(t), "--name", "llama_lora", "--force"]),
-        ("triton (plain engine)", ["triton", str(e / "a100_plain"), "--repo", str(t), "--name", "llama_tiny",
-                                   "--max-batch", "8", "--force"]),
-        ("triton --check", ["triton", "--check", str(t / "llama_tiny")]),
-        ("diff original vs folded", ["diff", str(m / "llama_fp32.onnx"), str(f / "folded_fp32.onnx"), "--atol", "0",
-                                     "--rtol", "0", "--save", str(d / "fold.json")]),
-        ("diff inject+decompose (slots -1) vs original", ["diff", str(lo / "lora_fp32_decomposed.onnx"),
-                                                          str(m / "llama_fp32.onnx"), "--extra-inputs", "--value",
-                                                          "lora_slot_ids=-1", "--atol", "0", "--rtol", "0",
-                                                          "--save", str(d / "lora_off.json")]),
-        ("kv-plan h100 llama-3.1-8b", ["kv-plan", "--profile", "h100", "--model", "llama-3.1-8b", "--json",
-                                       str(k / "h100_llama-3.1-8b.json")]),
-        ("kv-plan a100 example", ["kv-plan", "--profile", "a100", "--model", str(m / "config.json"), "--json",
-                                  str(k / "a100_example.json")]),
-        *[(f"simulate {pol}", ["simulate", "--trace", "synthetic", "--profile", "h100", "--model", "llama-3.1-8b",
-                               "--policy", pol, "--time-scale", "3", "--json", str(s / f"{pol}.json")]
-                               + (["--plot", str(s / f"{pol}.png")] if pol == "cache-aware" else []))
-          for pol in ("fcfs-no-evict", "max-utilization", "cache-aware")],
+        _step("triton (LoRA engine)", ["triton", e / "a100", "--repo", t, "--name", "llama_lora", "--force"],
+              partial(demo_steps.triton_entry, e / "a100", t, "llama_lora"), lambda r: str(r.model_dir)),
+        _step("triton (plain engine)", ["triton", e / "a100_plain", "--repo", t, "--name", "llama_tiny",
+                                        "--max-batch", "8", "--force"],
+              partial(demo_steps.triton_entry, e / "a100_plain", t, "llama_tiny", 8), lambda r: str(r.model_dir)),
+        _step("triton --check", ["triton", "--check", t / "llama_tiny"],
+              partial(demo_steps.triton_check, t / "llama_tiny"),
+              lambda _: "config.pbtxt parses with tritonclient's ModelConfig; dims, profiles and plan sha256 match"),
     ]
+
+
+def _diff_step(name: str, a: Path, b: Path, save: Path, *, precision: str = "fp32", atol: float | None = None,
+               rtol: float | None = None, values: tuple[str, ...] = (), extra_inputs: bool = False) -> Step:
+    argv: list[Any] = ["diff", a, b]
+    argv += ["--precision", precision] if precision != "fp32" else []
+    argv += ["--extra-inputs"] if extra_inputs else []
+    argv += [x for v in values for x in ("--value", v)]
+    argv += ["--atol", "0", "--rtol", "0"] if atol == 0 and rtol == 0 else []
+    argv += ["--save", save]
+    run = partial(demo_steps.diff, a, b, save, precision=precision, atol=atol, rtol=rtol, values=values,
+                  extra_inputs=extra_inputs)
+    return _step(name, argv, run, _describe_diff)
+
+
+def _kv_step(name: str, profile: str, model: str, out: Path) -> Step:
+    return _step(name, ["kv-plan", "--profile", profile, "--model", model, "--json", out],
+                 partial(demo_steps.kv_plan, profile, model, out), _describe_kv)
+
+
+def _sim_step(policy: str, s: Path) -> Step:
+    plot = s / f"{policy}.png" if policy == "cache-aware" else None
+    argv: list[Any] = ["simulate", "--trace", "synthetic", "--profile", "h100", "--model", "llama-3.1-8b", "--policy",
+                       policy, "--time-scale", "3", "--json", s / f"{policy}.json"]
+    argv += ["--plot", plot] if plot is not None else []
+    return _step(f"simulate {policy}", argv, partial(demo_steps.simulate, policy, s / f"{policy}.json", plot),
+                 _describe_sim)
 
 
 # Steps that are expected to be refused (exit 2) and why: the demo shows the refusal instead of failing.
 # (text the error line must contain, what the summary says)
 EXPECTED_REFUSALS = {"triton (LoRA engine)": ("plugin", "Triton's TensorRT backend cannot load a Python plugin")}
-
-
-class _Tee(io.StringIO):
-    """Captures what a step writes to stderr while still showing it."""
-
-    def __init__(self, target: Any) -> None:
-        super().__init__()
-        self._target = target
-
-    def write(self, s: str) -> int:
-        self._target.write(s)
-        return super().write(s)
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _fmt_bytes(n: float) -> str:
@@ -128,61 +164,58 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _detail(name: str, argv: list[str]) -> tuple[str, list[str]]:
-    """A one-line summary of a finished step, read from the files it wrote (never from the plan)."""
-    outs = [a for i, a in enumerate(argv) if i > 0 and argv[i - 1] in ("-o", "--report", "--json", "--save",
+def _outputs(argv: tuple[str, ...]) -> list[str]:
+    return [a for i, a in enumerate(argv) if i > 0 and argv[i - 1] in ("-o", "--report", "--json", "--save",
                                                                         "--plot", "--repo")]
-    if argv[0] == "fold":
-        r = _load_json(Path(argv[argv.index("--report") + 1]))
-        rm = r.get("removed", {})
-        chk = r.get("check", {})
-        return (f"{r.get('nodes_before')} -> {r.get('nodes_after')} nodes; removed Cast {rm.get('Cast', 0)}, "
-                f"Identity {rm.get('Identity', 0)}; exact check {'passed' if chk.get('passed') else 'FAILED'} "
-                f"(max abs diff {chk.get('max_abs_diff')})", outs)
-    if argv[0] == "precision":
-        r = _load_json(Path(argv[argv.index("--report") + 1]))
-        return (f"{r.get('nodes_low')} ops in {r.get('to')}, {r.get('nodes_fp32')} kept in fp32, "
-                f"{r.get('casts_inserted')} Casts inserted, {r.get('initializers_converted')} weights converted", outs)
-    if argv[0] == "lora" and argv[1] == "inject":
-        from trtforge.build_engine.core.onnx_io import load_model
-        from trtforge.plugins.lora import spec
 
-        g = load_model(argv[argv.index("-o") + 1], check=False).graph
-        n = sum(1 for node in g.node if node.op_type == spec.PLUGIN_NAME)
-        return f"{n} {spec.PLUGIN_NAME} nodes, {len(g.input)} graph inputs", outs
-    if argv[0] == "build":
-        man = _load_json(Path(argv[argv.index("-o") + 1]) / "manifest.json")
-        plan = Path(argv[argv.index("-o") + 1]) / "model.plan"
-        size = _fmt_bytes(plan.stat().st_size) if plan.exists() else "?"
-        plugins = ", ".join(p["name"] for p in man.get("plugins", [])) or "none"
-        return (f"{man.get('backend', {}).get('name')} sm {','.join(man.get('compute_capabilities', []))}, "
-                f"{man.get('precision')}, plan {size}, plugins {plugins}, {man.get('build_seconds', 0):.1f} s", outs)
-    if argv[0] == "diff":
-        acc = _load_json(Path(argv[argv.index("--save") + 1]).with_suffix(".summary.json"))
-        rows = acc.get("outputs", [])
-        if isinstance(rows, list) and rows:
-            worst_abs = max(float(r.get("max_abs", 0.0)) for r in rows)
-            worst_rel = max(float(r.get("rel_to_scale", 0.0)) for r in rows)
-            mism = sum(int(r.get("mismatches", 0)) for r in rows)
-            tol = f"atol {acc.get('atol')}, rtol {acc.get('rtol')}"
-            return (f"max abs diff {worst_abs:.3g} ({worst_rel:.2g} of output scale), {mism} mismatches "
-                    f"at {tol}", outs)
-        return "compared (see saved JSON)", outs
-    if argv[0] == "kv-plan":
-        k = _load_json(Path(argv[argv.index("--json") + 1]))
-        return (f"{k.get('kv_bytes_per_token')} B/token, {k.get('num_blocks')} blocks x {k.get('tokens_per_block')} "
-                f"tokens = {k.get('max_tokens')} tokens", outs)
-    if argv[0] == "simulate":
-        s = _load_json(Path(argv[argv.index("--json") + 1]))
-        return (f"{s.get('completed')}/{s.get('requests')} done, {s.get('rejected')} rejected, "
-                f"{s.get('preempted')} preempted, {s.get('throughput_tok_s', 0):.0f} tok/s, TTFT p50 "
-                f"{s.get('ttft_p50_s', 0):.1f} s / p99 {s.get('ttft_p99_s', 0):.0f} s, prefix hits "
-                f"{s.get('prefix_hit_rate', 0):.0%}", outs)
-    if argv[0] == "triton" and "--repo" in argv:
-        return f"{argv[argv.index('--repo') + 1]}/{argv[argv.index('--name') + 1]}", outs
-    if argv[0] == "triton":
-        return "config.pbtxt parses with tritonclient's ModelConfig; dims, profiles and plan sha256 match", outs
-    return "", outs
+
+# One line per step for the summary, from the object the library returned.
+def _describe_fold(r: demo_steps.Folded) -> str:
+    rm = r.report.get("removed", {})
+    return (f"{r.report.get('nodes_before')} -> {r.report.get('nodes_after')} nodes; removed Cast {rm.get('Cast', 0)}, "
+            f"Identity {rm.get('Identity', 0)}; exact check {'passed' if r.check.passed else 'FAILED'} "
+            f"(max abs diff {r.check.max_abs_diff})")
+
+
+def _describe_precision(r: Any) -> str:
+    return (f"{r.get('nodes_low')} ops in {r.get('to')}, {r.get('nodes_fp32')} kept in fp32, "
+            f"{r.get('casts_inserted')} Casts inserted, {r.get('initializers_converted')} weights converted")
+
+
+def _describe_inject(model: Any) -> str:
+    from trtforge.plugins.lora import spec
+
+    n = sum(1 for node in model.graph.node if node.op_type == spec.PLUGIN_NAME)
+    return f"{n} {spec.PLUGIN_NAME} nodes, {len(model.graph.input)} graph inputs"
+
+
+def _describe_build(man: Any, out: Path) -> str:
+    plan = out / man.plan
+    size = _fmt_bytes(plan.stat().st_size) if plan.exists() else "?"
+    plugins = ", ".join(p.name for p in man.plugins) or "none"
+    return (f"{man.backend.name} sm {','.join(man.compute_capabilities)}, {man.precision}, plan {size}, "
+            f"plugins {plugins}, {man.build_seconds:.1f} s")
+
+
+def _describe_diff(res: Any) -> str:
+    if not res.outputs:
+        return "compared (see saved JSON)"
+    worst_abs = max(o.max_abs for o in res.outputs)
+    worst_rel = max(o.rel_to_scale for o in res.outputs)
+    mism = sum(o.mismatches for o in res.outputs)
+    return (f"max abs diff {worst_abs:.3g} ({worst_rel:.2g} of output scale), {mism} mismatches at atol {res.atol}, "
+            f"rtol {res.rtol}")
+
+
+def _describe_kv(k: Any) -> str:
+    return (f"{k.kv_bytes_per_token} B/token, {k.num_blocks} blocks x {k.tokens_per_block} tokens = {k.max_tokens} "
+            "tokens")
+
+
+def _describe_sim(s: Any) -> str:
+    return (f"{s.completed}/{s.requests} done, {s.rejected} rejected, {s.preempted} preempted, "
+            f"{s.throughput_tok_s:.0f} tok/s, TTFT p50 {s.ttft_p50_s:.1f} s / p99 {s.ttft_p99_s:.0f} s, prefix hits "
+            f"{s.prefix_hit_rate:.0%}")
 
 
 def _make_example(work: Path) -> None:
@@ -209,20 +242,28 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
             results.append(StepResult(name, "failed", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"))
 
     python_step("example model", _make_example, [str(work / "00_model")])
-    for name, argv in plan_steps(work):
-        echo(f"\n== {name}: trtforge {' '.join(argv)}")
+    for step in plan_steps(work):
+        echo(f"\n== {step.name}: trtforge {' '.join(step.argv)}")
         t0 = time.perf_counter()
-        err = _Tee(sys.stderr)
-        with contextlib.redirect_stderr(err):
-            code = _cli(argv)
+        try:
+            value = step.run()
+        except TrtforgeError as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            secs = time.perf_counter() - t0
+            refusal = EXPECTED_REFUSALS.get(step.name)
+            if refusal is not None and exc.exit_code == 2 and refusal[0] in exc.message:
+                results.append(StepResult(step.name, "refused (expected)", secs, refusal[1]))
+            else:
+                results.append(StepResult(step.name, "failed", secs, f"exit {exc.exit_code}"))
+            continue
+        except Exception as exc:  # a step's crash is recorded as a failed step; the others still run
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            results.append(StepResult(step.name, "failed", time.perf_counter() - t0, "exit 1"))
+            continue
         secs = time.perf_counter() - t0
-        if code == 0:
-            detail, outs = _detail(name, argv)
-            results.append(StepResult(name, "ok", secs, detail, outs))
-        elif name in EXPECTED_REFUSALS and code == 2 and EXPECTED_REFUSALS[name][0] in err.getvalue():
-            results.append(StepResult(name, "refused (expected)", secs, EXPECTED_REFUSALS[name][1]))
-        else:
-            results.append(StepResult(name, "failed", secs, f"exit {code}"))
+        detail = step.describe(value)
+        echo(f"   {detail}" if detail else "   done")
+        results.append(StepResult(step.name, "ok", secs, detail, _outputs(step.argv)))
     return results
 
 

@@ -1,7 +1,8 @@
-"""trtforge demo end to end: every step runs through the real command and keeps its output."""
+"""trtforge demo end to end: every step calls the library, writes what its command writes, and keeps its output."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -30,3 +31,23 @@ def test_demo_runs_every_step_and_keeps_outputs(cli, tmp_path: Path) -> None:
             for p in ("fcfs-no-evict", "max-utilization", "cache-aware")}
     assert sims["cache-aware"]["preempted"] == 0
     assert "| simulate cache-aware | ok |" in (work / "summary.md").read_text()
+
+
+def test_examples_never_import_the_cli() -> None:
+    """cli imports examples (trtforge demo); the demo calls library functions, never the commands."""
+    folder = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any("cli" in n.split(".") for n in names), (path.name, names)
+
+
+def test_plan_lists_the_commands_and_library_calls(tmp_path: Path) -> None:
+    from trtforge.examples.demo import EXPECTED_REFUSALS, plan_steps
+
+    steps = plan_steps(tmp_path)
+    assert len(steps) == 22 and len({s.name for s in steps}) == 22
+    assert set(EXPECTED_REFUSALS) <= {s.name for s in steps}
+    assert all(s.argv[0] in {"fold", "precision", "lora", "build", "triton", "diff", "kv-plan", "simulate"}
+               and callable(s.run) for s in steps)
