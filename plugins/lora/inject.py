@@ -1,9 +1,12 @@
 """The inject pass: put a ``LoRAOpPluginDynamic`` node after each target projection and add the pool inputs.
 
-Targets are matched against each MatMul/Gemm's *module path*: the weight initializer's name without ``.weight``
-(``model.layers.0.self_attn.q_proj``) or, when the weight is not a named initializer, the node name's folders
-(``/model/layers.0/self_attn/q_proj/MatMul`` -> ``model.layers.0.self_attn.q_proj``). A target matches when it is
-one dotted component of the path (``q_proj``) or a dotted suffix of it (``self_attn.q_proj``).
+Targets are matched against each MatMul/Gemm's *module path*, the first of: the weight initializer's name without
+``.weight`` (``model.layers.0.self_attn.q_proj``; also through the Transpose/Cast/DequantizeLinear chains exporters
+put in front of a weight); the exporter's module metadata (torch.onnx's dynamo exporter names nodes
+``node_linear_N`` and records the module in ``metadata_props``: ``pkg.torch.onnx.name_scopes`` or ``namespace``);
+the node name's folders (``/model/layers.0/self_attn/q_proj/MatMul`` -> ``model.layers.0.self_attn.q_proj``, the
+TorchScript exporter). A target matches when it is one dotted component of the path (``q_proj``) or a dotted suffix
+of it (``self_attn.q_proj``).
 
 Graph inputs added (names from ``spec.input_name``, the same names ``trtforge lora pack`` writes):
 ``lora_a.<path>`` [N, H, R] and ``lora_b.<path>`` [N, R, O] in the projection's dtype, ``lora_scales.<path>``
@@ -46,10 +49,50 @@ class Site:
     lead_dims: tuple[DimT, ...]
 
 
-def module_path(node: NodeProto, initializers: set[str]) -> str:
+def _weight_source(name: str, inits: set[str], producer: dict[str, NodeProto]) -> str:
+    """The initializer a weight input comes from, through exporter chains (Transpose, Cast, ...); else ``name``."""
+    for _ in range(5):
+        if name in inits:
+            return name
+        node = producer.get(name)
+        if node is None or node.op_type not in _WEIGHT_PATH_OPS or not node.input:
+            return name
+        name = node.input[0]
+    return name
+
+
+def metadata_path(node: NodeProto) -> str | None:
+    """The module path torch.onnx's exporter recorded on ``node`` (``metadata_props``), or None."""
+    import ast
+
+    props = {p.key: p.value for p in node.metadata_props}
+    raw = props.get("pkg.torch.onnx.name_scopes")
+    if raw:
+        try:
+            scopes = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            scopes = None
+        if isinstance(scopes, list) and len(scopes) > 1:
+            modules = [s for s in scopes[:-1] if isinstance(s, str) and s]  # the last entry is the op itself
+            if modules:
+                return modules[-1]
+    namespace = props.get("namespace")
+    if namespace:  # ": pkg.Model/layers.0: pkg.Attn/layers.0.q_proj: torch...Linear/linear: aten.linear.default"
+        names = [seg.split(":")[0].strip() for seg in namespace.split("/")[:-1]]
+        names = [n for n in names if n]
+        if names:
+            return names[-1]
+    return None
+
+
+def module_path(node: NodeProto, initializers: set[str], producer: dict[str, NodeProto] | None = None) -> str:
     weight = node.input[1] if len(node.input) > 1 else ""
-    if weight in initializers and weight.endswith(".weight"):
-        return weight[: -len(".weight")]
+    source = _weight_source(weight, initializers, producer or {})
+    if source in initializers and source.endswith(".weight"):
+        return source[: -len(".weight")]
+    meta = metadata_path(node)
+    if meta:
+        return meta
     if node.name:
         parts = [p for p in node.name.strip("/").split("/") if p]
         return ".".join(parts[:-1] if len(parts) > 1 else parts)
@@ -84,7 +127,7 @@ def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
     """MatMul/Gemm nodes whose second input is a constant weight (activation x activation MatMuls are not)."""
     inits = {t.name for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
-    return [(i, n, module_path(n, inits)) for i, n in enumerate(model.graph.node)
+    return [(i, n, module_path(n, inits, producer)) for i, n in enumerate(model.graph.node)
             if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1
             and _is_constant(n.input[1], inits, producer)]
 
