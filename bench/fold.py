@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trtforge.build_engine.passes import fold  # noqa: E402
 from trtforge.build_engine.passes.pipeline import op_histogram  # noqa: E402
-from trtforge.build_engine.verify.bitwise import compare, random_inputs, run_model, uses_low_precision  # noqa: E402
+from trtforge.build_engine.verify.bitwise import run_model, uses_low_precision  # noqa: E402
+from trtforge.build_engine.verify.compare import compare_arrays  # noqa: E402
+from trtforge.build_engine.verify.inputs import random_feeds  # noqa: E402
 
 MODELS = ["distilbert", "minilm", "llama"]
 PRECISIONS = ["fp32", "fp16", "fp16-autocast"]
@@ -71,7 +73,7 @@ def _tools() -> dict[str, Callable[[onnx.ModelProto], onnx.ModelProto] | str]:
 def _exact(original: onnx.ModelProto, other: onnx.ModelProto, seed: int = 0) -> str:
     runtime = "onnx.reference" if uses_low_precision(original) else "onnxruntime"
     try:
-        feeds = random_inputs(original, seed)
+        feeds = random_feeds(original, seed)
         with np.errstate(all="ignore"):
             a = run_model(original, feeds, runtime)
             b = run_model(other, feeds, runtime)
@@ -82,9 +84,9 @@ def _exact(original: onnx.ModelProto, other: onnx.ModelProto, seed: int = 0) -> 
     worst = 0.0
     ok = True
     for x, y in zip(a, b, strict=True):
-        same, diff = compare(x, y)
-        ok &= same
-        worst = max(worst, diff)
+        d = compare_arrays(x, y)
+        ok &= d.bitwise
+        worst = max(worst, d.max_abs_unequal)
     return "yes" if ok else f"NO ({worst:.2g})"
 
 

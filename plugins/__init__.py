@@ -1,4 +1,5 @@
-"""trtforge's TensorRT plugins, one folder each (``lora/``), and the two calls the builder needs.
+"""trtforge's TensorRT plugins, one folder each (``lora/``): the registry of their ONNX ops, the one predicate that
+recognises a plugin node, and the two calls the builder needs.
 
 Nothing here imports TensorRT at import time: ``register_all`` takes the module (``tensorrt`` or ``tensorrt_rtx``)
 the caller already chose.
@@ -8,6 +9,15 @@ from __future__ import annotations
 
 from types import ModuleType
 from typing import Any
+
+from onnx import ModelProto, NodeProto
+
+from trtforge.build_engine.core.graph import model_nodes
+
+from .lora import spec as _lora_spec
+
+#: The registry: each plugin's ONNX op name -> the node domains that select it.
+PLUGIN_OPS: dict[str, tuple[str, ...]] = {_lora_spec.PLUGIN_NAME: (_lora_spec.ONNX_DOMAIN, "")}
 
 
 def register_all(trt_module: ModuleType) -> list[str]:
@@ -32,12 +42,12 @@ def configure_builder(trt_module: ModuleType, config: Any) -> None:
         config.set_preview_feature(feature, True)
 
 
-def has_plugin_nodes(model: Any) -> bool:
-    """True when an ``onnx.ModelProto`` holds a node of any trtforge plugin (main graph or subgraphs)."""
-    from trtforge.build_engine.passes.ir import all_graphs
+def is_plugin_node(node: NodeProto) -> bool:
+    """The one "is this a trtforge plugin node" predicate: an op of a registered plugin (``PLUGIN_OPS``), in the
+    plugin's ONNX domain or the default one (an exporter that dropped the domain)."""
+    return node.domain in PLUGIN_OPS.get(node.op_type, ())
 
-    from .lora import spec
 
-    names = {spec.PLUGIN_NAME}
-    return any(node.op_type in names and node.domain in (spec.ONNX_DOMAIN, "")
-               for graph in all_graphs(model.graph) for node in graph.node)
+def has_plugin_nodes(model: ModelProto) -> bool:
+    """True when a model holds a trtforge plugin node anywhere: main graph, If/Loop/Scan bodies, local functions."""
+    return any(is_plugin_node(node) for node in model_nodes(model))

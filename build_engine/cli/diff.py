@@ -43,14 +43,8 @@ def build_parser() -> ArgumentParser:
 def _run(args: Namespace) -> int:
     from rich.table import Table
 
-    from ..verify.diff import (
-        check,
-        parse_shape_args,
-        parse_value_args,
-        run_diff,
-        save_paths,
-        save_results,
-    )
+    from ..verify.diff import check, run_diff, save_paths, save_results
+    from ..verify.inputs import parse_shape_args, parse_value_args
 
     if args.save:  # before comparing: a bad --save path fails fast and cannot overwrite a compared model
         save_paths(args.save, (args.a, args.b))

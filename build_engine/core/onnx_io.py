@@ -30,9 +30,10 @@ import onnx
 from onnx import GraphProto, ModelProto, TensorProto
 
 from .errors import InputError, ModelError
+from .graph import PROTO_LIMIT, stable_topo_order
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
-_EXTERNAL_THRESHOLD = 1_800_000_000
+_EXTERNAL_THRESHOLD = PROTO_LIMIT
 # Initializers with at least this many elements are stood in for by typed graph inputs in ``skeleton``. Smaller ones
 # stay: shape inference reads the values of small constants (Reshape targets, Slice bounds, ...).
 SKELETON_MIN_ELEMENTS = 1024
@@ -43,18 +44,6 @@ class LoadedModel:
     model: ModelProto
     path: Path
     external_data: bool
-
-
-Dim = int | str | None  # a dim_value, a dim_param, or unknown
-
-
-def tensor_dims(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
-    """A tensor value's dims (static size, dim_param name, or None when unknown); None when its rank is unknown."""
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    return tuple(int(d.dim_value) if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
-                 for d in tt.shape.dim)
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -133,7 +122,6 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
             subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
             for sub in subs:
                 check_graph_structure(sub, where, available | set(producer))
-    # Kahn's algorithm over node indices.
     deps: list[set[int]] = []
     for node in graph.node:
         d: set[int] = set()
@@ -146,53 +134,19 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
                     "produces (dangling input); fix the export or add the missing input"
                 )
         deps.append(d)
-    users: list[list[int]] = [[] for _ in graph.node]
-    indeg = [0] * len(graph.node)
-    for i, d in enumerate(deps):
-        indeg[i] = len(d)
-        for j in d:
-            users[j].append(i)
-    ready = [i for i, n in enumerate(indeg) if n == 0]
-    order: list[int] = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                ready.append(u)
+    order = stable_topo_order(deps)
     if len(order) != len(graph.node):
-        stuck = next(graph.node[i] for i, n in enumerate(indeg) if n > 0)
+        placed = set(order)
+        stuck = next(graph.node[i] for i in range(len(deps)) if i not in placed)
         raise ModelError(
             f"{where}: the graph has a cycle through node {stuck.name or stuck.op_type!r}; ONNX graphs must be "
             "acyclic, re-export the model"
         )
-    if any(j > i for i, d in enumerate(deps) for j in d):
-        # Acyclic but out of order: sort stably (keeps the original order wherever it is already valid).
-        nodes = [graph.node[i] for i in _stable_topo(deps)]
+    if order != list(range(len(order))):
+        # Acyclic but out of order: the stable order keeps the original one wherever it is already valid.
+        nodes = [graph.node[i] for i in order]
         del graph.node[:]
         graph.node.extend(nodes)
-
-
-def _stable_topo(deps: list[set[int]]) -> list[int]:
-    import heapq
-
-    users: list[list[int]] = [[] for _ in deps]
-    indeg = [len(d) for d in deps]
-    for i, d in enumerate(deps):
-        for j in d:
-            users[j].append(i)
-    heap = [i for i, n in enumerate(indeg) if n == 0]
-    heapq.heapify(heap)
-    out: list[int] = []
-    while heap:
-        i = heapq.heappop(heap)
-        out.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(heap, u)
-    return out
 
 
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:

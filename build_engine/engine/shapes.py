@@ -23,7 +23,7 @@ from onnx import ModelProto
 from trtforge.profiles.loader import Profile, Range
 
 from ..core.errors import InputError
-from ..core.onnx_io import Dim, tensor_dims
+from ..core.graph import Dim, dtype_name, tensor_dims
 from .manifest import ShapeRange
 
 BATCH_NAMES = frozenset({"batch", "batch_size", "batchsize", "b", "n", "num_sequences"})
@@ -42,7 +42,7 @@ class InputSpec:
 
     @property
     def dtype(self) -> str:
-        return onnx_dtype_name(self.elem_type)
+        return dtype_name(self.elem_type)
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,6 @@ class InputPlan:
     @property
     def dynamic(self) -> bool:
         return any(a != "static" for a in self.axes)
-
-
-def onnx_dtype_name(elem_type: int) -> str:
-    """ONNX element type -> numpy name (float32, float16, bfloat16, int64, ...)."""
-    if elem_type == onnx.TensorProto.BFLOAT16:
-        return "bfloat16"
-    return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type).name)
 
 
 def model_inputs(model: ModelProto) -> list[InputSpec]:

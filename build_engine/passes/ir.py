@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
+from ..core.graph import free_names, may_have_subgraphs, rename_free, subgraphs
 from . import dtypes as dt
 
 
@@ -55,63 +56,6 @@ class Node:
     def is_cast(self) -> bool:
         """A default-domain Cast with a known target type and a named input."""
         return self.to is not None and self.alive and bool(self.inputs) and bool(self.inputs[0])
-
-
-#: Default-domain ops that carry graph attributes; custom-domain nodes are always inspected.
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-
-
-def may_have_subgraphs(node: NodeProto) -> bool:
-    return node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")
-
-
-def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
-    for a in node.attribute:
-        if a.type == AttributeProto.GRAPH:
-            yield a.g
-        elif a.type == AttributeProto.GRAPHS:
-            yield from a.graphs
-
-
-def all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
-    """``graph`` and every If/Loop/Scan (or custom-op) body nested in it, outer before inner."""
-    yield graph
-    for n in graph.node:
-        if may_have_subgraphs(n):
-            for g in subgraphs(n):
-                yield from all_graphs(g)
-
-
-def free_names(graph: GraphProto) -> set[str]:
-    """Names a (sub)graph reads but does not define: its implicit inputs from enclosing scopes."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    used: set[str] = set()
-    for n in graph.node:
-        defined.update(n.output)
-        used.update(n.input)
-        for g in subgraphs(n):
-            used |= free_names(g)
-    used.update(o.name for o in graph.output)
-    used.discard("")
-    return used - defined
-
-
-def rename_free(graph: GraphProto, old: str, new: str) -> None:
-    """Replace reads of outer name ``old`` by ``new`` throughout a subgraph (stops where ``old`` is redefined)."""
-    if old in {i.name for i in graph.input} or any(t.name == old for t in graph.initializer):
-        return
-    for n in graph.node:
-        for k, name in enumerate(n.input):
-            if name == old:
-                n.input[k] = new
-        for g in subgraphs(n):
-            rename_free(g, old, new)
-        if old in n.output:
-            return
-    for o in graph.output:
-        if o.name == old:
-            o.name = new
 
 
 @dataclass

@@ -10,6 +10,7 @@ usually taken by a later rule in the same round).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections import Counter
@@ -17,17 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import onnx
 from onnx import GraphProto, ModelProto
 
 from ..core import onnx_io
 from ..core.errors import CheckFailed
+from ..core.graph import PROTO_LIMIT, all_graphs, infer_shapes, may_have_subgraphs, subgraphs
 from .base import GraphPass, PassResult
-from .ir import all_graphs, may_have_subgraphs, subgraphs
 from .walk import WalkStats, collect_types, run_passes
 
 _MAX_ROUNDS = 16
-_PROTO_LIMIT = 1_800_000_000  # above this, protobuf-based checker/inference cannot take the (skeleton) model
 
 
 def default_passes() -> tuple[GraphPass, ...]:
@@ -96,13 +95,9 @@ def _infer_types(model: ModelProto) -> dict[str, int]:
     """Element types of the model's values. Inference runs on the weight-free skeleton: a weight's type is its
     stand-in input's type, and no element type depends on a weight's values."""
     types = collect_types(model.graph)
-    skel = onnx_io.skeleton(model)
-    if skel.ByteSize() < _PROTO_LIMIT:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=False)
-            types.update(collect_types(inferred.graph))
-        except Exception:  # inference is only a source of type facts; without it fewer rules fire
-            pass
+    # Inference is only a source of type facts; without it (too big, invalid model) fewer rules fire.
+    with contextlib.suppress(Exception):
+        types.update(collect_types(infer_shapes(model).graph))
     return types
 
 
@@ -126,11 +121,10 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
     inference needs only the skeleton). Folding never changes a graph input's declaration nor an existing weight, so
     what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
     """
-    if onnx_io.skeleton(result).ByteSize() >= _PROTO_LIMIT:
+    if onnx_io.skeleton(result).ByteSize() >= PROTO_LIMIT:
         return
     for what, fn in (("onnx.checker", onnx_io.check_model),
-                     ("shape inference", lambda m: onnx.shape_inference.infer_shapes(
-                         onnx_io.skeleton(m), check_type=True, strict_mode=True))):
+                     ("shape inference", lambda m: infer_shapes(m, check_type=True, strict=True))):
         try:
             fn(result)
         except Exception as exc:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from onnx import GraphProto, ModelProto, OperatorSetIdProto
 
-from .ir import GraphCtx, Scope, may_have_subgraphs, subgraphs
+from ..core.graph import may_have_subgraphs, subgraphs
+from .ir import GraphCtx, Scope
 
 if TYPE_CHECKING:
     from .base import GraphPass

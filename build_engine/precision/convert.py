@@ -27,10 +27,12 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from trtforge.plugins import is_plugin_node
 from trtforge.plugins.lora import precision as precision_plugins
 
 from ..core import onnx_io
 from ..core.errors import InputError, ModelError
+from ..core.graph import infer_shapes
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
 
 PRECISIONS = tuple(LOW_TYPES)
@@ -44,17 +46,15 @@ class PrecisionResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _skeleton(model: ModelProto) -> ModelProto:
-    """``onnx_io.skeleton`` (weights stood in for by typed graph inputs, never copied) with plugin nodes replaced by
+def _infer(model: ModelProto, *, strict: bool) -> ModelProto:
+    """Shape inference on the weight-free skeleton (``core.graph.infer_shapes``) with plugin nodes replaced by
     Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``)."""
-    skel = onnx_io.skeleton(model)
-    precision_plugins.stand_in(skel.graph)
-    return skel
+    return infer_shapes(model, strict=strict, edit=precision_plugins.stand_in)
 
 
 def _value_types(model: ModelProto) -> dict[str, int]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(model), strict_mode=False, data_prop=False)
+        inferred = _infer(model, strict=False)
     except Exception as exc:
         raise ModelError(f"shape inference failed before precision conversion ({exc}); fix the model") from exc
     g = inferred.graph
@@ -154,7 +154,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     src = onnx_io.without_initializers(model)
     new_type = dict(types)
     low_plugins = [n for i, n in enumerate(model.graph.node)
-                   if decisions[i].mode is Mode.LOW and precision_plugins.is_plugin(n)]
+                   if decisions[i].mode is Mode.LOW and is_plugin_node(n)]
     # Adapter-pool graph inputs are declared in the low type (they are adapter data, not the user's I/O).
     retyped = precision_plugins.pools_to_retype(model, low_plugins, types)
     for name in retyped:
@@ -234,11 +234,11 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         # The checker on the structure and on every weight, converted ones included (without serialising them), then
         # strict inference on the stand-in skeleton: every value's type must agree with its producer's schema.
         onnx_io.check_model(src)
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(src), strict_mode=True)
+        inferred = _infer(src, strict=True)
         onnx.checker.check_model(inferred)
     except Exception as exc:  # a bug in the conversion, not in the user's model
         raise ModelError(f"precision conversion to {to} produced an invalid model ({exc})") from exc
-    if any(precision_plugins.is_plugin(n) for n in g.node):
+    if any(is_plugin_node(n) for n in g.node):
         ig = inferred.graph
         after = {v.name: v.type.tensor_type.elem_type for v in [*ig.input, *ig.value_info, *ig.output]}
         after.update({t.name: t.data_type for t in g.initializer})

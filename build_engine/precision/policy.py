@@ -31,6 +31,7 @@ from enum import Enum
 import onnx
 from onnx import NodeProto, TensorProto
 
+from trtforge.plugins import is_plugin_node
 from trtforge.plugins.lora import precision as precision_plugins
 from trtforge.plugins.lora import spec
 
@@ -155,7 +156,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             out[idx] = NodeDecision(Mode.KEEP, reason="has subgraphs (not converted)")
             _mark(node, types, fp32_origin, "norm")
             continue
-        if precision_plugins.is_plugin(node):
+        if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
             continue
         schema = _schema(node, opset)

@@ -34,13 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import CheckFailed, InputError, ModelError
-from .inputs import (  # noqa: F401  (re-exported for callers of trtforge.build_engine.verify.diff)
-    InputSpec,
-    graph_inputs,
-    parse_shape_args,
-    parse_value_args,
-    plan_inputs,
-)
+from .compare import compare_arrays
+from .inputs import FeedSpec, graph_inputs, plan_feeds
+from .sessions import make_session
 
 PRESETS: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-5), "fp16": (1e-2, 1e-3), "bf16": (5e-2, 1e-2)}
 
@@ -69,7 +65,7 @@ class DiffResult:
     atol: float
     rtol: float
     seed: int
-    inputs: tuple[InputSpec, ...]
+    inputs: tuple[FeedSpec, ...]
     outputs: tuple[OutputDiff, ...]
     decomposed: tuple[str, ...] = ()
     run_results: Any = field(default=None, repr=False)
@@ -120,29 +116,13 @@ def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple
 
 
 def _runner(path: str, name: str, optimize: bool) -> Any:
-    """An ``OnnxrtRunner`` whose session runs each op as written unless ``optimize``.
-
-    Why both switches: with graph optimizations on, onnxruntime rewrites the two graphs (constant folding,
-    fusions) before running them; with them off it still *prepacks* constant MatMul weights, and a prepacked GEMM
-    sums in another order than the unpacked one. So a weight behind a Cast in one graph and a plain initializer in
-    the other (exactly what folding produces) would differ in the last bit although the graphs are equivalent.
-    Turning off both makes every MatMul use the same kernel whatever produced its weight.
-    """
+    """An ``OnnxrtRunner`` over the deterministic session of ``sessions.make_session`` (each op as written, no
+    weight pre-packing, one thread) unless ``optimize``; an engine folder gets ``_engine_runner``."""
     if Path(path).is_dir():
         return _engine_runner(Path(path), name)
-    import onnxruntime as ort
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
-    def session() -> Any:
-        opts = ort.SessionOptions()
-        if optimize:
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        else:
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            opts.add_session_config_entry("session.disable_prepacking", "1")
-        return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-
-    return OnnxrtRunner(session, name=name)
+    return OnnxrtRunner(lambda: make_session(path, optimize=optimize), name=name)
 
 
 def _engine_runner(engine_dir: Path, name: str) -> Any:
@@ -173,25 +153,11 @@ def _load(path: Path) -> Any:
 
 
 def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, poly_pass: bool) -> OutputDiff:
-    if a.shape != b.shape:
-        return OutputDiff(name, float("inf"), float("inf"), max(a.size, b.size), max(a.size, b.size), False,
-                          float("inf"))
-    if a.dtype == np.bool_ or b.dtype == np.bool_:
-        absd = (a != b).astype(np.float64)
-    else:
-        absd = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    denom = np.abs(b.astype(np.float64)) if b.dtype != np.bool_ else np.ones_like(absd)
-    reld = absd / np.where(denom == 0, np.finfo(np.float64).eps, denom)
-    mism = ((absd > atol) | np.isnan(absd)) & ((reld > rtol) | np.isnan(reld))
-    passed = poly_pass and not bool(mism.any())
-    if atol == 0 and rtol == 0:  # bitwise
-        same = a.dtype == b.dtype and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
-        passed = passed and same
-    max_abs = float(np.nanmax(absd)) if absd.size else 0.0
-    scale = float(np.nanmax(denom)) if denom.size else 0.0
-    rel_to_scale = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    return OutputDiff(name, max_abs, float(np.nanmax(reld)) if reld.size else 0.0, int(mism.sum()), int(a.size),
-                      passed, rel_to_scale)
+    """trtforge's numbers for one output (``compare.compare_arrays``); it passes when Polygraphy's verdict and the
+    element-wise rule agree, and, with ``atol = rtol = 0``, only when the arrays are byte-identical."""
+    d = compare_arrays(a, b, atol, rtol)
+    passed = poly_pass and d.mismatches == 0 and (d.identical or atol != 0 or rtol != 0)
+    return OutputDiff(name, d.max_abs, d.max_rel, d.mismatches, d.total, passed, d.rel_to_scale)
 
 
 def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: float | None = None,
@@ -218,7 +184,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
             hint = "" if sorted(oa) != sorted(ob) else " (or pass --extra-inputs to feed inputs only one model has)"
             raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
                              f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names{hint}")
-    specs = plan_inputs([m for m in (ma, mb) if m is not None], shapes, values)
+    specs = plan_feeds([m for m in (ma, mb) if m is not None], shapes, values)
     name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
     with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:
         paths, decomposed = [], []
@@ -238,7 +204,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
     return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy)
 
 
-def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[InputSpec], seed: int, atol: float,
+def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedSpec], seed: int, atol: float,
              rtol: float, optimize: bool) -> tuple[Any, Any]:
     from polygraphy.common import TensorMetadata
     from polygraphy.comparator import Comparator, DataLoader

@@ -1,10 +1,16 @@
-"""Random inputs for ``trtforge diff``: which dtype, shape and value range each graph input gets (pure planning).
+"""The one random-input planner, for ``trtforge fold --check`` (``bitwise``) and ``trtforge diff`` (``diff``).
 
-Dynamic dims take small sizes (first dim 2, others 4; dims sharing a ``dim_param`` share the size, across both
-models) unless ``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather``
-(through Cast/Reshape/Squeeze/Unsqueeze/Flatten/Identity) lie in ``[0, data.shape[axis])`` (token ids below the
-vocabulary size of an embedding), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``. Floats lie in ``[-1, 1]``.
-``values`` pins an input to one constant.
+Planning (``plan_feeds``, pure): which dtype, shape and value range each graph input gets. Dynamic dims take small
+sizes (first dim 2, others 4; dims sharing a ``dim_param`` share the size, across all models planned together)
+unless ``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather`` (through
+Cast/Reshape/Squeeze/Unsqueeze/Flatten/Identity) lie in ``[0, data.shape[axis])`` (token ids below the vocabulary
+size of an embedding), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other integers lie in ``[0, 7]``, and below
+the smallest embedding table's size when the model has one. Floats lie in ``[-1, 1]``. ``values`` pins an input
+to one constant.
+
+Drawing (``draw``, one function for every dtype): values of a ``FeedSpec`` from a seeded NumPy generator. ``fold
+--check`` draws with it; ``diff`` hands the same plan to Polygraphy's seeded ``DataLoader``, so its inputs are the
+ones ``polygraphy run`` would generate for that seed.
 """
 
 from __future__ import annotations
@@ -15,16 +21,18 @@ from typing import Any
 
 import numpy as np
 
+from trtforge.plugins import is_plugin_node
+from trtforge.plugins.lora import spec as lora_spec
+
 from ..core.errors import InputError
 
 _PASSTHROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
-_LORA_OP = "LoRAOpPluginDynamic"
 _DEFAULT_INT_RANGE = (0, 7)
 
 
 @dataclass(frozen=True)
-class InputSpec:
-    """How one graph input is generated: numpy dtype name, concrete shape, inclusive value range."""
+class FeedSpec:
+    """How one graph input's random feed is generated: numpy dtype name, concrete shape, inclusive value range."""
 
     name: str
     dtype: str
@@ -104,15 +112,26 @@ def _int_range(model: Any, name: str) -> tuple[int, int] | None:
                 if shape and shape[axis] > 0:
                     hi = shape[axis] - 1
                     best = (0, hi) if best is None else (0, min(best[1], hi))
-            elif node.op_type == _LORA_OP and len(node.input) > 4 and node.input[4] == value:
-                shape = _static_shape(model, node.input[2])  # lora_a [N, H, R]
+            elif (is_plugin_node(node) and len(node.input) > lora_spec.SLOT_IDS
+                  and node.input[lora_spec.SLOT_IDS] == value):
+                shape = _static_shape(model, node.input[lora_spec.LORA_A])  # lora_a [N, H, R]
                 if shape:
                     best = (-1, shape[0] - 1) if best is None else (-1, min(best[1], shape[0] - 1))
     return best
 
 
-def plan_inputs(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
-                values: Mapping[str, float] | None = None) -> tuple[InputSpec, ...]:
+def _default_int_range(model: Any) -> tuple[int, int]:
+    """``[0, 7]``, capped below the smallest embedding table (a Gather whose data is an initializer): an integer
+    input that reaches an embedding through ops the trace does not follow still indexes it validly."""
+    inits = {t.name: t for t in model.graph.initializer}
+    sizes = [int(inits[n.input[0]].dims[0]) for n in model.graph.node
+             if n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].dims]
+    low, high = _DEFAULT_INT_RANGE
+    return (low, min(high, min(sizes) - 1)) if sizes and min(sizes) > 0 else (low, high)
+
+
+def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
+               values: Mapping[str, float] | None = None) -> tuple[FeedSpec, ...]:
     """Pure planning of the random inputs (dtypes, concrete shapes, value ranges) for one model or several
     (the union of their inputs; the first model that has an input decides its spec; a ``dim_param`` has one size
     across all). ``values`` pins an input to a constant (e.g. ``lora_slot_ids`` = -1: no adapter)."""
@@ -126,7 +145,7 @@ def plan_inputs(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None
         if unknown:
             raise InputError(f"{what} names {unknown} are not graph inputs (inputs: {sorted(names)})")
     by_param: dict[str, int] = {}
-    specs: dict[str, InputSpec] = {}
+    specs: dict[str, FeedSpec] = {}
     for model in models:
         for vi in graph_inputs(model):
             if vi.name in specs:
@@ -155,8 +174,45 @@ def plan_inputs(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None
             elif dtype == "bool":
                 low, high = 0, 1
             elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
-                low, high = _int_range(model, vi.name) or _DEFAULT_INT_RANGE
+                low, high = _int_range(model, vi.name) or _default_int_range(model)
             else:
                 low, high = -1.0, 1.0
-            specs[vi.name] = InputSpec(vi.name, dtype, shape, low, high)
+            specs[vi.name] = FeedSpec(vi.name, dtype, shape, low, high)
     return tuple(specs.values())
+
+
+def draw(spec: FeedSpec, rng: np.random.Generator) -> np.ndarray:
+    """Random values for one planned input: the one place where a dtype decides how values are drawn.
+
+    bool: fair coin; integers: uniform over the inclusive range; floats (bfloat16 via ml_dtypes): uniform over the
+    range, drawn in float32 and rounded once to the dtype. A pinned input (``low == high``) is that constant.
+    """
+    dtype = _np_dtype(spec.dtype)
+    if spec.low == spec.high:
+        return np.full(spec.shape, spec.low).astype(dtype)
+    if dtype == np.bool_:
+        return rng.random(spec.shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(int(spec.low), int(spec.high) + 1, size=spec.shape).astype(dtype)
+    return rng.uniform(spec.low, spec.high, size=spec.shape).astype(np.float32).astype(dtype)
+
+
+def draw_feeds(specs: Sequence[FeedSpec], seed: int) -> dict[str, np.ndarray]:
+    """One feed dict for ``specs`` from ``numpy.random.default_rng(seed)`` (drawn in plan order)."""
+    rng = np.random.default_rng(seed)
+    return {s.name: np.asarray(draw(s, rng)) for s in specs}
+
+
+def random_feeds(model: Any, seed: int) -> dict[str, np.ndarray]:
+    """``draw_feeds(plan_feeds(model), seed)``: the inputs ``fold --check`` runs a model on."""
+    return draw_feeds(plan_feeds(model), seed)
+
+
+def _np_dtype(name: str) -> np.dtype[Any]:
+    """numpy dtype of a planned name; bfloat16 and float8 types come from ml_dtypes (onnx's own carriers)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))

@@ -7,9 +7,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
 
-from trtforge.build_engine.core.onnx_io import Dim, tensor_dims
-
-from . import spec
+from trtforge.build_engine.core.graph import Dim, infer_shapes, tensor_dims
 
 DimT = Dim  # a dim_value, a dim_param, or unknown
 
@@ -30,7 +28,7 @@ def value_types(model: ModelProto) -> dict[str, ValueType]:
     Runs non-strict inference on a copy, so models holding custom-domain nodes still get what is knowable.
     """
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = infer_shapes(model, data_prop=True)
     except Exception:  # inference is a best-effort hint; callers fall back to initializer shapes
         inferred = model
     g = inferred.graph
@@ -44,10 +42,6 @@ def value_types(model: ModelProto) -> dict[str, ValueType]:
 
 def make_input(name: str, elem_type: int, dims: tuple[DimT, ...]) -> ValueInfoProto:
     return onnx.helper.make_tensor_value_info(name, elem_type, [d if d is not None else None for d in dims])
-
-
-def is_plugin_node(node: onnx.NodeProto) -> bool:
-    return node.op_type == spec.PLUGIN_NAME and node.domain in (spec.ONNX_DOMAIN, "")
 
 
 def default_opset(model: ModelProto) -> int:

@@ -23,8 +23,9 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from trtforge.build_engine.core.errors import InputError
 
+from .. import is_plugin_node
 from . import spec
-from ._graph import FLOAT_TYPES, default_opset, is_plugin_node, value_types
+from ._graph import FLOAT_TYPES, default_opset, value_types
 
 
 def _const(name: str, values: list[int]) -> NodeProto:

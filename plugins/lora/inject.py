@@ -31,8 +31,9 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from trtforge.build_engine.core.errors import InputError
 
+from .. import is_plugin_node
 from . import spec
-from ._graph import FLOAT_TYPES, DimT, ValueType, is_plugin_node, make_input, value_types
+from ._graph import FLOAT_TYPES, DimT, ValueType, make_input, value_types
 
 
 @dataclass(frozen=True)

@@ -154,9 +154,9 @@ def test_check_uses_reference_for_fp16_models_and_token_ids_stay_in_vocab(cli, t
     report = json.loads(rep.read_text())
     assert report["check"]["runtime"] == "onnx.reference" and report["check"]["passed"]
     assert [n.op_type for n in onnx.load(out).graph.node] == ["Gather"]
-    from trtforge.build_engine.verify.bitwise import random_inputs
+    from trtforge.build_engine.verify.inputs import random_feeds
 
-    ids = random_inputs(m, seed=5)["ids"]
+    ids = random_feeds(m, seed=5)["ids"]
     assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < 11 and ids.ndim == 2
 
 

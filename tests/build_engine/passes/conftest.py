@@ -51,7 +51,7 @@ def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
 def _assert_same_outputs(a: onnx.ModelProto, b: onnx.ModelProto, seeds: Sequence[int] = (1, 2)) -> None:
     from onnx.reference import ReferenceEvaluator
 
-    from trtforge.build_engine.verify.bitwise import compare
+    from trtforge.build_engine.verify.compare import compare_arrays
 
     for seed in seeds:
         feeds = _feeds(a, seed)
@@ -60,8 +60,8 @@ def _assert_same_outputs(a: onnx.ModelProto, b: onnx.ModelProto, seeds: Sequence
             ob = ReferenceEvaluator(b).run(None, feeds)
         assert len(oa) == len(ob)
         for x, y in zip(oa, ob, strict=True):
-            ok, diff = compare(np.asarray(x), np.asarray(y))
-            assert ok, (diff, x, y)
+            d = compare_arrays(np.asarray(x), np.asarray(y))
+            assert d.bitwise, (d.max_abs_unequal, x, y)
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:

@@ -1,0 +1,183 @@
+"""Graph utilities every layer shares: value dims, dtype names, the subgraph walk, one stable topological sort and
+one shape-inference wrapper. Each exists once, here; passes, plugins, precision, engine and verify import it.
+
+Subgraphs: a node may carry graph attributes (If/Loop/Scan/SequenceMap bodies, and any custom-domain node, whose
+attributes are not known to ONNX). ``all_graphs`` yields a graph and every body nested in it, outer first.
+
+Shape inference (``infer_shapes``) runs on the weight-free skeleton (``onnx_io.skeleton``): onnx serialises the
+whole model to infer, and for a model of tens of MB the weights would cost more than everything else. A weight's
+type and shape are its stand-in input's, and inference reads only small constants' values, which the skeleton keeps.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto
+
+Dim = int | str | None  # a dim_value, a dim_param, or unknown
+
+# Protobuf cannot serialise a message of 2 GiB or more; the checker and inference serialise what they are given.
+PROTO_LIMIT = 1_800_000_000
+
+
+# ----------------------------------------------------------------------------------------------- dims and dtypes
+
+def tensor_dims(vi: ValueInfoProto) -> tuple[Dim, ...] | None:
+    """A tensor value's dims (static size, dim_param name, or None when unknown); None when its rank is unknown."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return tuple(int(d.dim_value) if d.HasField("dim_value") else d.dim_param if d.HasField("dim_param") else None
+                 for d in tt.shape.dim)
+
+
+def _dtype_names() -> dict[int, str]:
+    """ONNX element type -> numpy-style name (float32, float16, bfloat16, int64, bool, ...), from onnx's own table."""
+    out: dict[int, str] = {}
+    for elem in TensorProto.DataType.values():
+        if elem == TensorProto.UNDEFINED:
+            continue
+        if elem == TensorProto.BFLOAT16:  # numpy has no bfloat16; onnx maps it to a uint16 carrier
+            out[elem] = "bfloat16"
+            continue
+        try:
+            out[elem] = str(onnx.helper.tensor_dtype_to_np_dtype(elem).name)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+DTYPE_NAMES: dict[int, str] = _dtype_names()
+ELEM_TYPES: dict[str, int] = {name: elem for elem, name in DTYPE_NAMES.items()}  # the names are distinct
+
+
+def dtype_name(elem_type: int | None) -> str:
+    """ONNX element type -> its numpy-style name; ``elem_type N`` for an unknown or missing type."""
+    return DTYPE_NAMES.get(elem_type or 0, f"elem_type {elem_type}")
+
+
+def elem_type(name: str) -> int:
+    """numpy-style dtype name -> ONNX element type (``KeyError`` for an unknown name)."""
+    return ELEM_TYPES[name]
+
+
+# ----------------------------------------------------------------------------------------------- subgraph walk
+
+#: Default-domain ops that carry graph attributes; custom-domain nodes are always inspected.
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def may_have_subgraphs(node: NodeProto) -> bool:
+    return node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")
+
+
+def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
+    """``graph`` and every If/Loop/Scan (or custom-op) body nested in it, outer before inner."""
+    yield graph
+    for n in graph.node:
+        if may_have_subgraphs(n):
+            for g in subgraphs(n):
+                yield from all_graphs(g)
+
+
+def model_nodes(model: ModelProto) -> Iterator[NodeProto]:
+    """Every node of the model: main graph, nested bodies, model-local functions and the bodies nested in those."""
+    for g in all_graphs(model.graph):
+        yield from g.node
+    for fn in model.functions:
+        for n in fn.node:
+            yield n
+            for sub in subgraphs(n):
+                for g in all_graphs(sub):
+                    yield from g.node
+
+
+def free_names(graph: GraphProto) -> set[str]:
+    """Names a (sub)graph reads but does not define: its implicit inputs from enclosing scopes."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    used: set[str] = set()
+    for n in graph.node:
+        defined.update(n.output)
+        used.update(n.input)
+        for g in subgraphs(n):
+            used |= free_names(g)
+    used.update(o.name for o in graph.output)
+    used.discard("")
+    return used - defined
+
+
+def rename_free(graph: GraphProto, old: str, new: str) -> None:
+    """Replace reads of outer name ``old`` by ``new`` throughout a subgraph (stops where ``old`` is redefined)."""
+    if old in {i.name for i in graph.input} or any(t.name == old for t in graph.initializer):
+        return
+    for n in graph.node:
+        for k, name in enumerate(n.input):
+            if name == old:
+                n.input[k] = new
+        for g in subgraphs(n):
+            rename_free(g, old, new)
+        if old in n.output:
+            return
+    for o in graph.output:
+        if o.name == old:
+            o.name = new
+
+
+# ----------------------------------------------------------------------------------------------- topological order
+
+def stable_topo_order(deps: Sequence[set[int]]) -> list[int]:
+    """Kahn's algorithm over node indices, ``deps[i]`` = the indices node ``i`` reads from.
+
+    Stable: among the nodes that are ready, the lowest index goes first, so an order that is already valid comes
+    back unchanged and an out-of-order one moves as little as possible. On a cycle the result is shorter than
+    ``deps`` (the nodes on or behind the cycle are missing); callers compare lengths.
+    """
+    users: list[list[int]] = [[] for _ in deps]
+    indeg = [len(d) for d in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    heap = [i for i, n in enumerate(indeg) if n == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        i = heapq.heappop(heap)
+        out.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, u)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- shape inference
+
+def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = False, data_prop: bool = False,
+                 edit: Callable[[GraphProto], None] | None = None) -> ModelProto:
+    """``onnx.shape_inference.infer_shapes`` on ``model``'s weight-free skeleton; returns the inferred skeleton.
+
+    Read types and shapes from its ``value_info`` / inputs / outputs: big weights appear there as typed graph inputs
+    of the same name (see the module docstring). ``edit`` may change the skeleton's main graph first (precision
+    conversion stands in for plugin nodes). Raises what onnx raises, and ``ValueError`` when even the skeleton is
+    too big for protobuf.
+    """
+    from .onnx_io import skeleton
+
+    skel = skeleton(model)
+    if edit is not None:
+        edit(skel.graph)
+    if skel.ByteSize() >= PROTO_LIMIT:
+        raise ValueError("the model's structure alone is too big for ONNX shape inference")
+    return onnx.shape_inference.infer_shapes(skel, check_type=check_type, strict_mode=strict, data_prop=data_prop)

@@ -1,0 +1,96 @@
+"""The one array comparison of trtforge's checks: ``compare_arrays(a, b, atol, rtol)`` computes, in one pass over
+the elements, everything ``fold --check`` (bit equality) and ``diff`` (tolerances) report.
+
+- ``bitwise``: same dtype and shape, and every element has the same bits, except that NaN equals NaN whatever its
+  payload (payloads are not part of ONNX semantics); -0.0 and +0.0 differ. ``max_abs_unequal`` is the largest
+  ``|a - b|`` over the elements that are not equal in that sense (a NaN against a number counts as inf; inf when
+  dtypes or shapes differ): what ``fold --check`` prints.
+- ``identical``: same dtype and shape and byte-identical arrays (NaN payloads count too): ``diff`` with
+  ``atol = rtol = 0``.
+- Polygraphy's element-wise rule, as ``diff`` reports it: an element mismatches when ``|a-b| > atol`` AND
+  ``|a-b|/|b| > rtol`` (NaN always mismatches); ``max_abs`` and ``max_rel`` ignore NaN; ``rel_to_scale`` is
+  ``max_abs / max|b|``, the error relative to the output's scale (element-wise ``max_rel`` explodes near zero).
+  Arrays of different dtypes (an fp16 model against its fp32 original) are compared as float64 values.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class ArrayDiff:
+    same_type: bool
+    bitwise: bool
+    identical: bool
+    max_abs_unequal: float
+    max_abs: float
+    max_rel: float
+    mismatches: int
+    total: int
+    rel_to_scale: float
+
+
+def _as_bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype.itemsize in (1, 2, 4, 8) else a
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind in "fV" or "float" in a.dtype.name  # ml_dtypes' bfloat16 / float8 are kind "V"
+
+
+def compare_arrays(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float = 0.0) -> ArrayDiff:
+    """Compare ``a`` (the candidate) against ``b`` (the reference); see the module docstring for each number."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        n = max(a.size, b.size)
+        return ArrayDiff(False, False, False, _INF, _INF, _INF, n, n, _INF)
+    same_type = a.dtype == b.dtype
+    identical = same_type and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    if a.dtype.kind in "OUS" or b.dtype.kind in "OUS":  # strings: equal or not, no distance
+        n = int(np.count_nonzero(a != b))
+        return ArrayDiff(same_type, same_type and n == 0, identical, 0.0 if same_type else _INF, 0.0, 0.0, n,
+                         int(a.size), 0.0)
+    if a.dtype == np.bool_ or b.dtype == np.bool_:
+        fa = fb = None
+        absd = (a != b).astype(np.float64)
+        denom = np.ones_like(absd)
+    else:
+        fa, fb = a.astype(np.float64), b.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            absd = np.abs(fa - fb)
+        denom = np.abs(fb)
+    bitwise, unequal = _bitwise(a, b, fa, fb, absd) if same_type else (False, _INF)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reld = absd / np.where(denom == 0, np.finfo(np.float64).eps, denom)
+    mism = ((absd > atol) | np.isnan(absd)) & ((reld > rtol) | np.isnan(reld))
+    max_abs, max_rel, scale = (_nanmax(x) for x in (absd, reld, denom))
+    rel_to_scale = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else _INF)
+    return ArrayDiff(same_type, bitwise, identical, unequal, max_abs, max_rel, int(mism.sum()), int(a.size),
+                     rel_to_scale)
+
+
+def _nanmax(x: np.ndarray) -> float:
+    """max ignoring NaN; 0.0 for an empty array, NaN when every element is NaN."""
+    if not x.size:
+        return 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slice: the NaN result says it
+        return float(np.nanmax(x))
+
+
+def _bitwise(a: np.ndarray, b: np.ndarray, fa: np.ndarray | None, fb: np.ndarray | None,
+             absd: np.ndarray) -> tuple[bool, float]:
+    """(bit-equal with NaN == NaN, max |a-b| over the unequal elements with NaN-vs-number as inf) for one dtype."""
+    same = _as_bits(a) == _as_bits(b)
+    if fa is not None and fb is not None and _is_float(a):
+        same |= np.isnan(fa) & np.isnan(fb)
+        diff = np.nan_to_num(np.where(same, 0.0, absd), nan=np.inf)
+    else:
+        diff = np.where(same, 0.0, absd)
+    return bool(np.all(same)), float(diff.max()) if diff.size else 0.0

@@ -1,0 +1,47 @@
+"""The one onnxruntime session factory of trtforge's checks (``fold --check`` and ``diff``).
+
+A deterministic session runs each op as written, in the same order, every time:
+
+- graph optimizations off: otherwise onnxruntime rewrites the graphs (constant folding, fusions) before running
+  them, and two equivalent graphs would be rewritten differently;
+- weight pre-packing off: with optimizations off onnxruntime still pre-packs constant MatMul weights, and a
+  pre-packed GEMM sums in another order than the unpacked one, so a weight behind a Cast or Identity in one graph
+  and a plain initializer in the other (exactly what folding produces) would differ in the last bit;
+- one intra-op thread: no scheduling-dependent reductions;
+- log severity "error": onnxruntime's warnings (unused initializers, ...) say nothing about the comparison.
+
+``optimize=True`` (``diff --ort-optimize``) keeps onnxruntime's defaults for graph optimization and pre-packing,
+to compare what a production session computes; the thread count and log severity stay deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnx import ModelProto
+
+_LOG_ERROR = 3  # onnxruntime severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
+
+
+def session_options(*, optimize: bool = False) -> Any:
+    """``onnxruntime.SessionOptions`` as described in the module docstring."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    else:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = _LOG_ERROR
+    return opts
+
+
+def make_session(model: ModelProto | str, *, optimize: bool = False) -> Any:
+    """A CPU ``onnxruntime.InferenceSession`` over a model (in memory, or a path, which keeps external data beside
+    it readable) with ``session_options(optimize=optimize)``."""
+    import onnxruntime as ort
+
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, session_options(optimize=optimize), providers=["CPUExecutionProvider"])
