@@ -106,7 +106,7 @@ def external_files(path: Path) -> list[Path]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # not a readable model: the worker's load reports it with the contract's one line
         return []
-    from ..passes.ir import all_graphs
+    from ..core.graph import all_graphs
 
     names: set[str] = set()
     for graph in all_graphs(model.graph):
