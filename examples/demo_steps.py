@@ -104,7 +104,8 @@ def triton_check(model_dir: Path) -> EntryReport:
 def diff(a: Path, b: Path, save: Path, *, precision: str = "fp32", atol: float | None = None,
          rtol: float | None = None, values: tuple[str, ...] = (), extra_inputs: bool = False) -> DiffResult:
     """``trtforge diff A B --save SAVE ...``; raises CheckFailed (after saving) when an output differs."""
-    from trtforge.build_engine.verify.diff import check, parse_value_args, run_diff, save_paths, save_results
+    from trtforge.build_engine.verify.diff import check, run_diff, save_paths, save_results
+    from trtforge.build_engine.verify.inputs import parse_value_args
 
     save_paths(save, (a, b))
     result = run_diff(a, b, precision=precision, atol=atol, rtol=rtol, seed=0, shapes={},
