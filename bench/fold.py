@@ -141,22 +141,82 @@ def _print_row(row: dict, tools: dict) -> None:
     print(f"{row['model']:<40} {row['nodes']:>5} {row['ci']:>4} | {cells}", flush=True)
 
 
-def scaling() -> list[tuple[int, float]]:
+def scaling(sizes: tuple[int, ...] = (50_000, 100_000, 200_000)) -> list[tuple[int, float, float, float, int]]:
+    """(nodes, wall s, cpu s, peak MB of Python allocations during fold, serialized bytes) per synthetic size."""
+    import tracemalloc
+
     from fold_synthetic import synthetic
 
     out = []
-    for n in (25_000, 50_000, 100_000):
+    for n in sizes:
         m = synthetic(n)
-        t0 = time.perf_counter()
+        size = m.ByteSize()
+        w0, c0 = time.perf_counter(), time.process_time()
         fold(m)
-        out.append((n, time.perf_counter() - t0))
-        print(f"synthetic {n:>7} nodes: {out[-1][1]:.2f} s ({out[-1][1] / n * 1e6:.1f} us/node)", flush=True)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        tracemalloc.start()  # a second run for memory: tracing slows allocation, so it is not timed
+        fold(m)
+        peak = tracemalloc.get_traced_memory()[1] / 1e6
+        tracemalloc.stop()
+        out.append((n, wall, cpu, peak, size))
+        print(f"synthetic {n:>7} nodes: wall {wall:.2f} s, cpu {cpu:.2f} s ({cpu / n * 1e6:.1f} us/node), "
+              f"peak {peak:.0f} MB = {peak * 1e6 / size:.1f}x serialized {size / 1e6:.1f} MB", flush=True)
     return out
 
 
-def markdown(rows: list[dict], notes: list[str], scale: list[tuple[int, float]], tool_names: list[str]) -> str:
-    lines = [f"## trtforge fold vs onnxslim / onnx-simplifier / polygraphy ({datetime.date(2026, 11, 30)}, "
-             "machine: 2-core CPU, no GPU)", "",
+def node_tests(limit: int | None = None) -> dict[str, int | list[str]]:
+    """Every ONNX backend node test, regenerated from the installed onnx's case code (nothing downloaded), folded
+    and checked bit-exact under onnx.reference on the test's own inputs and on every value class of each dtype."""
+    from onnx.backend.test.case.node import collect_testcases
+    from onnx.reference import ReferenceEvaluator
+
+    from trtforge.build_engine.verify.fold_feeds import extreme_inputs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in collect_testcases() if c.model is not None][:limit]
+    counts: dict[str, int | list[str]] = {"cases": len(cases), "changed": 0, "exact": 0, "differ": 0,
+                                          "fold refused": 0, "not runnable": 0, "differing": []}
+    for c in cases:
+        try:
+            res = fold(c.model)
+        except Exception:
+            counts["fold refused"] += 1  # type: ignore[operator]
+            continue
+        if res.model.SerializeToString() == c.model.SerializeToString() or not res.report["rules"]:
+            continue
+        counts["changed"] += 1  # type: ignore[operator]
+        names = [i.name for i in c.model.graph.input]
+        feeds_list = [dict(zip(names, ins, strict=False)) for ins, _ in (c.data_sets or [])]
+        try:
+            shapes = {k: list(v.shape) for k, v in (feeds_list[0] if feeds_list else random_feeds(c.model, 0)).items()}
+            feeds_list.append(extreme_inputs(c.model, shapes, seed=0))
+        except Exception:
+            pass
+        verdict = "not runnable"
+        for feeds in feeds_list:
+            try:
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    a = ReferenceEvaluator(c.model).run(None, feeds)
+            except Exception:
+                continue
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                b = ReferenceEvaluator(res.model).run(None, feeds)
+            same = all(compare_arrays(np.asarray(x), np.asarray(y)).bitwise for x, y in zip(a, b, strict=True))
+            verdict = "exact" if same and verdict != "differ" else "differ"
+        counts[verdict] += 1  # type: ignore[operator]
+        if verdict == "differ":
+            counts["differing"].append(c.name)  # type: ignore[union-attr]
+    print(f"ONNX node tests: {counts}", flush=True)
+    return counts
+
+
+def markdown(rows: list[dict], notes: list[str], scale: list[tuple[int, float, float, float, int]],
+             tool_names: list[str], nodes: dict | None = None) -> str:
+    lines = [f"## trtforge fold vs onnxslim / onnx-simplifier / polygraphy ({datetime.date(2026, 12, 1)}, "
+             "machine: 2-core x86-64 VM, no GPU)", "",
              "Cell: Cast+Identity removed / outputs bit-identical on random inputs / seconds. `ci` = Casts+Identities "
              "in the export. Exactness judged with onnx.reference (fp16 models) or onnxruntime with optimizations "
              "off (fp32).", "",
@@ -168,8 +228,20 @@ def markdown(rows: list[dict], notes: list[str], scale: list[tuple[int, float]],
     lines.append("")
     lines += _summary(rows, tool_names)
     lines.append("")
-    lines.append("Synthetic graph (Cast round trips, chains, Identities, duplicate Casts, data movement): " + ", ".join(
-        f"{n:,} nodes {s:.2f} s ({s / n * 1e6:.1f} us/node)" for n, s in scale))
+    lines += ["| synthetic nodes | wall s | cpu s | cpu us/node | peak MB (Python allocations) | serialized MB | "
+              "peak / serialized |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {n:,} | {w:.2f} | {c:.2f} | {c / n * 1e6:.1f} | {p:.0f} | {z / 1e6:.1f} | {p * 1e6 / z:.1f}x |"
+              for n, w, c, p, z in scale]
+    by = {n: c for n, _, c, _, _ in scale}
+    if 100_000 in by and 200_000 in by:
+        lines.append(f"\n200k / 100k cpu time: {by[200_000] / by[100_000]:.2f}x")
+    if nodes:
+        lines.append("")
+        lines.append(f"ONNX backend node tests (regenerated from the installed onnx's case code): {nodes['cases']} "
+                     f"cases; fold changed {nodes['changed']}; of those, bit-exact under onnx.reference on the "
+                     f"test inputs and every value class: {nodes['exact']}, differ: {nodes['differ']} "
+                     f"{nodes['differing']}, not runnable by onnx.reference: {nodes['not runnable']}; "
+                     f"fold refused (raised): {nodes['fold refused']}")
     if notes:
         lines.append("")
         lines += [f"- {n}" for n in notes]
@@ -211,13 +283,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="every 4th model only")
     ap.add_argument("--results", type=Path, help="append the markdown table to this file (e.g. bench/RESULTS.md)")
+    ap.add_argument("--only", choices=["corpus", "nodes", "scaling"], help="run one part only")
     args = ap.parse_args()
     tools = [t for t, f in _tools().items() if not isinstance(f, str)]
-    print(f"{'model/precision/exporter':<40} {'nodes':>5} {'ci':>4} | " + " | ".join(tools)
-          + "   (cell: removed / exact / seconds)")
-    rows, notes = run_corpus(args.quick)
-    scale = scaling()
-    md = markdown(rows, notes, scale, tools)
+    rows: list[dict] = []
+    notes: list[str] = []
+    if args.only in (None, "corpus"):
+        print(f"{'model/precision/exporter':<40} {'nodes':>5} {'ci':>4} | " + " | ".join(tools)
+              + "   (cell: removed / exact / seconds)")
+        rows, notes = run_corpus(args.quick)
+    nodes = node_tests(200 if args.quick else None) if args.only in (None, "nodes") else None
+    scale = scaling((25_000, 50_000) if args.quick else (50_000, 100_000, 200_000)) if args.only in (
+        None, "scaling") else []
+    md = markdown(rows, notes, scale, tools, nodes)
     print()
     print(md)
     if args.results:

@@ -16,14 +16,22 @@ from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
-    p = make_parser("trtforge fold", "Remove every Cast and Identity that can go without changing a single output "
-                                     "bit (DESIGN section 4), and nothing else.")
+    p = make_parser("trtforge fold", "Exact folding (DESIGN section 4), never changing an output bit. It removes: "
+                                     "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
+                                     "Cast chains, replaces a Cast of a constant (and the constant expression "
+                                     "feeding it, when every op in it is exactly specified) by the constant it "
+                                     "computes, and removes nodes of ANY op whose outputs nothing reads (dead "
+                                     "Constant, Shape, Concat, ... nodes) and unread initializers. The summary and "
+                                     "--report count removed nodes per op type.")
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")
     p.add_argument("--check", action="store_true",
-                   help="run both models on fresh random inputs (onnx.reference for fp16/bf16 models, onnxruntime "
-                        "otherwise) and fail (exit 1) unless every output is bit-identical")
+                   help="run both models on the same seeded inputs (typical values, then every value class of each "
+                        "dtype: +-0, +-inf, NaN, extremes, subnormals; Loop bodies run, If conditions both ways) "
+                        "with onnx.reference, or onnxruntime with optimizations off where onnx.reference cannot run "
+                        "the model; fail (exit 1) unless every output is bit-identical; exit 2 'could not check this "
+                        "model' naming the op when neither runtime runs it")
     p.add_argument("--seed", type=int, default=0, help="seed for --check's random inputs (default 0)")
     return p
 

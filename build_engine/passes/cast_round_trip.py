@@ -14,6 +14,7 @@ class CollapseCastRoundTrip(GraphPass):
     - ``U`` does not embed ``T`` (``dtypes.embeds``): fp32->fp16->fp32 rounds and clamps, f32->i32->f32 truncates,
       i32->f32->i32 rounds above 2**24, bf16<->fp16 loses range or precision, anything->bool->anything collapses;
     - ``x``'s type is unknown or either ``to`` is a function attribute reference;
+    - ``x`` is shadowed between this graph and the inner Cast's (a subgraph's local of the same name);
     - ``z`` is a graph output and ``x`` is a graph input / another graph output / initializer / outer value.
     The inner Cast stays while something else reads it (dead-node elimination removes it otherwise).
     """
@@ -25,7 +26,7 @@ class CollapseCastRoundTrip(GraphPass):
         for n, inner in ctx.cast_pairs():
             x = inner.inputs[0]
             t, u, t2 = ctx.type_of(x), inner.to, n.to
-            if u is None or t2 != t or not dt.embeds(u, t):
+            if u is None or t2 != t or not dt.embeds(u, t) or not ctx.reads_same(x, n.inputs[0]):
                 continue
             if ctx.bypass(n, x, "cast_round_trip"):
                 count += 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from . import dtypes as dt
 from .base import GraphPass
 from .ir import GraphCtx, Node
+
+_INT_OR_BOOL = dt.INTS | {dt.B}
 
 
 def _key(n: Node) -> tuple | None:
@@ -23,7 +26,12 @@ class MergeDuplicateCasts(GraphPass):
     Must not fire when:
     - a later duplicate's output is a graph output (its name must survive; the earlier one cannot be renamed onto
       it without merging two outputs or breaking the order) -- it is kept as is;
-    - any attribute differs (``to``, ``saturate``, ``round_mode``) or an attribute is a function reference.
+    - any attribute differs (``to``, ``saturate``, ``round_mode``) or an attribute is a function reference;
+    - the Cast is to an integer or bool type and its result is undefined on some value of the input's type (or the
+      input's type is unknown): float -> int on NaN/inf/out-of-range, out-of-range narrowing. Undefined results may
+      legitimately differ between two nodes (one fused into a kernel, the other not); merging would pin them.
+      Casts to float types are fully defined up to a runtime's rounding path, which is the same for two identical
+      nodes, so they merge.
     """
 
     name = "duplicate_cast"
@@ -33,6 +41,8 @@ class MergeDuplicateCasts(GraphPass):
         seen: dict[tuple, Node] = {}
         for c in ctx.nodes:  # topological order: the first of a group dominates the others' readers
             if not c.is_cast:
+                continue
+            if c.to in _INT_OR_BOOL and not dt.cast_defined(ctx.type_of(c.inputs[0]), c.to or 0):
                 continue
             k = _key(c)
             if k is None:

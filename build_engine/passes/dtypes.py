@@ -64,6 +64,54 @@ def embeds(u: int, t: int) -> bool:
     return u in EMBEDDED_IN.get(t, frozenset())
 
 
+#: Types every value of which is exactly a float32: casting them to float16/bfloat16 is one rounding in every
+#: runtime, whatever path (direct, or through float32/float64) it takes.
+_FLOAT32_EXACT = frozenset({B, I8, U8, I16, U16, F16, BF16, F32}) | FLOAT8
+
+_INT_RANGE: dict[int, tuple[int, int]] = {
+    B: (0, 1), I8: (-2**7, 2**7 - 1), U8: (0, 2**8 - 1), I16: (-2**15, 2**15 - 1), U16: (0, 2**16 - 1),
+    I32: (-2**31, 2**31 - 1), U32: (0, 2**32 - 1), I64: (-2**63, 2**63 - 1), U64: (0, 2**64 - 1),
+}
+
+
+def cast_defined(s: int, v: int) -> bool:
+    """``Cast(x, to=v)`` has, for EVERY value ``x`` of type ``s`` (NaN, +-inf, -0.0, subnormals, the extremes), one
+    result that the ONNX spec fixes and every runtime computes alike. Rules that remove or merge Casts
+    (``cast_chain``, ``sink_cast``, ``duplicate_cast``) fire only on such casts. Not defined:
+
+    - float -> integer: NaN, +-inf and out-of-range values are undefined in the spec (onnx.reference gives INT_MIN
+      for ``double(2**31) -> int32``, a wrap-around path gives ``-2**31 + ...``, NaN -> uint32 differs by source type);
+    - float -> bool: NaN (the spec says true; runtimes testing ``x != 0`` vs ``(bool)x`` differ);
+    - integer -> narrower integer when a value of ``s`` lies outside ``v``'s range (the spec wraps, runtimes such
+      as TensorRT clamp);
+    - to bfloat16 from a type whose values are not all exactly float32 (int32/uint32/64-bit ints, double), to
+      float16 from double: runtimes round through float32 first or not (two roundings differ from one at ties:
+      ``2**30 + 2**22 + 1``, ``1 + 2**-11 + 2**-40``), and int64/uint64 -> float32 likewise (through float64 or
+      not). Integer -> float16 is defined: below 2**24 every path is exact before the one rounding, and above
+      65519 every path gives inf;
+    - to any float8 type except from bool: saturation and rounding modes are attributes whose defaults changed.
+    """
+    if s not in KNOWN or v not in KNOWN:
+        return False
+    if s in (v, B):
+        return True
+    if v in FLOAT8:
+        return False
+    if v == B:
+        return s in INTS
+    if v in INTS:
+        if s not in INTS:
+            return False
+        lo, hi = _INT_RANGE[s]
+        vlo, vhi = _INT_RANGE[v]
+        return vlo <= lo and hi <= vhi
+    if v == F64:
+        return True
+    if v == F32:
+        return s not in (I64, U64)
+    return s in _FLOAT32_EXACT or (v == F16 and s in INTS)
+
+
 def same_type_cast_is_identity(t: int, saturate: int | None) -> bool:
     """``Cast(x, to=t)`` on an ``x`` already of type ``t`` returns ``x``: always, except that float8e5m2 with
     ``saturate=1`` (the default) turns +-inf into +-57344."""

@@ -7,6 +7,7 @@ from onnx import TensorProto
 from . import dtypes as dt
 from .base import GraphPass
 from .ir import GraphCtx
+from .schema import accepts
 
 _INDEX_TYPES = (TensorProto.INT32, TensorProto.INT64)
 _OPS = ("Gather", "GatherElements")
@@ -19,7 +20,8 @@ class GatherIndexCast(GraphPass):
     Must not fire when:
     - the Cast narrows (int64 -> int32 wraps out-of-range indices) or comes from a non-integer type;
     - the op's indices accept only int64 (GatherND, Expand, Reshape, ...) -- those ops are not touched;
-    - the Cast output is read as the data input (that is a data-movement case, not an index case).
+    - the Cast output is read as the data input (that is a data-movement case, not an index case);
+    - the op's schema at this opset does not take ``i``'s type as indices, or ``i`` is shadowed here.
     """
 
     name = "gather_index_cast"
@@ -33,7 +35,9 @@ class GatherIndexCast(GraphPass):
             if c is None or not c.is_cast or n.inputs[0] == n.inputs[1]:
                 continue
             src, u = ctx.type_of(c.inputs[0]), c.to
-            if src in _INDEX_TYPES and u in _INDEX_TYPES and u != src and dt.embeds(u, src):
+            if (src in _INDEX_TYPES and u in _INDEX_TYPES and u != src and dt.embeds(u, src)
+                    and ctx.reads_same(c.inputs[0], n.inputs[1])
+                    and accepts(n.op, n.domain, ctx.opset, [ctx.type_of(n.inputs[0]), src])):
                 ctx.set_input(n, 1, c.inputs[0])
                 ctx.rules["gather_index_cast"] += 1
                 count += 1

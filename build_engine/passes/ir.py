@@ -4,6 +4,13 @@ The view keeps a producer map and consumer maps (explicit inputs, and implicit u
 read a name from this scope), so every rule looks up its neighbours in O(1) and no pass scans the graph
 quadratically. ``commit()`` writes the surviving nodes back into the protobuf.
 
+Names are resolved by lexical scope, as ONNX defines them: a view knows the types of the values *its own* graph
+defines (graph inputs, initializers, node outputs) and asks its enclosing view (``parent``) for any other name, so a
+subgraph may capture an outer value, and may shadow an outer name with a local value of another type, at any depth.
+A function body has no parent (it sees only its own inputs). Rewrites that make a node read a name taken from
+another node (``reads_same``) or that rename reads inside subgraphs (``can_replace``) check that the name still
+denotes the same value where it is read.
+
 Invariants every mutation keeps: a graph output's name is never renamed or removed (``bypass`` renames the
 *producer* of the replacement instead, and refuses when that would merge two graph outputs or touch a graph input,
 an initializer or an outer-scope value); nodes stay in topological order (a replacement value is always defined
@@ -13,13 +20,13 @@ before the node it replaces).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import onnx
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
-from ..core.graph import free_names, may_have_subgraphs, rename_free, subgraphs
+from ..core.graph import all_graphs, free_names, may_have_subgraphs, rename_free, subgraphs
 from . import dtypes as dt
 
 
@@ -34,6 +41,7 @@ class Node:
     alive: bool = True
     dirty: bool = False
     to: int | None = None  # a default-domain Cast's target type (None: not a Cast, or a function attr reference)
+    subdefs: frozenset[str] | None = None  # names defined anywhere inside this node's subgraphs (lazy)
 
     def attr(self, name: str) -> AttributeProto | None:
         for a in self.proto.attribute:
@@ -58,14 +66,27 @@ class Node:
         return self.to is not None and self.alive and bool(self.inputs) and bool(self.inputs[0])
 
 
+def defined_names(graph: GraphProto) -> set[str]:
+    """Every name a graph or any graph nested in it defines (inputs, initializers, node outputs)."""
+    out: set[str] = set()
+    for g in all_graphs(graph):
+        out.update(i.name for i in g.input)
+        out.update(t.name for t in g.initializer)
+        out.update(t.values.name for t in g.sparse_initializer)
+        for n in g.node:
+            out.update(n.output)
+    out.discard("")
+    return out
+
+
 @dataclass
 class Scope:
-    """What a graph inherits from its enclosing graphs: value types and the default-domain opset."""
+    """What a view starts from: the default-domain opset, the element types known for the values this graph itself
+    defines (from its value_info, inputs, outputs, initializers), and the view of the enclosing graph."""
 
     opset: int
     types: dict[str, int] = field(default_factory=dict)
-    #: producers in enclosing graphs (read-only), so a body can see that an outer value is a Cast
-    outer: Mapping[str, Node] = field(default_factory=dict)
+    parent: GraphCtx | None = None
 
 
 class GraphCtx:
@@ -80,10 +101,10 @@ class GraphCtx:
         self.outputs = list(outputs)
         self.output_set = set(outputs)
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
-        self.outer = scope.outer
-        self.types = scope.types  # shared with enclosing graphs: value names are unique across scopes (SSA)
+        self.parent = scope.parent
+        self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
         for t in initializers:
-            self.types.setdefault(t.name, t.data_type)
+            self.types[t.name] = t.data_type
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
         self.uses: dict[str, dict[Node, int]] = {}
@@ -120,7 +141,7 @@ class GraphCtx:
     def _infer_type(self, n: Node) -> None:
         """Local element-type facts (complementing value_info): Cast, Constant, shape ops, data movement."""
         if not n.outputs or not n.outputs[0] or n.outputs[0] in self.types:
-            return
+            return  # value_info (or an earlier fact) already says
         out = n.outputs[0]
         if not n.onnx_op:
             return
@@ -137,21 +158,54 @@ class GraphCtx:
                 self.types[out] = TensorProto.FLOAT
             elif n.attr("value_int") is not None or n.attr("value_ints") is not None:
                 self.types[out] = TensorProto.INT64
-        elif n.op in dt.DATA_MOVEMENT and n.inputs and n.inputs[0] in self.types:
-            self.types[out] = self.types[n.inputs[0]]
+        elif n.op in dt.DATA_MOVEMENT and n.inputs and n.inputs[0]:
+            t = self.type_of(n.inputs[0])
+            if t:
+                self.types[out] = t
+
+    def defines(self, name: str) -> bool:
+        """This graph itself defines ``name`` (graph input, initializer or node output): it shadows outer names."""
+        return name in self.producer or name in self.inputs or name in self.initializers
+
+    def _scope_of(self, name: str) -> GraphCtx | None:
+        c: GraphCtx | None = self
+        while c is not None and not c.defines(name):
+            c = c.parent
+        return c
 
     def type_of(self, name: str) -> int:
-        return self.types.get(name, TensorProto.UNDEFINED)
+        """Element type of ``name`` as this graph sees it (lexical scope; UNDEFINED when unknown)."""
+        if name in self.producer or name in self.inputs or name in self.initializers:  # the common, local case
+            return self.types.get(name, TensorProto.UNDEFINED)
+        c = self._scope_of(name)
+        return TensorProto.UNDEFINED if c is None else c.types.get(name, TensorProto.UNDEFINED)
+
+    def reads_same(self, name: str, via: str) -> bool:
+        """``name``, read here, is the value that the producer of ``via`` (visible here) reads under that name: no
+        graph between this one and the one holding that producer shadows ``name``."""
+        c: GraphCtx | None = self
+        while c is not None and via not in c.producer:
+            if c.defines(name):
+                return False
+            c = c.parent
+        return c is not None
+
+    def can_replace(self, old: str, new: str) -> bool:
+        """Reads of ``old`` may become reads of ``new``: no subgraph that reads ``old`` defines ``new`` itself (its
+        reads would then capture its own local value instead)."""
+        for n in self.implicit.get(old, ()):
+            if n.subdefs is None:
+                n.subdefs = frozenset().union(*(defined_names(g) for g in subgraphs(n.proto)))
+            if new in n.subdefs:
+                return False
+        return True
 
     # ----------------------------------------------------------------- queries
     def source(self, name: str) -> Node | None:
         """The node producing ``name``, in this graph or (read-only) in an enclosing one."""
-        n = self.producer.get(name)
-        if n is None:
-            n = self.outer.get(name)
-            if n is not None and not n.alive:
-                return None
-        return n
+        c = self._scope_of(name)
+        n = None if c is None else c.producer.get(name)
+        return n if n is not None and n.alive else None
 
     def consumers(self, name: str) -> list[Node]:
         return list(self.uses.get(name, {}))
@@ -244,10 +298,12 @@ class GraphCtx:
         """
         out = node.outputs[0]
         if out not in self.output_set:
+            if not self.can_replace(out, src):
+                return False
             self.remove_node(node)
             self.replace_uses(out, src)
         else:
-            if src in self.output_set or not self.is_local_value(src):
+            if src in self.output_set or not self.is_local_value(src) or not self.can_replace(src, out):
                 return False
             prod = self.producer[src]
             self.remove_node(node)

@@ -10,7 +10,6 @@ usually taken by a later rule in the same round).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 from collections import Counter
@@ -18,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import onnx
 from onnx import GraphProto, ModelProto
 
 from ..core import onnx_io
 from ..core.errors import CheckFailed
 from ..core.graph import PROTO_LIMIT, all_graphs, infer_shapes, may_have_subgraphs, subgraphs
 from .base import GraphPass, PassResult
-from .walk import WalkStats, collect_types, run_passes
+from .walk import WalkStats, graph_types, run_passes
 
 _MAX_ROUNDS = 16
 
@@ -34,6 +34,7 @@ def default_passes() -> tuple[GraphPass, ...]:
     from .cast_chain import CollapseCastChain
     from .cast_round_trip import CollapseCastRoundTrip
     from .const_cast import FoldConstantCast
+    from .const_expr import FoldConstantExpression
     from .dead_nodes import RemoveDeadNodes
     from .dedup_cast import MergeDuplicateCasts
     from .gather_index_cast import GatherIndexCast
@@ -43,7 +44,7 @@ def default_passes() -> tuple[GraphPass, ...]:
     from .sink_cast import SinkCastThroughDataMovement
 
     return (RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain(),
-            FoldConstantCast(), ShapeOfCast(), GatherIndexCast(), MergeDuplicateCasts(),
+            FoldConstantExpression(), FoldConstantCast(), ShapeOfCast(), GatherIndexCast(), MergeDuplicateCasts(),
             SinkCastThroughDataMovement(), RemoveDeadNodes())
 
 
@@ -60,7 +61,7 @@ class Pipeline:
     def call(self, model: ModelProto, types: dict[str, int] | None = None) -> PassResult:
         self.stats = WalkStats()
         if types is None:
-            types = collect_types(model.graph)
+            types = graph_types(model.graph)
         for _ in range(self.max_rounds):
             s = run_passes(model, self.passes, types=types)
             self.stats.rewrites += s.rewrites
@@ -91,14 +92,48 @@ def op_histogram(model: ModelProto) -> Counter[str]:
     return c
 
 
+_INFERRED = "trtforge:fold:inferred"  # doc_string of the value_info entries fold adds to subgraphs (then removes)
+
+
 def _infer_types(model: ModelProto) -> dict[str, int]:
-    """Element types of the model's values. Inference runs on the weight-free skeleton: a weight's type is its
-    stand-in input's type, and no element type depends on a weight's values."""
-    types = collect_types(model.graph)
-    # Inference is only a source of type facts; without it (too big, invalid model) fewer rules fire.
-    with contextlib.suppress(Exception):
-        types.update(collect_types(infer_shapes(model).graph))
+    """The main graph's own value types; the types inferred for each subgraph's values are recorded in that
+    subgraph's value_info (marked, removed by ``_drop_inferred``), so every graph keeps its own name -> type table.
+    Inference runs on the weight-free skeleton: a weight's type is its stand-in input's type, and no element type
+    depends on a weight's values."""
+    types = graph_types(model.graph)
+    try:
+        inferred = infer_shapes(model)
+    except Exception:  # inference is only a source of type facts; without it (too big, invalid) fewer rules fire
+        return types
+    types.update(graph_types(inferred.graph))
+    _annotate_subgraphs(model.graph, inferred.graph)
     return types
+
+
+def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
+    """Copy inferred element types into the value_info of each subgraph of ``graph`` (same structure as
+    ``inferred``, which shape inference produced from a copy), at every depth."""
+    if len(graph.node) != len(inferred.node):
+        return
+    for n, m in zip(graph.node, inferred.node, strict=True):
+        if not may_have_subgraphs(n):
+            continue
+        for g, gi in zip(subgraphs(n), subgraphs(m), strict=False):
+            known = set(graph_types(g))
+            for name, t in graph_types(gi).items():
+                if name not in known:
+                    vi = onnx.helper.make_tensor_value_info(name, t, None)
+                    vi.doc_string = _INFERRED
+                    g.value_info.append(vi)
+            _annotate_subgraphs(g, gi)
+
+
+def _drop_inferred(graph: GraphProto) -> None:
+    for g in all_graphs(graph):
+        if any(v.doc_string == _INFERRED for v in g.value_info):
+            keep = [v for v in g.value_info if v.doc_string != _INFERRED]
+            del g.value_info[:]
+            g.value_info.extend(keep)
 
 
 def _prune_value_info(graph: GraphProto) -> None:
@@ -155,6 +190,7 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
     before = op_histogram(work)
     pipeline = Pipeline(passes)
     pipeline.call(work, _infer_types(work))
+    _drop_inferred(work.graph)
     _prune_value_info(work.graph)
     if validate:
         _validate(work, model)

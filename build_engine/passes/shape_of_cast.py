@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import GraphPass
 from .ir import GraphCtx
+from .schema import accepts
 
 
 class ShapeOfCast(GraphPass):
@@ -11,8 +12,9 @@ class ShapeOfCast(GraphPass):
 
     Must not fire when:
     - ``x`` has no name (optional input) or the Cast is from a custom domain;
-    - the opset's ``Shape``/``Size`` could not take ``x``'s type: a Cast's input types at an opset are a subset of
-      Shape's there, so this only matters when ``x``'s type is unknown *and* the Cast is in a function (skipped).
+    - the schema of ``Shape``/``Size`` at this opset does not take ``x``'s type (asked of ``onnx.defs``), or
+      ``x``'s type is unknown inside a function (skipped);
+    - ``x`` is shadowed between this graph and the Cast's (a subgraph's local of the same name).
     """
 
     name = "shape_of_cast"
@@ -25,7 +27,10 @@ class ShapeOfCast(GraphPass):
             c = ctx.source(n.inputs[0])
             if c is None or not c.is_cast:
                 continue
-            if ctx.is_function and not ctx.type_of(c.inputs[0]):
+            t = ctx.type_of(c.inputs[0])
+            if ctx.is_function and not t:
+                continue
+            if not ctx.reads_same(c.inputs[0], n.inputs[0]) or not accepts(n.op, n.domain, ctx.opset, [t]):
                 continue
             ctx.set_input(n, 0, c.inputs[0])
             ctx.rules["shape_of_cast"] += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import dtypes as dt
 from .base import GraphPass
 from .ir import GraphCtx, Node
+from .schema import accepts
 
 _MAX_CHAIN = 32
 
@@ -23,7 +24,11 @@ class SinkCastThroughDataMovement(GraphPass):
     - the Cast feeds an ``M_i`` through a non-data input (Gather indices, Reshape shape, Slice starts, ...);
     - an intermediate value has another reader, is a graph output or is read by a subgraph (it would change type
       under that reader);
-    - it would not remove a Cast: the first Cast keeps other readers and ``V != T``.
+    - it would not remove a Cast: the first Cast keeps other readers and ``V != T``;
+    - ``T -> V`` is not defined on every value of ``T`` (``dtypes.cast_defined``: float->int, out-of-range
+      narrowing, ...), since the last Cast would then compute ``T -> V`` where it computed ``U -> V``;
+    - an ``M_i``'s schema at this opset does not accept ``T`` (Flatten before opset 9 takes only floats; asked of
+      ``onnx.defs``), nor the last Cast's.
     """
 
     name = "sink_cast"
@@ -43,6 +48,8 @@ class SinkCastThroughDataMovement(GraphPass):
                 c2 = chain.pop()
                 if ctx.num_uses(y) > 1 and c2.to != t:
                     continue
+                if (c2.to != t and not dt.cast_defined(t, c2.to or 0)) or not self._schema_ok(ctx, chain, c2, t):
+                    continue
                 ctx.set_input(chain[0], 0, x)
                 for m in chain:
                     ctx.types[m.outputs[0]] = t
@@ -51,6 +58,15 @@ class SinkCastThroughDataMovement(GraphPass):
                 count += 1
                 break
         return count
+
+    @staticmethod
+    def _schema_ok(ctx: GraphCtx, chain: list[Node], last: Node, t: int) -> bool:
+        """Every moved op, and the last Cast, accept ``T`` as their data input at this opset."""
+        for m in (*chain, last):
+            types = [t] + [ctx.type_of(i) if i else 0 for i in m.inputs[1:]]
+            if not accepts(m.op, m.domain, ctx.opset, types):
+                return False
+        return True
 
     @staticmethod
     def _chain(ctx: GraphCtx, first: Node, value: str) -> list[Node] | None:

@@ -1,18 +1,21 @@
 """Apply graph passes to a whole model: main graph, If/Loop/Scan bodies (recursively) and model-local functions.
 
-Types come from the model's value_info (the pipeline runs shape inference first), shared by a graph and its
-subgraphs because ONNX value names are unique across nested scopes. Function bodies are polymorphic: only types a
-function fixes itself (Cast ``to``, Constant) are known there, so type-dependent rules fire less inside functions.
+Types come from each graph's own value_info, inputs, outputs and initializers (the pipeline runs shape inference
+first and records what it infers in each graph), resolved by lexical scope: a subgraph's view asks its enclosing
+graph's view for names it does not define itself (``ir.GraphCtx.type_of``), so a body that reuses an outer name for
+a value of another type, or two bodies that reuse one name, never see each other's types. Function bodies are
+polymorphic: only types a function fixes itself (Cast ``to``, Constant) are known there, so type-dependent rules
+fire less inside functions.
 """
 
 from __future__ import annotations
 
-from collections import ChainMap, Counter
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from onnx import GraphProto, ModelProto, OperatorSetIdProto
+from onnx import GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
 from ..core.graph import may_have_subgraphs, subgraphs
 from .ir import GraphCtx, Scope
@@ -39,18 +42,14 @@ def default_opset(opsets: Sequence[OperatorSetIdProto], fallback: int = 1) -> in
     return fallback
 
 
-def collect_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
-    """Element types of every named value in a graph and its subgraphs (inputs, outputs, value_info, initializers)."""
+def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
+    """Element types that ``graph`` itself declares (inputs, outputs, value_info, initializers), not its subgraphs'."""
     types = {} if types is None else types
     for vi in (*graph.input, *graph.output, *graph.value_info):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     for t in graph.initializer:
         types[t.name] = t.data_type
-    for n in graph.node:
-        if may_have_subgraphs(n):
-            for g in subgraphs(n):
-                collect_types(g, types)
     return types
 
 
@@ -72,12 +71,16 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
             keep = [v for v in graph.value_info if v.name not in ctx.retyped]
             del graph.value_info[:]
             graph.value_info.extend(keep)
-    inner = Scope(scope.opset, scope.types, ChainMap(ctx.producer, scope.outer))  # type: ignore[arg-type]
-    for n in graph.node:
+    _run_subgraphs(graph.node, ctx, passes, stats, fixed_point)
+
+
+def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats,
+                   fixed_point: bool) -> None:
+    for n in nodes:
         if may_have_subgraphs(n):
             for g in subgraphs(n):
                 stats.nested = True
-                _run_graph(g, passes, inner, stats, fixed_point)
+                _run_graph(g, passes, Scope(parent.opset, graph_types(g), parent), stats, fixed_point)
 
 
 def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_point: bool) -> None:
@@ -96,10 +99,14 @@ def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_p
 
 def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: bool = True,
                types: dict[str, int] | None = None) -> WalkStats:
-    """Run ``passes`` over every graph and function of ``model`` in place (to a local fixed point per graph)."""
+    """Run ``passes`` over every graph and function of ``model`` in place (to a local fixed point per graph).
+
+    ``types`` holds the main graph's own value types (kept and updated across calls by the pipeline); subgraphs read
+    theirs from their own value_info.
+    """
     stats = WalkStats()
     opset = default_opset(model.opset_import)
-    scope = Scope(opset, collect_types(model.graph) if types is None else types)
+    scope = Scope(opset, graph_types(model.graph) if types is None else types)
     _run_graph(model.graph, passes, scope, stats, fixed_point)
     for fn in model.functions:
         stats.nested = True
@@ -110,8 +117,5 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
             nodes = ctx.commit()
             del fn.node[:]
             fn.node.extend(nodes)
-        inner = Scope(fscope.opset, fscope.types, dict(ctx.producer))
-        for n in fn.node:
-            for g in subgraphs(n):
-                _run_graph(g, passes, inner, stats, fixed_point)
+        _run_subgraphs(fn.node, ctx, passes, stats, fixed_point)
     return stats

@@ -1,24 +1,30 @@
 """Prove two models compute the same outputs, bit for bit, on fresh random inputs (``trtforge fold --check``).
 
-Which runtime judges: ``onnx.reference.ReferenceEvaluator`` when the model holds fp16/bf16/float8 tensors
-(onnxruntime's CPU provider computes some fp16 ops in fp32 and rounds on its own, which would blur an exactness
-check), onnxruntime's CPU provider otherwise (fast, and exact for fp32/integer graphs). Both models run on the same
-inputs in the same runtime (the shared planner ``inputs.random_feeds``), compared by ``compare.compare_arrays``: NaN
-equals NaN (payloads are not part of ONNX semantics); everything else must match bitwise, including the sign of
-zero.
+Which runtime judges: ``onnx.reference.ReferenceEvaluator`` wherever it runs the original model (it defines the
+semantics exactness is judged by); otherwise onnxruntime's CPU provider with every graph optimization off, one
+thread and no weight pre-packing (``sessions.make_session``: it then evaluates the graph as written); if neither
+runs it, ``CannotCheck`` (exit 2: "could not check this model: reason (op X)"). Inputs: typical values (the shared
+planner ``inputs.random_feeds``) and every value class of each dtype (``fold_feeds``), with Loop bodies run and If
+conditions tried both ways. Both models run on the same inputs in the same runtime, compared by
+``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else must match
+bitwise, including the sign of zero.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto, TensorProto, helper
 
+from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes
 from .compare import compare_arrays
+from .fold_feeds import control_pins, extreme_inputs, pinned
 from .inputs import random_feeds
 from .sessions import make_session
 
@@ -32,10 +38,11 @@ class CheckResult:
     max_abs_diff: float
     runtime: str
     mismatched: tuple[str, ...] = ()
+    runs: int = 0  # input draws both models ran on
 
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "max_abs_diff": self.max_abs_diff, "runtime": self.runtime,
-                "mismatched_outputs": list(self.mismatched)}
+                "mismatched_outputs": list(self.mismatched), "runs": self.runs}
 
 
 def uses_low_precision(model: ModelProto) -> bool:
@@ -54,27 +61,121 @@ def uses_low_precision(model: ModelProto) -> bool:
     return False
 
 
+def _explicit_loop_conditions(model: ModelProto) -> ModelProto:
+    """A copy where every Loop without a condition input reads a constant true instead (what the spec says an
+    absent condition means): onnx.reference runs no iteration of such a Loop, hiding any change in its body."""
+    loops = [n for g in all_graphs(model.graph) for n in g.node if n.op_type == "Loop" and len(n.input) > 1
+             and not n.input[1]]
+    if not loops:
+        return model
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    for g in all_graphs(copy.graph):
+        for k in range(len(g.node) - 1, -1, -1):
+            n = g.node[k]
+            if n.op_type == "Loop" and len(n.input) > 1 and not n.input[1]:
+                name = f"{n.output[0]}__trtforge_check_true"
+                n.input[1] = name
+                g.node.insert(k, helper.make_node("Constant", [], [name],
+                                                  value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
+    return copy
+
+
 def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str) -> list[np.ndarray]:
     """Every output of ``model`` on ``feeds``: ``onnx.reference``, or a deterministic onnxruntime session
     (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread)."""
     if runtime == "onnx.reference":
         from onnx.reference import ReferenceEvaluator
 
+        model = _explicit_loop_conditions(model)
         return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
     return [np.asarray(o) for o in make_session(model).run(None, dict(feeds))]
 
 
+class CannotCheck(InputError):
+    """Neither runtime can run the original model: no verdict (exit 2), with the reason and the op at fault."""
+
+
+def _culprit(model: ModelProto, message: str) -> str:
+    """The op a runtime's error message names (an op type of the model it mentions), for the one-line reason."""
+    ops = sorted({n.op_type for g in all_graphs(model.graph) for n in g.node} | {n.op_type for f in model.functions
+                                                                                 for n in f.node}, key=len)
+    named = [op for op in reversed(ops) if re.search(rf"\b{re.escape(op)}\b", message)]
+    return f"op {named[0]}" if named else "op unknown"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferred: str | None) -> str:
+    """onnx.reference where it runs the original (it defines exactness); else onnxruntime with every graph
+    optimization off, one thread, no pre-packing (same semantics: it evaluates the graph as written, and both models
+    run in it); else ``CannotCheck``."""
+    order = [preferred] if preferred else ["onnx.reference", "onnxruntime"]
+    errors = []
+    for runtime in order:
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                run_model(original, feeds, runtime)
+            return runtime
+        except Exception as exc:  # a runtime that cannot run a model is not a verdict on the fold
+            errors.append((runtime, exc))
+    runtime, exc = errors[-1]
+    first = errors[0]
+    raise CannotCheck(f"could not check this model: {first[0]} cannot run it ({_first_line(first[1])}; "
+                      f"{_culprit(original, str(first[1]))})" + (
+                          f", nor can {runtime} ({_first_line(exc)}; {_culprit(original, str(exc))})"
+                          if len(errors) > 1 else "") + "; fold without --check, or check with another tool") from exc
+
+
+def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways."""
+    pins, branch_inputs = control_pins(original)
+    out = []
+    for k in range(trials):
+        typical = random_feeds(original, seed + k)
+        shapes = {n: list(a.shape) for n, a in typical.items()}
+        extreme = extreme_inputs(original, shapes, seed + k)
+        # integers of every class often index out of range (token ids): also a draw with typical integers
+        floats_only = {n: (a if a.dtype.kind in "iu" else extreme.get(n, a)) for n, a in typical.items()}
+        for kind, feeds in (("typical", typical), ("value classes", extreme), ("value classes", floats_only)):
+            for flag in ((True, False) if branch_inputs else (True,)):
+                out.append((kind, pinned(feeds, pins, branch_inputs, flag)))
+    return out
+
+
 def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
                      runtime: str | None = None, trials: int = 2) -> CheckResult:
-    """Run both models on the same fresh random inputs (``trials`` draws) and compare every output bitwise."""
-    if runtime is None:
-        runtime = "onnx.reference" if uses_low_precision(original) or uses_low_precision(folded) else "onnxruntime"
+    """Run both models on the same inputs (typical values and every value class of each dtype, ``trials`` draws
+    each, control flow exercised) and compare every output bitwise. A draw the original model itself cannot run
+    (value-class ids out of an index range, ...) is skipped; if no draw runs, or no runtime runs the model,
+    ``CannotCheck`` says why."""
+    plan = _trials(original, seed, trials)
+    runtime = _pick_runtime(original, plan[0][1], runtime)
     names = [o.name for o in original.graph.output]
-    passed, worst, bad = True, 0.0, []
-    for trial in range(trials):
-        feeds = random_feeds(original, seed + trial)
-        outs_a = run_model(original, feeds, runtime)
-        outs_b = run_model(folded, feeds, runtime)
+    passed, worst, bad, ran = True, 0.0, [], 0
+    for kind, feeds in plan:
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                outs_a = run_model(original, feeds, runtime)
+        except Exception as exc:
+            if kind == "typical":
+                raise CannotCheck(f"could not check this model: {runtime} fails on typical inputs "
+                                  f"({_first_line(exc)}; {_culprit(original, str(exc))})") from exc
+            continue  # the original rejects these values (e.g. an index out of range): nothing to compare
+        ran += 1
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                outs_b = run_model(folded, feeds, runtime)
+        except Exception:  # the original ran and the folded model does not: that is a difference
+            passed = False
+            bad.extend(names)
+            worst = float("inf")
+            continue
         for name, a, b in zip(names, outs_a, outs_b, strict=True):
             d = compare_arrays(a, b)
             ok, diff = d.bitwise, d.max_abs_unequal
@@ -82,7 +183,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
                 passed = False
                 bad.append(name)
             worst = max(worst, diff)
-    return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)))
+    return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)), ran)
 
 
 def first_mismatch(outs_a: Sequence[np.ndarray], outs_b: Sequence[np.ndarray]) -> int | None:

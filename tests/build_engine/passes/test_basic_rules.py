@@ -86,7 +86,7 @@ def test_f64_f32_f16_double_rounding_not_collapsed(kit, folded) -> None:
     assert kit.ops(out) == ["Cast", "Cast"] and not rep["rules"]
 
 
-@pytest.mark.parametrize(("t", "u", "v"), [(F16, F, I8), (F, F64, F16), (I8, I32, F16), (B, F, I64),
+@pytest.mark.parametrize(("t", "u", "v"), [(F16, F, F64), (F, F64, F16), (I8, I32, F16), (B, F, I64),
                                            (F16, F, BF16), (T.UINT8, I32, B)])
 def test_chain_collapsed_when_middle_embeds_source(kit, folded, t: int, u: int, v: int) -> None:
     m = kit.make_model([cast("x", "a", u), cast("a", "y", v)], [("x", t, [16])], [("y", v, [16])])

@@ -22,7 +22,7 @@ assert _spec is not None and _spec.loader is not None
 _prop = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_prop)
 
-_EXAMPLES = int(os.environ.get("FOLD_PROP_EXAMPLES", "1000")) // 3
+_EXAMPLES = int(os.environ.get("FOLD_PROP_EXAMPLES", "300")) // 3
 
 
 def _renamed(graph: onnx.GraphProto, prefix: str, keep: set[str]) -> list[onnx.NodeProto]:
@@ -41,14 +41,18 @@ def _renamed(graph: onnx.GraphProto, prefix: str, keep: set[str]) -> list[onnx.N
     return out
 
 
-def wrap_in_if(model: onnx.ModelProto) -> onnx.ModelProto:
+def wrap_in_if(model: onnx.ModelProto, same_names: bool = False) -> onnx.ModelProto:
+    """The graph as both branches of an If; with ``same_names`` both branches use the same local names (and types),
+    which ONNX allows for sibling scopes."""
     g = model.graph
     keep = {i.name for i in g.input} | {t.name for t in g.initializer}
     branches = []
-    for prefix in ("t_", "e_"):
+    for prefix in (("b_", "b_") if same_names else ("t_", "e_")):
         outs = [h.make_tensor_value_info(prefix + o.name, o.type.tensor_type.elem_type,
                                          [d.dim_value for d in o.type.tensor_type.shape.dim]) for o in g.output]
         branches.append(h.make_graph(_renamed(g, prefix, keep), prefix + "branch", [], outs))
+    if same_names:
+        branches[1].name = "else_branch"
     node = h.make_node("If", ["flag"], [o.name for o in g.output], then_branch=branches[0], else_branch=branches[1])
     graph = h.make_graph([node], "wrapped", [*g.input, h.make_tensor_value_info("flag", T.BOOL, [])], list(g.output),
                          initializer=list(g.initializer))
@@ -90,6 +94,14 @@ _SETTINGS = settings(max_examples=_EXAMPLES, deadline=None,
 @given(_prop.graphs(), st.integers(0, 2**31 - 1))
 def test_fold_inside_if_branches(kit, model: onnx.ModelProto, seed: int) -> None:
     _check(kit, wrap_in_if(model), seed)
+
+
+@_SETTINGS
+@given(_prop.graphs(), st.integers(0, 2**31 - 1))
+def test_fold_inside_if_branches_that_reuse_names(kit, model: onnx.ModelProto, seed: int) -> None:
+    """Both branches define the same names with the same types, and the main graph keeps its own values: each
+    branch's view resolves only its own locals (a shared name table would mix the two branches' producers)."""
+    _check(kit, wrap_in_if(model, same_names=True), seed)
 
 
 @_SETTINGS

@@ -1,0 +1,135 @@
+"""Evaluate a constant expression feeding a Cast (with ``onnx.reference``), so that the Cast folds too."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from . import dtypes as dt
+from .base import GraphPass
+from .const_cast import SMALL_CONSTANT
+from .exact_cast import exact_cast
+from .ir import GraphCtx, Node
+
+#: Ops whose result is specified bit for bit (IEEE-754 correctly rounded elementwise arithmetic in the tensor's own
+#: type, integer arithmetic, comparisons, logic, shape and data movement), so the value onnx.reference computes is
+#: the value every runtime computes. Transcendentals (Exp, Sin, Pow, ...), reductions over floats (order-dependent)
+#: and integer Div/Mod (rounding conventions) are not in it.
+EXACT_OPS = frozenset({
+    "Add", "Sub", "Mul", "Neg", "Abs", "Min", "Max", "Floor", "Ceil", "Sqrt", "Div",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where",
+    "Shape", "Size", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Slice", "Gather",
+    "Expand", "Tile", "Identity", "ConstantOfShape", "Range", "Cast",
+})
+_FLOAT_ONLY = frozenset({"Div", "Sqrt"})
+_INT_ONLY = frozenset({"Range"})
+_MAX_CONE = 64
+
+
+class FoldConstantExpression(GraphPass):
+    """``y = Cast(f(c1, c2, ...))`` where every leaf ``c_i`` is a constant (an initializer that is not a graph input,
+    or a Constant node) and every op of ``f`` is in ``EXACT_OPS``: the producer of ``f``'s result is replaced by a
+    Constant holding the value ``onnx.reference`` computes for it, and ``constant_cast`` then folds the Cast (the
+    rest of ``f`` dies when nothing else reads it).
+
+    Must not fire when:
+    - a leaf is a graph input, an outer-scope value, or anything not constant; an op is outside ``EXACT_OPS``, of a
+      custom domain, has subgraphs, or is a Div/Sqrt on a non-float type, a Range on a non-integer type, a Cast
+      that is not ``dtypes.cast_defined`` (results onnx.reference alone would decide);
+    - the expression has more than 64 nodes, or its value more than ``SMALL_CONSTANT`` elements (bounded model
+      growth when the expression's parts stay alive for other readers);
+    - the Cast of the value would not fold (``exact_cast`` refuses: out-of-range float->int, ...): nothing is gained;
+    - onnx.reference cannot evaluate it.
+    """
+
+    name = "constant_expression"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        count = 0
+        for c in ctx.casts():
+            src = c.inputs[0]
+            p = ctx.producer.get(src)
+            if (p is None or not p.alive or p.op == "Constant" or len(p.outputs) != 1 or c.to is None
+                    or ctx.constant_tensor(src) is not None):
+                continue
+            cone = _cone(ctx, p)
+            if cone is None:
+                continue
+            value = _evaluate(ctx, cone, src)
+            if value is None or value.size > SMALL_CONSTANT:
+                continue
+            t = ctx.type_of(src) or helper.np_dtype_to_tensor_dtype(value.dtype)
+            if exact_cast(value, t, c.to) is None:
+                continue
+            tensor = numpy_helper.from_array(value, name=src)
+            tensor.data_type = t
+            ctx.replace_node(p, helper.make_node("Constant", [], [src], value=tensor, name=p.proto.name))
+            ctx.types[src] = t
+            ctx.rules["constant_expression"] += 1
+            count += 1
+        return count
+
+
+def _exact_here(ctx: GraphCtx, n: Node) -> bool:
+    if not n.onnx_op or n.op not in EXACT_OPS or n.free or not n.alive or n.op == "Constant":
+        return n.op == "Constant" and n.onnx_op
+    t = ctx.type_of(n.inputs[0]) if n.inputs and n.inputs[0] else 0
+    if n.op in _FLOAT_ONLY and t not in dt.FLOATS:
+        return False
+    if n.op in _INT_ONLY and t not in dt.INTS:
+        return False
+    return n.op != "Cast" or (n.to is not None and dt.cast_defined(t, n.to))
+
+
+def _cone(ctx: GraphCtx, root: Node) -> list[Node] | None:
+    """The nodes computing ``root`` from constants only, in topological order; None when it is not such a cone."""
+    seen: dict[int, Node] = {}
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        if not _exact_here(ctx, n) or len(seen) >= _MAX_CONE:
+            return None
+        seen[id(n)] = n
+        for i in n.inputs:
+            if not i or ctx.constant_tensor(i) is not None:
+                continue
+            p = ctx.producer.get(i)
+            if p is None or i in ctx.inputs:
+                return None
+            stack.append(p)
+    return sorted(seen.values(), key=ctx.position)
+
+
+def _evaluate(ctx: GraphCtx, cone: list[Node], out: str) -> np.ndarray | None:
+    from onnx.reference import ReferenceEvaluator
+
+    inits: dict[str, TensorProto] = {}
+    nodes = []
+    for n in cone:
+        p = onnx.NodeProto()
+        p.CopyFrom(n.proto)
+        del p.input[:]
+        p.input.extend(n.inputs)
+        del p.output[:]
+        p.output.extend(n.outputs)
+        nodes.append(p)
+        for i in n.inputs:
+            t = ctx.constant_tensor(i) if i and i not in inits else None
+            if t is not None:
+                leaf = TensorProto()
+                leaf.CopyFrom(t)
+                leaf.name = i
+                inits[i] = leaf
+    g = helper.make_graph(nodes, "constant_expression", [], [helper.make_value_info(out, onnx.TypeProto())],
+                          initializer=list(inits.values()))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ctx.opset)])
+    m.ir_version = 8
+    try:
+        with np.errstate(all="ignore"):
+            (value,) = ReferenceEvaluator(m).run(None, {})
+    except Exception:  # onnx.reference cannot evaluate it: leave it to the runtime
+        return None
+    return np.asarray(value)

@@ -1,0 +1,112 @@
+"""Inputs for ``fold --check``: every value class of each dtype, and control flow that runs the bodies.
+
+An exactness check is only as good as its inputs. Beside typical values (``inputs.random_feeds``: small
+integers that index validly, normal floats), ``extreme_inputs`` fills every input with all the value classes its
+dtype has, shuffled: for floats +-0.0, +-inf, NaN, the largest and smallest finite values, the smallest normal and
+subnormal values of both signs, halves (rounding ties) and wide-range random values; for integers the minimum, the
+maximum, 0, +-1 and random values over the whole range (so out-of-range narrowing and float conversions are hit);
+for bool both values. ``control_pins`` finds graph inputs that decide control flow: a Loop's trip count and
+condition are pinned so the body runs (trip count 3, condition true), and each If condition is tried both ways, so
+a body the fold changed is executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper
+
+_PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
+
+
+def _float_classes(d: np.dtype) -> np.ndarray:
+    f = np.finfo(d) if d.kind == "f" else None
+    if f is None:  # ml_dtypes types: finfo lives in ml_dtypes
+        import ml_dtypes
+
+        f = ml_dtypes.finfo(d)
+    vals = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5, 2.5, -1.5, float(f.max), float(f.min),
+            float(f.tiny), -float(f.tiny), float(f.smallest_subnormal), -float(f.smallest_subnormal),
+            65504.0, 65520.0, 2.0**31, -2.0**31 - 1, 2.0**32, 2.0**63, 1e-30]
+    with np.errstate(all="ignore"):
+        return np.array(vals, np.float64).astype(d)
+
+
+def _int_classes(d: np.dtype) -> np.ndarray:
+    i = np.iinfo(d)
+    vals = {int(i.min), int(i.max), 0, 1, int(i.max) - 1, 127, 128, 255, 256, 32767, 32768, 65535, 2**31 - 1, 2**31}
+    if i.min < 0:
+        vals |= {-1, int(i.min) + 1, -128, -129, -32769}
+    return np.array(sorted(v for v in vals if i.min <= v <= i.max), dtype=object).astype(d)
+
+
+def _fill(classes: np.ndarray, shape: list[int], rng: np.random.Generator, wide: np.ndarray) -> np.ndarray:
+    n = int(np.prod(shape)) if shape else 1
+    pool = np.concatenate([classes, wide])
+    picked = pool[rng.permutation(max(n, len(pool)))[:n] % len(pool)] if n else pool[:0]
+    return picked.reshape(shape)
+
+
+def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -> dict[str, np.ndarray]:
+    """Every value class of each input's dtype (see module doc), with the shapes of a typical feed."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        if vi.name not in shapes:
+            continue
+        t = vi.type.tensor_type.elem_type
+        d = np.dtype(helper.tensor_dtype_to_np_dtype(t))
+        shape = shapes[vi.name]
+        if t == TensorProto.BOOL:
+            feeds[vi.name] = rng.random(shape) < 0.5
+        elif d.kind in "iu":
+            i = np.iinfo(d)
+            wide = rng.integers(int(i.min), int(i.max), size=16, dtype=d, endpoint=True)
+            feeds[vi.name] = _fill(_int_classes(d), shape, rng, wide)
+        elif t in (TensorProto.STRING,) or d.kind in "cOUS":
+            continue
+        else:
+            with np.errstate(all="ignore"):
+                wide = (rng.standard_normal(16) * 10.0 ** rng.integers(-8, 9, size=16)).astype(d)
+            feeds[vi.name] = _fill(_float_classes(d), shape, rng, wide)
+    return feeds
+
+
+def _sources(model: ModelProto, name: str) -> Iterator[str]:
+    """``name`` and the graph values it is computed from through Identity/Cast/(Un)Squeeze/Reshape."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    cur = name
+    for _ in range(16):
+        yield cur
+        p = producers.get(cur)
+        if p is None or p.op_type not in _PASS or not p.input:
+            return
+        cur = p.input[0]
+
+
+def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
+    """({graph input: value that makes a Loop run its body}, [graph inputs that decide an If])."""
+    inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
+    pins: dict[str, object] = {}
+    branches: list[str] = []
+    for n in model.graph.node:
+        if n.op_type == "Loop":
+            for k, value in ((0, 3), (1, True)):
+                if len(n.input) > k and n.input[k]:
+                    for s in _sources(model, n.input[k]):
+                        if s in inputs:
+                            pins[s] = value
+        elif n.op_type == "If" and n.input:
+            branches += [s for s in _sources(model, n.input[0]) if s in inputs and s not in branches]
+    return pins, branches
+
+
+def pinned(feeds: dict[str, np.ndarray], pins: dict[str, object], branch_inputs: list[str],
+           branch_value: bool) -> dict[str, np.ndarray]:
+    """``feeds`` with Loop inputs pinned and If conditions set to ``branch_value`` (cast to each input's dtype)."""
+    out = dict(feeds)
+    for name, value in [*pins.items(), *((b, branch_value) for b in branch_inputs)]:
+        if name in out:
+            out[name] = np.full(out[name].shape, value).astype(out[name].dtype)
+    return out

@@ -1,0 +1,138 @@
+"""``fold --check`` always gives a verdict: onnx.reference, onnxruntime where onnx.reference cannot run the model,
+or exit 2 naming the op; inputs reach every value class; Loop/If bodies that changed are executed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from trtforge.build_engine.passes import fold
+from trtforge.build_engine.passes.base import GraphPass
+from trtforge.build_engine.passes.ir import GraphCtx
+from trtforge.build_engine.verify.bitwise import CannotCheck, check_equivalent
+from trtforge.build_engine.verify.fold_feeds import extreme_inputs
+from trtforge_testing import assert_one_line_error
+
+
+def _model(nodes, inputs, outputs, inits=(), opsets=(("", 17),)) -> onnx.ModelProto:
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info(*i) for i in inputs],
+                     [h.make_tensor_value_info(*o) for o in outputs], initializer=list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid(d, v) for d, v in opsets])
+    m.ir_version = 8
+    return m
+
+
+def _minilm_like_fp16_with_contrib_ops() -> onnx.ModelProto:
+    """An fp16 encoder block as onnxruntime's transformer optimizer leaves it (com.microsoft SkipLayerNormalization
+    and FastGelu, which onnx.reference does not implement), with autocast-style Cast round trips around it."""
+    rng = np.random.default_rng(0)
+    hid = 8
+    w = nh.from_array((rng.standard_normal((hid, hid)) * 0.3).astype(np.float16), "w")
+    gamma = nh.from_array(np.ones(hid, np.float16), "gamma")
+    beta = nh.from_array(np.zeros(hid, np.float16), "beta")
+    nodes = [h.make_node("Cast", ["x"], ["x32"], to=T.FLOAT), h.make_node("Cast", ["x32"], ["x16"], to=T.FLOAT16),
+             h.make_node("MatMul", ["x16", "w"], ["mm"]), h.make_node("Identity", ["mm"], ["mmi"]),
+             h.make_node("SkipLayerNormalization", ["mmi", "x16", "gamma", "beta"], ["ln"], domain="com.microsoft",
+                         epsilon=1e-5),
+             h.make_node("FastGelu", ["ln"], ["g"], domain="com.microsoft"),
+             h.make_node("Cast", ["g"], ["g32"], to=T.FLOAT), h.make_node("Cast", ["g32"], ["y"], to=T.FLOAT16)]
+    return _model(nodes, [("x", T.FLOAT16, ["batch", 4, hid])], [("y", T.FLOAT16, ["batch", 4, hid])],
+                  [w, gamma, beta], (("", 17), ("com.microsoft", 1)))
+
+
+def test_onnxruntime_judges_where_onnx_reference_cannot_run_the_model() -> None:
+    m = _minilm_like_fp16_with_contrib_ops()
+    res = fold(m)
+    assert res.report["removed"] == {"Cast": 2, "Identity": 1}  # fp16->fp32->fp16 round trip: exact
+    chk = check_equivalent(m, res.model)
+    assert chk.passed and chk.runtime == "onnxruntime" and chk.runs >= 4
+
+
+def test_no_runtime_runs_it_exit_2_naming_the_op(cli, tmp_path: Path) -> None:
+    nodes = [h.make_node("Identity", ["x"], ["xi"]), h.make_node("Mystery", ["xi"], ["y"], domain="acme")]
+    m = _model(nodes, [("x", T.FLOAT, [3])], [("y", T.FLOAT, [3])], opsets=(("", 17), ("acme", 1)))
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--check")
+    assert_one_line_error(res, 2, "could not check this model", "op Mystery")
+    assert not out.exists()
+    with pytest.raises(CannotCheck):
+        check_equivalent(m, fold(m).model)
+
+
+def test_value_classes_cover_specials_and_extremes() -> None:
+    m = _model([h.make_node("Identity", ["f"], ["y"]), h.make_node("Identity", ["i"], ["z"])],
+               [("f", T.FLOAT16, [64]), ("i", T.UINT32, [64])], [("y", T.FLOAT16, [64]), ("z", T.UINT32, [64])])
+    feeds = extreme_inputs(m, {"f": [64], "i": [64]}, seed=1)
+    f = feeds["f"].astype(np.float64)
+    assert np.isnan(f).any() and np.isposinf(f).any() and np.isneginf(f).any()
+    assert (np.signbit(f) & (f == 0)).any() and ((f != 0) & (np.abs(f) < 2.0**-14)).any()
+    assert feeds["i"].max() == 2**32 - 1 and feeds["i"].min() == 0 and (feeds["i"] >= 2**31).any()
+
+
+class _CollapseAnyChain(GraphPass):
+    """Deliberately wrong: collapses every Cast chain, uint32 -> double -> int32 included."""
+
+    name = "collapse_any"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        n = 0
+        for c in ctx.nodes:
+            src = ctx.source(c.inputs[0]) if c.alive and c.op == "Cast" and c.inputs else None
+            if src is not None and src.op == "Cast" and src.inputs[0] != c.inputs[0]:
+                ctx.set_input(c, 0, src.inputs[0])
+                n += 1
+        return n
+
+
+def test_out_of_range_integers_are_drawn() -> None:
+    """The uint32 -> double -> int32 collapse differs only for inputs >= 2**31: --check now sees it."""
+    m = _model([h.make_node("Cast", ["x"], ["d"], to=T.DOUBLE), h.make_node("Cast", ["d"], ["y"], to=T.INT32)],
+               [("x", T.UINT32, [16])], [("y", T.INT32, [16])])
+    bad = fold(m, passes=[_CollapseAnyChain()], validate=False).model
+    assert not check_equivalent(m, bad).passed
+
+
+def _loop_model(body_cast_to: int) -> onnx.ModelProto:
+    body = h.make_graph(
+        [h.make_node("Cast", ["acc"], ["lo"], to=body_cast_to), h.make_node("Cast", ["lo"], ["acc2"], to=T.FLOAT),
+         h.make_node("Add", ["acc2", "x"], ["acc_out"]), h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
+         h.make_tensor_value_info("acc", T.FLOAT, [4])],
+        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("acc_out", T.FLOAT, [4])])
+    return _model([h.make_node("Loop", ["n", "", "x"], ["y"], body=body)],
+                  [("x", T.FLOAT, [4]), ("n", T.INT64, [])], [("y", T.FLOAT, [4])])
+
+
+class _DropCastPairsInBodies(GraphPass):
+    name = "drop_in_bodies"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        n = 0
+        for c in ctx.nodes:
+            src = ctx.source(c.inputs[0]) if c.alive and c.op == "Cast" and c.inputs else None
+            if ctx.graph is not None and ctx.parent is not None and src is not None and src.op == "Cast":
+                n += ctx.bypass(c, src.inputs[0], "drop")
+        return n
+
+
+def test_loop_with_empty_condition_runs_its_body() -> None:
+    """A wrong fold inside a Loop body (fp16 round trip dropped) is caught: the trip count input is pinned > 0."""
+    m = _loop_model(T.FLOAT16)
+    bad = fold(m, passes=[_DropCastPairsInBodies()], validate=False).model
+    assert not check_equivalent(m, bad).passed
+    assert check_equivalent(m, fold(m).model).passed
+
+
+def test_help_says_what_fold_removes(cli) -> None:
+    res = cli("fold", "--help")
+    text = " ".join(res.out.split())
+    assert res.code == 0 and "nothing else" not in text
+    for words in ("Cast and Identity", "ANY op", "unread initializers", "per op type"):
+        assert words in text, words
