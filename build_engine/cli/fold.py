@@ -57,19 +57,38 @@ def _run(args: Any) -> int:
 
     check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
-    result = fold(loaded.model)
+    by_path = False
+    if args.check:
+        from ..verify.bitwise import check_equivalent, uses_low_precision
+
+        # A model with external data may be over 2 GiB, which protobuf cannot serialise for an in-memory session:
+        # onnxruntime then runs both models from their files (fp16/bf16 models are judged by onnx.reference, which
+        # runs them in memory and needs the original's weights).
+        by_path = loaded.external_data and not uses_low_precision(loaded.model)
+    # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
+    reference = onnx_io.weightless(loaded.model) if by_path else loaded.model
+    result = fold(loaded.model, inplace=by_path or not args.check)
     report = dict(result.report)
     report["input"] = str(args.input)
     report["output"] = str(args.output)
     passed = True
-    if args.check:
-        from ..verify.bitwise import check_equivalent
-
-        chk = check_equivalent(loaded.model, result.model, seed=args.seed)
-        report["check"] = chk.as_dict()
-        passed = chk.passed
-    if passed:
-        onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+    if by_path:
+        # The folded model is checked from a staged file and only then moved in place.
+        with onnx_io.staged_model(args.output) as staged:
+            onnx_io.save_model(result.model, staged, external_data=True)
+            chk = check_equivalent(reference, result.model, seed=args.seed, runtime="onnxruntime",
+                                   paths=(str(args.input), str(staged)))
+            report["check"] = chk.as_dict()
+            passed = chk.passed
+            if passed:
+                onnx_io.promote_model(staged, args.output)
+    else:
+        if args.check:
+            chk = check_equivalent(reference, result.model, seed=args.seed)
+            report["check"] = chk.as_dict()
+            passed = chk.passed
+        if passed:
+            onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
     if args.report:
         fsutil.write_json(args.report, report)
     _summary(report, args.output, passed)

@@ -18,6 +18,7 @@ and opsets, so it rejects what ``onnx.checker.check_model`` rejects.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -241,6 +242,19 @@ def without_initializers(model: ModelProto) -> ModelProto:
     return out
 
 
+def weightless(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> ModelProto:
+    """A copy of ``model`` whose main-graph initializers of at least ``min_elements`` elements keep every field but
+    their data (name, type, dims; no ``raw_data``): the graph's structure, as the original had it, for code that
+    reads only that (input planning, type checks) after the model itself is changed in place. Not a valid model."""
+    out = without_initializers(model)
+    for t in model.graph.initializer:
+        if _num_elements(t) < min_elements:
+            out.graph.initializer.append(t)
+        else:
+            _copy_fields(t, out.graph.initializer.add(), "raw_data")
+    return out
+
+
 def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> ModelProto:
     """A copy of ``model`` without its weights: each main-graph initializer of at least ``min_elements`` elements is
     replaced by a graph input of the same name, element type and shape (one already declared as a graph input just
@@ -290,6 +304,20 @@ _BITS = {getattr(TensorProto, name): bits for name, bits in (
 _TYPED_FIELDS = frozenset({"float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"})
 
 
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def _raw_data_len(tensor: TensorProto, without_raw: TensorProto) -> int:
+    """``len(tensor.raw_data)`` without reading it: ``without_raw`` is the same tensor without ``raw_data``, and the
+    field adds its tag (one byte: field 9, length-delimited), the length as a varint, and the bytes."""
+    extra = tensor.ByteSize() - without_raw.ByteSize() - 1
+    for k in range(1, 11):
+        if _varint_len(extra - k) == k:
+            return extra - k
+    raise AssertionError("inconsistent protobuf sizes")
+
+
 def _check_weight(tensor: TensorProto, ctx: Any) -> None:
     """``onnx.checker.check_tensor(tensor, ctx)`` without serialising the weight when it is plainly well formed.
 
@@ -299,14 +327,17 @@ def _check_weight(tensor: TensorProto, ctx: Any) -> None:
     fail, is checked by onnx itself on the real tensor, so the errors are onnx's own.
     """
     bits = _BITS.get(tensor.data_type)
-    # HasField/len, not ListFields: reading raw_data copies the weight out, so it is read once, for its length.
+    # HasField/len, not ListFields: reading raw_data copies the weight out (a 1 GB table makes a 1 GB bytes object),
+    # so its length is worked out from the encoded sizes instead (``_raw_data_len``).
     if (bits is None or not tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in _TYPED_FIELDS)
-            or tensor.data_location == TensorProto.EXTERNAL or any(d < 0 for d in tensor.dims)
-            or len(tensor.raw_data) * 8 < _num_elements(tensor) * bits):
+            or tensor.data_location == TensorProto.EXTERNAL or any(d < 0 for d in tensor.dims)):
         onnx.checker.check_tensor(tensor, ctx)
         return
     stub = TensorProto()
     _copy_fields(tensor, stub, "raw_data")
+    if _raw_data_len(tensor, stub) * 8 < _num_elements(tensor) * bits:
+        onnx.checker.check_tensor(tensor, ctx)
+        return
     del stub.dims[:]
     stub.dims.append(0)
     stub.raw_data = b""
@@ -315,6 +346,44 @@ def _check_weight(tensor: TensorProto, ctx: Any) -> None:
 
 def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ModelProto:
     return load(path, check=check).model
+
+
+_ALIGN = 4096  # data offsets aligned like onnx.save_model's, so onnxruntime can map the file
+
+
+def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_threshold: int = 1024) -> None:
+    """Write ``model`` to ``tmp_model`` with each main-graph initializer of at least ``size_threshold`` bytes of
+    ``raw_data`` in ``tmp_model``'s folder / ``data_name``, without copying the model: the weights are written one at
+    a time (a transient copy of one tensor, which reading a protobuf bytes field makes) and the model file is the
+    graph with data-free stand-ins pointing into the data file. ``model`` is not changed. Smaller and typed-field
+    tensors, and subgraph/attribute tensors, stay in the model file."""
+    out = without_initializers(model)
+    pos = 0
+    with open(tmp_model.parent / data_name, "wb") as fh:
+        for t in model.graph.initializer:
+            if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
+                out.graph.initializer.append(t)
+                continue
+            stub = TensorProto()
+            _copy_fields(t, stub, "raw_data")
+            length = _raw_data_len(t, stub)
+            if length < size_threshold:
+                out.graph.initializer.append(t)
+                continue
+            gap = (-pos) % _ALIGN
+            fh.write(b"\0" * gap)
+            pos += gap
+            fh.write(t.raw_data)
+            for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
+                e = stub.external_data.add()
+                e.key, e.value = key, value
+            stub.data_location = TensorProto.EXTERNAL
+            out.graph.initializer.append(stub)
+            pos += length
+    if pos == 0:
+        (tmp_model.parent / data_name).unlink()  # nothing went out: no empty data file beside the model
+    with open(tmp_model, "wb") as fh:
+        fh.write(out.SerializeToString())
 
 
 def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
@@ -332,12 +401,7 @@ def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data
         tmp_model = tmpdir / dest.name
         if external_data:
             data_name = f"{dest.name}.data"
-            m = ModelProto()
-            m.CopyFrom(model)
-            onnx.save_model(
-                m, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                location=data_name, size_threshold=1024,
-            )
+            _save_external(model, tmp_model, data_name)
             if (tmpdir / data_name).exists():
                 os.replace(tmpdir / data_name, parent / data_name)
         else:
@@ -347,3 +411,30 @@ def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data
         import shutil
 
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_model(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path with ``dest``'s file name in a hidden folder beside ``dest`` (same filesystem), removed on
+    exit. Save a model there (``save_model``), run it by path, then ``promote_model`` it onto ``dest``: so a model
+    over 2 GiB can be checked from its file before it replaces anything at ``dest``."""
+    import shutil
+
+    out = Path(dest)
+    parent = out.parent if str(out.parent) else Path(".")
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
+    try:
+        yield tmpdir / out.name
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def promote_model(staged: Path, dest: str | os.PathLike[str]) -> None:
+    """Move a model saved by ``save_model`` at a ``staged_model`` path onto ``dest`` by renames (no copy): its data
+    file first, then the model, as ``save_model`` itself commits."""
+    out = Path(dest)
+    parent = out.parent if str(out.parent) else Path(".")
+    data = staged.with_name(f"{staged.name}.data")
+    if data.exists():
+        os.replace(data, parent / data.name)
+    os.replace(staged, out)

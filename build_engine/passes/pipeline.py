@@ -172,28 +172,35 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
                               "please report it with the input model") from exc
 
 
-def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, validate: bool = True) -> FoldResult:
-    """Exact Cast/Identity folding (DESIGN section 4). Returns a new model; ``model`` is not mutated."""
+def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, validate: bool = True,
+         inplace: bool = False) -> FoldResult:
+    """Exact Cast/Identity folding (DESIGN section 4). Returns a new model; ``model`` is not mutated unless
+    ``inplace``: then ``model`` itself is folded and returned (no copy of the weights, for callers that do not use
+    the input again)."""
     t0 = time.perf_counter()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the pass view allocates ~10 small objects per node; cyclic GC would make that superlinear
     try:
-        return _fold(model, passes, validate, t0)
+        return _fold(model, passes, validate, t0, inplace)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool, t0: float) -> FoldResult:
-    work = ModelProto()
-    work.CopyFrom(model)
+def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool, t0: float,
+          inplace: bool) -> FoldResult:
+    if inplace:
+        work, original = model, onnx_io.skeleton(model)  # the original without its weights, for _validate
+    else:
+        work, original = ModelProto(), model
+        work.CopyFrom(model)
     before = op_histogram(work)
     pipeline = Pipeline(passes)
     pipeline.call(work, _infer_types(work))
     _drop_inferred(work.graph)
     _prune_value_info(work.graph)
     if validate:
-        _validate(work, model)
+        _validate(work, original)
     after = op_histogram(work)
     removed = {op: before[op] - after.get(op, 0) for op in sorted(before) if before[op] > after.get(op, 0)}
     added = {op: after[op] - before.get(op, 0) for op in sorted(after) if after[op] > before.get(op, 0)}

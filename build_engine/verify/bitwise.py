@@ -81,15 +81,18 @@ def _explicit_loop_conditions(model: ModelProto) -> ModelProto:
     return copy
 
 
-def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str) -> list[np.ndarray]:
+def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str,
+              path: str | None = None) -> list[np.ndarray]:
     """Every output of ``model`` on ``feeds``: ``onnx.reference``, or a deterministic onnxruntime session
-    (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread)."""
+    (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread). ``path``: the same model's
+    file, which onnxruntime then loads itself (with its external data), so a model over protobuf's 2 GiB limit is
+    never serialised in memory."""
     if runtime == "onnx.reference":
         from onnx.reference import ReferenceEvaluator
 
         model = _explicit_loop_conditions(model)
         return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
-    return [np.asarray(o) for o in make_session(model).run(None, dict(feeds))]
+    return [np.asarray(o) for o in make_session(path if path is not None else model).run(None, dict(feeds))]
 
 
 class CannotCheck(InputError):
@@ -108,7 +111,8 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
-def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferred: str | None) -> str:
+def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferred: str | None,
+                  path: str | None = None) -> str:
     """onnx.reference where it runs the original (it defines exactness); else onnxruntime with every graph
     optimization off, one thread, no pre-packing (same semantics: it evaluates the graph as written, and both models
     run in it); else ``CannotCheck``."""
@@ -118,7 +122,7 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                run_model(original, feeds, runtime)
+                run_model(original, feeds, runtime, path)
             return runtime
         except Exception as exc:  # a runtime that cannot run a model is not a verdict on the fold
             errors.append((runtime, exc))
@@ -147,20 +151,23 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
 
 
 def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
-                     runtime: str | None = None, trials: int = 2) -> CheckResult:
+                     runtime: str | None = None, trials: int = 2,
+                     paths: tuple[str, str] | None = None) -> CheckResult:
     """Run both models on the same inputs (typical values and every value class of each dtype, ``trials`` draws
     each, control flow exercised) and compare every output bitwise. A draw the original model itself cannot run
     (value-class ids out of an index range, ...) is skipped; if no draw runs, or no runtime runs the model,
-    ``CannotCheck`` says why."""
+    ``CannotCheck`` says why. ``paths``: the two models' files (original, folded), which onnxruntime then runs by
+    path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_io.weightless``)."""
+    path_a, path_b = paths if paths is not None else (None, None)
     plan = _trials(original, seed, trials)
-    runtime = _pick_runtime(original, plan[0][1], runtime)
+    runtime = _pick_runtime(original, plan[0][1], runtime, path_a)
     names = [o.name for o in original.graph.output]
     passed, worst, bad, ran = True, 0.0, [], 0
     for kind, feeds in plan:
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                outs_a = run_model(original, feeds, runtime)
+                outs_a = run_model(original, feeds, runtime, path_a)
         except Exception as exc:
             if kind == "typical":
                 raise CannotCheck(f"could not check this model: {runtime} fails on typical inputs "
@@ -170,7 +177,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                outs_b = run_model(folded, feeds, runtime)
+                outs_b = run_model(folded, feeds, runtime, path_b)
         except Exception:  # the original ran and the folded model does not: that is a difference
             passed = False
             bad.extend(names)
