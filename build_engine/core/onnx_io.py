@@ -45,6 +45,7 @@ class LoadedModel:
     model: ModelProto
     path: Path
     external_data: bool
+    data_files: tuple[Path, ...] = ()  # the external data files read (for the output-overwrites-input check)
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -78,13 +79,36 @@ def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
                     yield attr.t
 
 
-def _check_external(model: ModelProto, path: Path) -> bool:
+def external_locations(model: ModelProto) -> list[str]:
+    """The distinct external data ``location`` values of a model (relative to its folder), in first-use order."""
+    locs: dict[str, None] = {}
+    for tensor in _model_tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for e in tensor.external_data:
+                if e.key == "location" and e.value:
+                    locs[e.value] = None
+    return list(locs)
+
+
+def _int_field(info: dict[str, str], key: str, where: str) -> int | None:
+    text = info.get(key)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ModelError(f"{where} with {key} {text!r}, which is not a whole number; re-export the model") from None
+    if value < 0:
+        raise ModelError(f"{where} with negative {key} {value}; re-export the model")
+    return value
+
+
+def _check_external(model: ModelProto, path: Path) -> tuple[Path, ...]:
     base = path.parent.resolve()
-    found = False
+    found: dict[Path, None] = {}
     for tensor in _model_tensors(model):
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
-        found = True
         info = {e.key: e.value for e in tensor.external_data}
         loc = info.get("location", "")
         where = f"{path}: initializer {tensor.name!r} has external data location {loc!r}"
@@ -100,12 +124,13 @@ def _check_external(model: ModelProto, path: Path) -> bool:
             raise ModelError(f"{where} that resolves outside the model's folder; copy the data file beside the model")
         if not target.is_file():
             raise ModelError(f"{where} but that file is missing; copy {rel} beside {path.name}")
+        found[path.parent / rel] = None
         size = target.stat().st_size
-        offset = int(info.get("offset", 0) or 0)
-        length = int(info["length"]) if info.get("length") else None
+        offset = _int_field(info, "offset", where) or 0
+        length = _int_field(info, "length", where)
         if offset > size or (length is not None and offset + length > size):
             raise ModelError(f"{where} but the file is too short ({size} bytes); the data file is truncated")
-    return found
+    return tuple(found)
 
 
 def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = ()) -> None:
@@ -183,7 +208,8 @@ def load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None
         ) from exc
     if not model.opset_import or not model.HasField("graph") or model.ir_version <= 0:
         raise ModelError(f"{p}: not an ONNX model (no graph, IR version or opset); pass an .onnx file")
-    external = _check_external(model, p)
+    data_files = _check_external(model, p)
+    external = bool(data_files)
     if external:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
@@ -199,7 +225,7 @@ def load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None
         except onnx.checker.ValidationError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
             raise ModelError(f"{p}: onnx.checker rejects the model ({first}); fix the export") from exc
-    return LoadedModel(model=model, path=p, external_data=external)
+    return LoadedModel(model=model, path=p, external_data=external, data_files=data_files)
 
 
 def _num_elements(tensor: TensorProto) -> int:

@@ -134,11 +134,13 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
     # worker's exception is re-raised where its result is collected, inside atomic_dir, so a failure still leaves
     # nothing behind; leaving the ``with`` waits for every worker before OUTDIR appears or the temporary is removed.
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtforge-build") as io_pool:
-        # The hash is of the bytes that are built, not of a second read of the file.
-        source_sha = timings.submit(io_pool, "hash_source", _sha256, data)
+        # The hash is of the bytes that are built, not of a second read of the file; then of every external data
+        # file the model names (streamed, while conversion and TensorRT's build run), so changed weights show.
+        head = timings.submit(io_pool, "hash_source", _hash_bytes, data)
         with _Timer(timings, "load"):
             loaded = onnx_io.load(onnx_path, data=data)
             del data  # parsed; the hashing worker holds its own reference until it is done
+            source_sha = timings.submit(io_pool, "hash_weights", _hash_files, head, loaded.data_files)
             plans = plan_shapes(loaded.model, prof, str(onnx_path))
         staged = _convert(onnx_path, loaded, prof, timings)
         with _Timer(timings, "release"):
@@ -151,6 +153,21 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
 
 def _sha256(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _hash_bytes(data: bytes) -> Any:
+    return hashlib.sha256(data)
+
+
+def _hash_files(head: Future[Any], files: tuple[Path, ...]) -> str:
+    """The manifest's ``onnx_sha256``: sha256 over the model file's bytes, then each external data file's bytes in
+    the order the model first names them (streamed in 4 MiB reads). Without external data: the model file's sha256."""
+    h = head.result()
+    for path in files:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return str(h.hexdigest())
 
 
 def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, timings: BuildTimings) -> _Staged:
