@@ -27,15 +27,20 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}; see '{self.prog} --help'")
 
 
+_PROGRESS_HELP = "show each step with its time on stderr even when stderr is not a terminal (on a terminal it is shown)"
+
+
 def make_parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--progress", action="store_true", help=_PROGRESS_HELP)
     return parser
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
-    """For sub-parsers (e.g. ``trtforge lora inject``), which need their own ``--debug``."""
+    """For sub-parsers (e.g. ``trtforge lora inject``), which need their own ``--debug`` (and ``--progress``)."""
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--progress", action="store_true", help=_PROGRESS_HELP)
 
 
 def fail(message: str) -> NoReturn:
@@ -51,6 +56,12 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
+        from ..core import steps
+
+        # Steps (load, convert, fold, check, save...) show on stderr on a terminal or with --progress; --no-progress
+        # (build) turns them off with TensorRT's bars.
+        steps.start(steps.should_show(bool(getattr(args, "progress", False)))
+                    and not getattr(args, "no_progress", False))
         return int(handler(args) or 0)
     except TrtforgeError as exc:
         if debug:

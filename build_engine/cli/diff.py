@@ -66,7 +66,9 @@ def _run(args: Namespace) -> int:
         saved = save_results(result, args.save)
         console.print("saved " + ", ".join(str(p) for p in saved))
     check(result)
-    console.print("[green]outputs match[/green]")
+    from ..core import steps
+
+    console.print(f"[green]outputs match[/green] ({steps.elapsed():.2f} s in all: load, run, compare)")
     return 0
 
 

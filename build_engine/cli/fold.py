@@ -40,8 +40,11 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
     console = stdout_console()
     removed = ", ".join(f"{op} {n}" for op, n in report["removed"].items()) or "nothing"
     rules = ", ".join(f"{r} {n}" for r, n in report["rules"].items()) or "none fired"
+    from ..core import steps
+
     console.print(f"[bold]{output}[/bold]: {report['nodes_before']} -> {report['nodes_after']} nodes "
-                  f"in {report['seconds']:.3f} s" + ("" if written else " [red](not written)[/red]"))
+                  f"in {steps.elapsed():.2f} s (load, fold{', check' if 'check' in report else ''} and save; the "
+                  f"fold pass {report['seconds']:.3f} s)" + ("" if written else " [red](not written)[/red]"))
     console.print(f"  removed: {removed}")
     console.print(f"  rules:   {rules}")
     check = report.get("check")
@@ -54,29 +57,30 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
 def _run(args: Any) -> int:
     from ..core import fsutil, onnx_io
     from ..passes import fold
+    from ..verify.bitwise import check_equivalent, uses_low_precision
 
     check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
-    by_path = False
-    if args.check:
-        from ..verify.bitwise import check_equivalent, uses_low_precision
-
-        # A model with external data may be over 2 GiB, which protobuf cannot serialise for an in-memory session:
-        # onnxruntime then runs both models from their files (fp16/bf16 models are judged by onnx.reference, which
-        # runs them in memory and needs the original's weights).
-        by_path = loaded.external_data and not uses_low_precision(loaded.model)
+    model, external = loaded.model, loaded.external_data
+    del loaded
+    # A model with external data may be over 2 GiB, which protobuf cannot serialise for an in-memory session:
+    # onnxruntime then runs both models from their files (fp16/bf16 models are judged by onnx.reference, which runs
+    # them in memory and needs the original's weights).
+    by_path = bool(args.check and external and not uses_low_precision(model))
     # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
-    reference = onnx_io.weightless(loaded.model) if by_path else loaded.model
-    result = fold(loaded.model, inplace=by_path or not args.check)
-    report = dict(result.report)
-    report["input"] = str(args.input)
-    report["output"] = str(args.output)
+    reference = onnx_io.weightless(model) if by_path else model
+    result = fold(model, inplace=by_path or not args.check)
+    folded, report = result.model, dict(result.report, input=str(args.input), output=str(args.output))
+    del result, model
     passed = True
     if by_path:
-        # The folded model is checked from a staged file and only then moved in place.
+        # The folded model is checked from a staged file and only then moved in place. Its weights are dropped
+        # before onnxruntime loads both files, so they are not held twice.
         with onnx_io.staged_model(args.output) as staged:
-            onnx_io.save_model(result.model, staged, external_data=True)
-            chk = check_equivalent(reference, result.model, seed=args.seed, runtime="onnxruntime",
+            onnx_io.save_model(folded, staged, external_data=True)
+            folded_view = onnx_io.weightless(folded)
+            del folded
+            chk = check_equivalent(reference, folded_view, seed=args.seed, runtime="onnxruntime",
                                    paths=(str(args.input), str(staged)))
             report["check"] = chk.as_dict()
             passed = chk.passed
@@ -84,11 +88,11 @@ def _run(args: Any) -> int:
                 onnx_io.promote_model(staged, args.output)
     else:
         if args.check:
-            chk = check_equivalent(reference, result.model, seed=args.seed)
+            chk = check_equivalent(reference, folded, seed=args.seed)
             report["check"] = chk.as_dict()
             passed = chk.passed
         if passed:
-            onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+            onnx_io.save_model(folded, args.output, external_data=external or None)
     if args.report:
         fsutil.write_json(args.report, report)
     _summary(report, args.output, passed)

@@ -194,6 +194,14 @@ def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
 
 
 def load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None) -> LoadedModel:
+    """Load and validate an ONNX model (see ``_load``), shown as the step "load"."""
+    from . import steps
+
+    with steps.step(f"load {Path(path).name}"):
+        return _load(path, check=check, data=data)
+
+
+def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None) -> LoadedModel:
     """Load and validate an ONNX model (see module docstring for what is refused). ``data``: the file's bytes from
     ``read_model_bytes(path)`` when the caller already has them (the builder hashes the same bytes it builds)."""
     p = Path(path)
@@ -413,6 +421,14 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
 
 
 def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+    """``_save_model``, shown as the step "save"."""
+    from . import steps
+
+    with steps.step(f"save {Path(path).name}"):
+        _save_model(model, path, external_data=external_data)
+
+
+def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
     """Atomically save ``model`` to ``path``; external data goes to ``<name>.data`` beside it."""
     dest = Path(path)
     parent = dest.parent if str(dest.parent) else Path(".")
@@ -464,3 +480,128 @@ def promote_model(staged: Path, dest: str | os.PathLike[str]) -> None:
     if data.exists():
         os.replace(data, parent / data.name)
     os.replace(staged, out)
+
+
+def load_structure(path: str | os.PathLike[str]) -> LoadedModel:
+    """The model at ``path`` with its external data left on disk (tensors keep their ``location``/``offset``
+    entries; nothing is read): for commands that change the graph but not the weights (``lora inject``,
+    ``lora decompose``, ``diff``'s planning). The external references are checked as ``load`` checks them (inside
+    the model's folder, present, long enough) and the graph's structure (dangling inputs, cycles) is checked; onnx's
+    checker is not run (it would need the weights). Save the result with ``save_with_source_data``."""
+    from . import steps
+
+    p = Path(path)
+    with steps.step(f"load {p.name} (graph only)"):
+        model = ModelProto()
+        try:
+            model.ParseFromString(read_model_bytes(p))
+        except Exception as exc:
+            raise ModelError(f"{p}: not a valid ONNX model (protobuf parse failed: the file is truncated or not "
+                             "ONNX); re-export it") from exc
+        if not model.opset_import or not model.HasField("graph") or model.ir_version <= 0:
+            raise ModelError(f"{p}: not an ONNX model (no graph, IR version or opset); pass an .onnx file")
+        data_files = _check_external(model, p)
+        check_graph_structure(model.graph, str(p))
+    return LoadedModel(model=model, path=p, external_data=bool(data_files), data_files=data_files)
+
+
+def _copy_range(src: Path, dst: Any) -> int:
+    """Append file ``src`` to the open file ``dst`` (kernel copy where Linux offers it); returns its size."""
+    import shutil
+
+    size = src.stat().st_size
+    with open(src, "rb") as fs:
+        if hasattr(os, "copy_file_range"):
+            left = size
+            while left:
+                n = os.copy_file_range(fs.fileno(), dst.fileno(), min(left, 1 << 30))
+                if n == 0:
+                    break
+                left -= n
+            if left == 0:
+                return size
+            fs.seek(size - left)
+        shutil.copyfileobj(fs, dst, 1 << 24)
+    return size
+
+
+def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLike[str]) -> None:
+    """Atomically save a model loaded by ``load_structure(source)`` to ``path``: its data file ``<name>.data`` is a
+    byte copy of every external data file the model names (each at a 4 KiB boundary; one streamed copy, never in
+    memory), and each external tensor keeps its offset, shifted by where its file landed. Tensors held in memory
+    (new ones) are written after, as ``save_model`` would. The input model and its data are not touched."""
+    from . import steps
+
+    dest = Path(path)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{dest}: folder {parent} does not exist; create it first or choose another output path")
+    data_name = f"{dest.name}.data"
+    with steps.step(f"save {dest.name} (copying the weights)"), staged_model(dest) as staged:
+        out = without_initializers(model)
+        base: dict[str, int] = {}
+        pos = 0
+        with open(staged.with_name(data_name), "wb") as fh:
+            for loc in dict.fromkeys(e.value for t in model.graph.initializer for e in t.external_data
+                                     if e.key == "location" and t.data_location == TensorProto.EXTERNAL):
+                gap = (-pos) % _ALIGN
+                fh.write(b"\0" * gap)
+                pos += gap
+                base[loc] = pos
+                pos += _copy_range(source.parent / loc, fh)
+            gap = (-pos) % _ALIGN
+            fh.write(b"\0" * gap)
+        for t in model.graph.initializer:
+            if t.data_location != TensorProto.EXTERNAL:
+                out.graph.initializer.append(t)
+                continue
+            moved = out.graph.initializer.add()
+            moved.CopyFrom(t)  # no data: an external tensor holds only its entries
+            info = {e.key: e.value for e in t.external_data}
+            info["location"] = data_name
+            info["offset"] = str(base[_location(t)] + int(info.get("offset") or 0))
+            del moved.external_data[:]
+            for key, value in info.items():
+                e = moved.external_data.add()
+                e.key, e.value = key, value
+        _append_raw(out, staged, data_name)
+        os.chmod(staged.with_name(data_name), 0o666 & ~_umask())
+        promote_model(staged, dest)
+
+
+def _location(t: TensorProto) -> str:
+    return next(e.value for e in t.external_data if e.key == "location")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _append_raw(out: ModelProto, staged: Path, data_name: str, size_threshold: int = 1024) -> None:
+    """Move ``out``'s in-memory initializers of at least ``size_threshold`` bytes to the end of the data file, then
+    write the model file."""
+    data = staged.with_name(data_name)
+    pos = data.stat().st_size
+    with open(data, "ab") as fh:
+        for t in out.graph.initializer:
+            if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
+                continue
+            stub = TensorProto()
+            _copy_fields(t, stub, "raw_data")
+            length = _raw_data_len(t, stub)
+            if length < size_threshold:
+                continue
+            gap = (-pos) % _ALIGN
+            fh.write(b"\0" * gap)
+            pos += gap
+            fh.write(t.raw_data)
+            t.ClearField("raw_data")
+            for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
+                e = t.external_data.add()
+                e.key, e.value = key, value
+            t.data_location = TensorProto.EXTERNAL
+            pos += length
+    with open(staged, "wb") as fh:
+        fh.write(out.SerializeToString())

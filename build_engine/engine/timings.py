@@ -73,7 +73,15 @@ class _Timer:
         self.timings, self.name = timings, name
 
     def __enter__(self) -> None:
+        from ..core import steps
+
+        # TensorRT's build has its own progress bars (one live display at a time); every other step gets a spinner.
+        self._step = None if self.name == "build" else steps.step(self.name)
+        if self._step is not None:
+            self._step.__enter__()
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         self.timings.add(self.name, time.perf_counter() - self.start)
+        if self._step is not None:
+            self._step.__exit__(None, None, None)

@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 from onnx import GraphProto, ModelProto
 
-from ..core import onnx_io
+from ..core import onnx_io, steps
 from ..core.errors import CheckFailed
 from ..core.graph import PROTO_LIMIT, all_graphs, infer_shapes, may_have_subgraphs, subgraphs
 from .base import GraphPass, PassResult
@@ -172,6 +172,7 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
                               "please report it with the input model") from exc
 
 
+@steps.timed("fold")
 def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, validate: bool = True,
          inplace: bool = False) -> FoldResult:
     """Exact Cast/Identity folding (DESIGN section 4). Returns a new model; ``model`` is not mutated unless

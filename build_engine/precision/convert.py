@@ -30,7 +30,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from trtforge.plugins import is_plugin_node
 from trtforge.plugins.lora import precision as precision_plugins
 
-from ..core import onnx_io
+from ..core import onnx_io, steps
 from ..core.errors import InputError, ModelError
 from ..core.graph import infer_shapes
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
@@ -138,6 +138,7 @@ class _Namer:
         return name
 
 
+@steps.timed("convert")
 def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
                       keep_ops: frozenset[str] = KEEP_OPS) -> PrecisionResult:
     """Convert ``model`` to ``to`` ("fp16" / "bf16"); see the module docstring. Returns a new model and a report."""

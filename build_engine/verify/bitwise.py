@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
+from ..core import steps
 from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes
 from .compare import compare_arrays
@@ -150,6 +151,7 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
     return out
 
 
+@steps.timed("check")
 def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
                      runtime: str | None = None, trials: int = 2,
                      paths: tuple[str, str] | None = None) -> CheckResult:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import compare_arrays
 from .inputs import FeedSpec, graph_inputs, plan_feeds
@@ -108,11 +109,20 @@ def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple
         return
     from trtforge.plugins.lora.decompose import decompose
 
-    from ..core.onnx_io import save_model
+    from ..core.onnx_io import save_model, save_with_source_data
 
     out = workdir / f"{tag}.decomposed.onnx"
-    save_model(decompose(model), out)
+    if _has_external(model):  # loaded without its weights (``_load``): they are copied beside the decomposition
+        save_with_source_data(decompose(model, inplace=True), path, out)
+    else:
+        save_model(decompose(model), out)
     yield str(out), True
+
+
+def _has_external(model: Any) -> bool:
+    from onnx import TensorProto
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _runner(path: str, name: str, optimize: bool) -> Any:
@@ -145,11 +155,14 @@ def _engine_runner(engine_dir: Path, name: str) -> Any:
 
 
 def _load(path: Path) -> Any:
-    from ..core.onnx_io import load_model
+    """The model's graph for planning inputs and decomposing. A model with external data is read without its
+    weights (onnxruntime loads them itself, by path): holding them here too would double the memory."""
+    from ..core.onnx_io import load_model, load_structure
 
     if path.is_dir():
         return None
-    return load_model(path)
+    loaded = load_structure(path)
+    return loaded.model if loaded.external_data else load_model(path)
 
 
 def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, poly_pass: bool) -> OutputDiff:
@@ -160,6 +173,7 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
     return OutputDiff(name, d.max_abs, d.max_rel, d.mismatches, d.total, passed, d.rel_to_scale)
 
 
+@steps.timed("diff")
 def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: float | None = None,
              rtol: float | None = None, seed: int = 0, shapes: Mapping[str, tuple[int, ...]] | None = None,
              values: Mapping[str, float] | None = None, extra_inputs: bool = False,

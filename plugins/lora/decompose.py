@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
+from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
 from trtforge.build_engine.core.onnx_io import check_model
 
@@ -80,8 +81,10 @@ def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[Node
     return nodes
 
 
-def decompose(model: ModelProto) -> ModelProto:
-    """A new model with every plugin node of the main graph replaced by standard ops (input not mutated)."""
+@steps.timed("decompose")
+def decompose(model: ModelProto, *, inplace: bool = False) -> ModelProto:
+    """A new model with every plugin node of the main graph replaced by standard ops (input not mutated unless
+    ``inplace``: then it is the model changed and returned, with no copy of its weights)."""
     if not any(is_plugin_node(n) for n in model.graph.node):
         out = ModelProto()
         out.CopyFrom(model)
@@ -98,8 +101,11 @@ def decompose(model: ModelProto) -> ModelProto:
         xt = types.get(node.input[0]) if is_plugin_node(node) and node.input else None
         if xt is not None and xt.shape is not None and len(node.input) > spec.SLOT_IDS:
             known_rank.setdefault(node.input[spec.SLOT_IDS], len(xt.shape))
-    out = ModelProto()
-    out.CopyFrom(model)
+    if inplace:
+        out = model
+    else:
+        out = ModelProto()
+        out.CopyFrom(model)
     nodes: list[NodeProto] = []
     for node in out.graph.node:
         if not is_plugin_node(node):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto
 
+from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
 
 from .. import is_plugin_node
@@ -191,15 +192,21 @@ def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits
     return Site(i, path, x, y, h, o, elem, tuple(xt.shape[:-1]))
 
 
+@steps.timed("inject")
 def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int, *, per_sequence: bool = False,
-           tile: int = spec.DEFAULT_TILE) -> ModelProto:
-    """A new model with a plugin node after each target projection (the input model is not mutated)."""
+           tile: int = spec.DEFAULT_TILE, inplace: bool = False) -> ModelProto:
+    """A new model with a plugin node after each target projection (the input model is not mutated unless
+    ``inplace``: then it is the model changed and returned, with no copy of its weights; on an error it may be half
+    changed)."""
     sites = plan(model, targets)
     lead = sites[0].lead_dims
     if per_sequence and len(lead) != 2:
         raise InputError("--per-sequence needs 3-D projection inputs [batch, sequence, hidden]; these are 2-D")
-    out = ModelProto()
-    out.CopyFrom(model)
+    if inplace:
+        out = model
+    else:
+        out = ModelProto()
+        out.CopyFrom(model)
     g = out.graph
     taken = {i.name for i in g.input} | {t.name for t in g.initializer}
     slot_dims = (lead[0],) if per_sequence else lead

@@ -86,11 +86,12 @@ def test_precision_fp16_halves_the_weights(big: BigModel, fp16: Path) -> None:
 def test_lora_inject_and_decompose(lora: Path) -> None:
     plugins = [n for n in _graph(lora).graph.node if n.op_type == "LoRAOpPluginDynamic"]
     assert len(plugins) == 2  # q_proj and v_proj of the one layer
+    assert _data_files(lora) == {"lora.onnx.data"}
     dec = lora.with_name("dec.onnx")
     _run("lora", "decompose", lora, "-o", dec)
     g = _graph(dec).graph
     assert not [n for n in g.node if n.op_type == "LoRAOpPluginDynamic"]
-    assert _data_files(dec) == {"dec.onnx.data"}
+    assert _data_files(dec) == {"dec.onnx.data"}  # external data in, external data out
     dec.unlink()
     dec.with_name("dec.onnx.data").unlink()
 
