@@ -263,7 +263,13 @@ def _copy_fields(src: Any, dst: Any, skip: str) -> None:
 
 def weight_tensors(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> list[TensorProto]:
     """The main graph's initializers that ``skeleton`` stands in for (at least ``min_elements`` elements)."""
-    return [t for t in model.graph.initializer if _num_elements(t) >= min_elements]
+    return [t for t in model.graph.initializer if _is_weight(t, min_elements)]
+
+
+def _is_weight(t: TensorProto, min_elements: int) -> bool:
+    """Stood in for by ``skeleton``: a big tensor, or one whose data is still on disk (``load_structure``), whose
+    values nothing in memory could read anyway."""
+    return _num_elements(t) >= min_elements or t.data_location == TensorProto.EXTERNAL
 
 
 def without_initializers(model: ModelProto) -> ModelProto:
@@ -304,7 +310,7 @@ def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> Mo
     declared = {i.name for i in model.graph.input}
     small = []
     for t in model.graph.initializer:
-        if _num_elements(t) < min_elements:
+        if not _is_weight(t, min_elements):
             small.append(t)
         elif t.name not in declared:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
@@ -360,6 +366,17 @@ def _check_weight(tensor: TensorProto, ctx: Any) -> None:
     data-free stub (same fields, ``dims=[0]``, empty ``raw_data``). Anything else, including every tensor that would
     fail, is checked by onnx itself on the real tensor, so the errors are onnx's own.
     """
+    if tensor.data_location == TensorProto.EXTERNAL:
+        # Data still on disk (``load_structure``; its location, offset and length were checked when loading): check
+        # everything else on a data-free stand-in, as for an in-memory weight below.
+        stub = TensorProto()
+        _copy_fields(tensor, stub, "external_data")
+        stub.ClearField("data_location")
+        del stub.dims[:]
+        stub.dims.append(0)
+        stub.raw_data = b""
+        onnx.checker.check_tensor(stub, ctx)
+        return
     bits = _BITS.get(tensor.data_type)
     # HasField/len, not ListFields: reading raw_data copies the weight out (a 1 GB table makes a 1 GB bytes object),
     # so its length is worked out from the encoded sizes instead (``_raw_data_len``).

@@ -181,7 +181,9 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
 
         from ..passes import fold
 
-        model = fold(converted).model
+        # In place when conversion made a new model; a model already in the profile's precision comes back as
+        # ``loaded.model`` itself, which nothing else reads after this either (the build drops it next).
+        model = fold(converted, inplace=True).model
         del converted
         precision = _effective_precision(model, prof.precision.dtype)
         if precision != prof.precision.dtype:

@@ -138,10 +138,43 @@ class _Namer:
         return name
 
 
+def _needs_conversion(model: ModelProto, decisions: dict[int, Any], types: dict[str, int]) -> bool:
+    """Whether any node that runs in the low type reads or writes a float32 value or holds a float32 tensor."""
+    for i, node in enumerate(model.graph.node):
+        if decisions[i].mode is not Mode.LOW:
+            continue
+        if any(n and types.get(n) == FLOAT for n in (*node.input, *node.output)):
+            return True
+        if any(a.type == onnx.AttributeProto.TENSOR and a.t.data_type == FLOAT for a in node.attribute):
+            return True
+    return False
+
+
+def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool, start: float) -> PrecisionResult:
+    modes = Counter(d.mode.value for d in decisions.values())
+    kept = Counter(model.graph.node[i].op_type for i, d in decisions.items() if d.mode is Mode.KEEP)
+    report: dict[str, Any] = {
+        "to": to, "nodes_low": modes.get("low", 0), "nodes_fp32": modes.get("keep", 0),
+        "nodes_untouched": modes.get("untouched", 0), "kept_fp32_ops": dict(sorted(kept.items())),
+        "casts_inserted": 0, "initializers_converted": 0, "plugin_nodes_low": 0, "pool_inputs_converted": 0,
+        "already": True,
+    }
+    out = model
+    if fold:
+        from ..passes import fold as run_fold
+
+        folded = run_fold(model)
+        out, report["fold"] = folded.model, folded.report
+    report["seconds"] = round(time.perf_counter() - start, 4)
+    return PrecisionResult(model=out, report=report)
+
+
 @steps.timed("convert")
 def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
                       keep_ops: frozenset[str] = KEEP_OPS) -> PrecisionResult:
-    """Convert ``model`` to ``to`` ("fp16" / "bf16"); see the module docstring. Returns a new model and a report."""
+    """Convert ``model`` to ``to`` ("fp16" / "bf16"); see the module docstring. Returns a new model and a report;
+    ``model`` itself (folded into a new one if ``fold``) when nothing is float32 where the low type runs (report key
+    ``already``: true)."""
     if to not in LOW_TYPES:
         raise InputError(f"unknown precision {to!r}; choose one of {', '.join(PRECISIONS)}")
     start = time.perf_counter()
@@ -151,6 +184,12 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     types = _value_types(model)
     consts = _constant_tensors(model)
     decisions = decide(model, types, set(consts), to, keep_ops)
+    if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
+            model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
+                    and is_plugin_node(n)], types):
+        # Already in the target precision (no fp32 value enters or leaves a node that runs in it): the model is
+        # returned as it is, without copying its weights (a build of a bf16 model for a bf16 profile).
+        return _unchanged(model, to, decisions, fold, start)
     namer = _Namer(model)
     src = onnx_io.without_initializers(model)
     new_type = dict(types)
@@ -262,7 +301,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     if fold:
         from ..passes import fold as run_fold
 
-        folded = run_fold(converted)
+        folded = run_fold(converted, inplace=True)  # ``converted`` is this function's own new model
         converted = folded.model
         report["fold"] = folded.report
     report["seconds"] = round(time.perf_counter() - start, 4)
