@@ -56,17 +56,19 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
 
 def _run(args: Any) -> int:
     from ..core import fsutil, onnx_io
+    from ..core.graph import PROTO_LIMIT
     from ..passes import fold
-    from ..verify.bitwise import check_equivalent, uses_low_precision
+    from ..verify.bitwise import check_equivalent
 
     check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
     loaded = onnx_io.load(args.input)
     model, external = loaded.model, loaded.external_data
+    weight_bytes = sum(f.stat().st_size for f in loaded.data_files)
     del loaded
-    # A model with external data may be over 2 GiB, which protobuf cannot serialise for an in-memory session:
-    # onnxruntime then runs both models from their files (fp16/bf16 models are judged by onnx.reference, which runs
-    # them in memory and needs the original's weights).
-    by_path = bool(args.check and external and not uses_low_precision(model))
+    # Weights near protobuf's 2 GiB limit cannot be handed to a runtime in memory (onnx.reference's evaluator and an
+    # in-memory onnxruntime session both need the serialised model): onnxruntime (optimizations off, as the
+    # fallback judge) then runs both models from their files.
+    by_path = bool(args.check and weight_bytes >= PROTO_LIMIT)
     # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
     reference = onnx_io.weightless(model) if by_path else model
     result = fold(model, inplace=by_path or not args.check)
