@@ -47,8 +47,11 @@ class FoldConstantExpression(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
+        computable = _computable(ctx)
         for c in ctx.casts():
             src = c.inputs[0]
+            if src not in computable:
+                continue
             p = ctx.producer.get(src)
             if (p is None or not p.alive or p.op == "Constant" or len(p.outputs) != 1 or c.to is None
                     or ctx.constant_tensor(src) is not None):
@@ -69,6 +72,17 @@ class FoldConstantExpression(GraphPass):
             ctx.rules["constant_expression"] += 1
             count += 1
         return count
+
+
+def _computable(ctx: GraphCtx) -> set[str]:
+    """Values this graph computes from constants through ``EXACT_OPS`` only (one linear sweep in topological order,
+    so the per-Cast cone search below runs only where it can succeed)."""
+    out: set[str] = set()
+    for n in ctx.nodes:
+        if (n.alive and n.op in EXACT_OPS and n.onnx_op and not n.free
+                and all(not i or i in out or ctx.constant_tensor(i) is not None for i in n.inputs)):
+            out.update(o for o in n.outputs if o)
+    return out
 
 
 def _exact_here(ctx: GraphCtx, n: Node) -> bool:
