@@ -344,18 +344,10 @@ _BITS = {getattr(TensorProto, name): bits for name, bits in (
 _TYPED_FIELDS = frozenset({"float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"})
 
 
-def _varint_len(n: int) -> int:
-    return max(1, (n.bit_length() + 6) // 7)
-
-
-def _raw_data_len(tensor: TensorProto, without_raw: TensorProto) -> int:
-    """``len(tensor.raw_data)`` without reading it: ``without_raw`` is the same tensor without ``raw_data``, and the
-    field adds its tag (one byte: field 9, length-delimited), the length as a varint, and the bytes."""
-    extra = tensor.ByteSize() - without_raw.ByteSize() - 1
-    for k in range(1, 11):
-        if _varint_len(extra - k) == k:
-            return extra - k
-    raise AssertionError("inconsistent protobuf sizes")
+def _raw_data_len(tensor: TensorProto) -> int:
+    """``len(tensor.raw_data)``. Reading a bytes field makes a transient copy of it (one tensor, freed at once);
+    ``ByteSize`` would be worse: protobuf's upb backend serialises the message to size it (twice the tensor)."""
+    return len(tensor.raw_data)
 
 
 def _check_weight(tensor: TensorProto, ctx: Any) -> None:
@@ -379,14 +371,14 @@ def _check_weight(tensor: TensorProto, ctx: Any) -> None:
         return
     bits = _BITS.get(tensor.data_type)
     # HasField/len, not ListFields: reading raw_data copies the weight out (a 1 GB table makes a 1 GB bytes object),
-    # so its length is worked out from the encoded sizes instead (``_raw_data_len``).
+    # so it is read once, for its length, and dropped at once.
     if (bits is None or not tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in _TYPED_FIELDS)
             or tensor.data_location == TensorProto.EXTERNAL or any(d < 0 for d in tensor.dims)):
         onnx.checker.check_tensor(tensor, ctx)
         return
     stub = TensorProto()
     _copy_fields(tensor, stub, "raw_data")
-    if _raw_data_len(tensor, stub) * 8 < _num_elements(tensor) * bits:
+    if _raw_data_len(tensor) * 8 < _num_elements(tensor) * bits:
         onnx.checker.check_tensor(tensor, ctx)
         return
     del stub.dims[:]
@@ -415,16 +407,18 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
             if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
                 out.graph.initializer.append(t)
                 continue
-            stub = TensorProto()
-            _copy_fields(t, stub, "raw_data")
-            length = _raw_data_len(t, stub)
+            data = t.raw_data  # the one transient copy of this tensor (see ``_raw_data_len``)
+            length = len(data)
             if length < size_threshold:
                 out.graph.initializer.append(t)
                 continue
+            stub = TensorProto()
+            _copy_fields(t, stub, "raw_data")
             gap = (-pos) % _ALIGN
             fh.write(b"\0" * gap)
             pos += gap
-            fh.write(t.raw_data)
+            fh.write(data)
+            del data
             for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
                 e = stub.external_data.add()
                 e.key, e.value = key, value
@@ -607,7 +601,7 @@ def _append_raw(out: ModelProto, staged: Path, data_name: str, size_threshold: i
                 continue
             stub = TensorProto()
             _copy_fields(t, stub, "raw_data")
-            length = _raw_data_len(t, stub)
+            length = _raw_data_len(t)
             if length < size_threshold:
                 continue
             gap = (-pos) % _ALIGN

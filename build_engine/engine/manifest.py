@@ -115,6 +115,8 @@ class Manifest:
     outputs: tuple[ManifestTensor, ...]
     optimization_profiles: int
     plugins: tuple[PluginInfo, ...]
+    # sha256 of the source model file's bytes followed by each external data file it names (first-use order), so a
+    # changed weight changes it; for a model without external data, the file's own sha256.
     onnx_sha256: str
     plan_sha256: str
     build_seconds: float

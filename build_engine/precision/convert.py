@@ -97,10 +97,32 @@ def to_low_array(array: np.ndarray, to: str) -> np.ndarray:
     return array.astype(ml_dtypes.bfloat16)
 
 
+_CHUNK = 1 << 22  # elements converted at a time: the temporaries of to_low_array stay at a few tens of MB
+
+
+def _plain_raw_fp32(tensor: TensorProto) -> bool:
+    return (tensor.data_type == FLOAT and tensor.HasField("raw_data") and not len(tensor.float_data)
+            and tensor.data_location != TensorProto.EXTERNAL)
+
+
+def _low_chunked(tensor: TensorProto, to: str) -> np.ndarray:
+    """``to_low_array`` of a raw-data float32 tensor, converted ``_CHUNK`` elements at a time from a view of the one
+    copy of its bytes that reading ``raw_data`` makes (a whole-tensor conversion would hold several float32-sized
+    temporaries at once: a 1 GB weight cost 3 GB more)."""
+    raw = tensor.raw_data
+    src = np.frombuffer(raw, dtype="<f4")
+    dims = tuple(int(d) for d in tensor.dims)
+    first = to_low_array(src[:1], to)
+    low = np.empty(src.size, dtype=first.dtype)
+    for start in range(0, src.size, _CHUNK):
+        low[start:start + _CHUNK] = to_low_array(src[start:start + _CHUNK], to)
+    return low.reshape(dims)
+
+
 def _low_tensor(tensor: TensorProto, name: str, to: str, out: TensorProto | None = None) -> TensorProto:
     """``tensor`` converted to ``to``, as ``numpy_helper.from_array`` would make it; written into ``out`` (a fresh
     element of the destination's repeated field) when given, so a converted weight is not copied once more."""
-    low = to_low_array(numpy_helper.to_array(tensor), to)
+    low = _low_chunked(tensor, to) if _plain_raw_fp32(tensor) else to_low_array(numpy_helper.to_array(tensor), to)
     out = TensorProto() if out is None else out
     out.dims.extend(low.shape)
     if name:  # as from_array: an empty name stays unset
