@@ -114,6 +114,7 @@ class _Staged:
     plugin_nodes: bool
     non_onnx_ops: bool
     plugins: list[PluginInfo]
+    as_is: bool = False  # the source file is what is built (nothing converted or folded): parse it, copy it
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
@@ -175,7 +176,9 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
     with _Timer(timings, "convert"):
         from ..precision.convert import convert_precision
 
-        converted = convert_precision(loaded.model, prof.precision.dtype, fold=False).model
+        conversion = convert_precision(loaded.model, prof.precision.dtype, fold=False)
+        converted = conversion.model
+        del conversion
     with _Timer(timings, "fold"):
         from trtforge.plugins import has_plugin_nodes
 
@@ -183,8 +186,10 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
 
         # In place when conversion made a new model; a model already in the profile's precision comes back as
         # ``loaded.model`` itself, which nothing else reads after this either (the build drops it next).
-        model = fold(converted, inplace=True).model
-        del converted
+        folded = fold(converted, inplace=True)
+        unchanged = converted is loaded.model and not folded.report["rules"]
+        model = folded.model
+        del converted, folded
         precision = _effective_precision(model, prof.precision.dtype)
         if precision != prof.precision.dtype:
             import sys
@@ -194,8 +199,18 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
         external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
         plugin_nodes = has_plugin_nodes(model)
+        as_is = loaded.external_data and unchanged and _same_as_file(model, Path(onnx_path))
         return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
-                       non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model))
+                       non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),
+                       as_is=as_is)
+
+
+def _same_as_file(model: Any, path: Path) -> bool:
+    """Whether ``model`` has the nodes (in order) and initializers of the file at ``path`` (read without its
+    external data): loading sorts an out-of-order graph, and then the file is not what would be built."""
+    source = onnx_io.load_structure(path).model
+    return ([tuple(n.output) for n in source.graph.node] == [tuple(n.output) for n in model.graph.node]
+            and [t.name for t in source.graph.initializer] == [t.name for t in model.graph.initializer])
 
 
 def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
@@ -239,6 +254,11 @@ def _write_plan(serialized: Any, path: Path, io_pool: ThreadPoolExecutor, writes
     return _sha256(plan)
 
 
+def _copy_source(source: Path, dest: Path) -> None:
+    """model.onnx as a copy of the source and its external data (``model.onnx.data``, offsets kept)."""
+    onnx_io.save_with_source_data(onnx_io.load_structure(source).model, source, dest)
+
+
 def _write_onnx(onnx_path: Path, onnx_bytes: bytes, timings: BuildTimings) -> None:
     """Worker task during TensorRT's parse and build: write model.onnx; its duration goes to ``timings.background``."""
     t0 = time.perf_counter()
@@ -263,7 +283,13 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
     onnx_path_built = tmp / ONNX_NAME
     with _Timer(timings, "serialize"):
         onnx_bytes: bytes | None = None
-        if staged.external:
+        parse_path = onnx_path_built
+        if staged.as_is:
+            # Nothing was converted or folded: TensorRT parses the source file, and model.onnx (with its data, a
+            # byte copy) is written on a worker meanwhile instead of being serialised from memory first.
+            parse_path = Path(onnx_path)
+            writes.append(timings.submit(io_pool, "copy_onnx", _copy_source, parse_path, onnx_path_built))
+        elif staged.external:
             onnx_io.save_model(staged.model, onnx_path_built, external_data=True)
         else:
             # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
@@ -286,7 +312,7 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
         network = _create_network(chosen, builder)
         parser = trt.OnnxParser(network, logger)
         # From memory when possible (model.onnx may still be being written); a path only for external data.
-        parsed = (parser.parse_from_file(str(onnx_path_built)) if onnx_bytes is None else parser.parse(onnx_bytes))
+        parsed = (parser.parse_from_file(str(parse_path)) if onnx_bytes is None else parser.parse(onnx_bytes))
     if not parsed:
         first = parser.get_error(0) if parser.num_errors else None
         detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
