@@ -161,8 +161,14 @@ def _load(path: Path) -> Any:
 
     if path.is_dir():
         return None
+    if path.stat().st_size > _INLINE_SIZE:  # weights inside the file: parse (and check) it once
+        return load_model(path)
     loaded = load_structure(path)
     return loaded.model if loaded.external_data else load_model(path)
+
+
+# A model file this big holds its weights itself (one with external data is its graph only: kilobytes to a few MB).
+_INLINE_SIZE = 64 << 20
 
 
 def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, poly_pass: bool) -> OutputDiff:
