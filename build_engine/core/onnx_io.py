@@ -38,6 +38,10 @@ _EXTERNAL_THRESHOLD = PROTO_LIMIT
 # Initializers with at least this many elements are stood in for by typed graph inputs in ``skeleton``. Smaller ones
 # stay: shape inference reads the values of small constants (Reshape targets, Slice bounds, ...).
 SKELETON_MIN_ELEMENTS = 1024
+# ``doc_string`` of the Mul that ``trtforge quantize`` puts on a projection's input edge (x / s: SmoothQuant or AWQ
+# migration). A pass that needs the projection's float input (``lora inject`` after quantization) walks back
+# through DequantizeLinear <- QuantizeLinear <- this Mul.
+MIGRATION_DOC = "trtforge.quantize: activation / migration scale"
 
 
 @dataclass(frozen=True)

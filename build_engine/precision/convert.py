@@ -33,7 +33,7 @@ from trtforge.plugins.lora import precision as precision_plugins
 from ..core import onnx_io, steps
 from ..core.errors import InputError, ModelError
 from ..core.graph import infer_shapes
-from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, decide
+from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 
 PRECISIONS = tuple(LOW_TYPES)
 _NO_UPCAST = frozenset({"Cast", "Shape", "Size", "CastLike"})  # ops whose input dtype does not change the result
@@ -189,6 +189,17 @@ def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool
         out, report["fold"] = folded.model, folded.report
     report["seconds"] = round(time.perf_counter() - start, 4)
     return PrecisionResult(model=out, report=report)
+
+
+def node_decisions(model: ModelProto, to: str = "fp16",
+                   keep_ops: frozenset[str] = KEEP_OPS) -> dict[int, NodeDecision]:
+    """The policy's decision for each top-level node (by index), without converting anything.
+
+    ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
+    ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
+    by their op contract), not a second list.
+    """
+    return decide(model, _value_types(model), set(_constant_tensors(model)), to, keep_ops)
 
 
 @steps.timed("convert")

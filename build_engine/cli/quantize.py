@@ -1,0 +1,80 @@
+"""``trtforge quantize IN.onnx -o OUT.onnx --mode int8|int4-wo|fp8 [--calib SAMPLES.npz] ...``.
+
+Exit codes: 0 written; 2 bad input (not ONNX, already quantized, a bad calibration file naming the input at fault,
+bad flags), with nothing written.
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from collections.abc import Sequence
+from typing import Any
+
+from ._common import make_parser, run_command
+from ._outputs import check_outputs
+
+
+def build_parser() -> ArgumentParser:
+    p = make_parser(
+        "trtforge quantize",
+        "Post-training quantization to explicit Q/DQ ONNX that TensorRT strongly typed networks (TensorRT 10+, "
+        "TensorRT-RTX) build: int8 = SmoothQuant W8A8 (per-channel int8 weights, per-tensor int8 activations); "
+        "int4-wo = int4 weight-only blocks (AWQ-style scale search, or round-to-nearest); fp8 = E4M3 weights per "
+        "channel and activations per tensor (builds for compute capability >= 8.9 only). Norms, softmax, "
+        "rotary/position arithmetic, shape/index chains (the precision policy), the LM head and LoRA plugin nodes "
+        "stay float. The result is folded with the exact folder.",
+    )
+    p.add_argument("input", help="input .onnx model (float32)")
+    p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
+    p.add_argument("--mode", required=True, choices=["int8", "int4-wo", "fp8"], help="quantization mode")
+    p.add_argument("--calib", help="calibration samples: .npz with one array per graph input, keyed by input name "
+                                   "(rank of the input: one sample; rank + 1: samples stacked on axis 0); default: "
+                                   "generated from the model")
+    p.add_argument("--calib-size", type=int, default=16, help="samples to generate without --calib (default 16)")
+    p.add_argument("--calib-seq", type=int, default=32,
+                   help="sequence length of generated samples (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of generated samples and AWQ row sampling (default 0)")
+    p.add_argument("--exclude", default="", help="comma-separated node-name patterns kept in float (fnmatch globs; "
+                                                 "a pattern without *?[ matches as a substring)")
+    p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength for int8 (default 0.5)")
+    p.add_argument("--calibrator", default="max", choices=["max", "percentile", "entropy"],
+                   help="activation range calibrator for int8/fp8 (default max; percentile and entropy are "
+                        "onnxruntime.quantization's)")
+    p.add_argument("--block-size", type=int, default=128,
+                   help="int4 block along the input dim (default 128; a projection whose input size it does not "
+                        "divide uses the largest power of two that does, >= 16)")
+    p.add_argument("--int4-method", default="awq", choices=["awq", "rtn"],
+                   help="int4 scales: awq (activation-aware search) or rtn (round-to-nearest) (default awq)")
+    p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
+    p.add_argument("--report", help="write the quantization report (JSON) here")
+    return p
+
+
+def _run(args: Any) -> int:
+    from ..core import fsutil, onnx_io
+    from ..quantize import QuantConfig, generate, load_npz, quantize
+
+    check_outputs(("IN.onnx", args.input), ("-o", args.output), ("--report", args.report))
+    cfg = QuantConfig(mode=args.mode, alpha=args.alpha, calibrator=args.calibrator, block_size=args.block_size,
+                      int4_method=args.int4_method, calib_size=args.calib_size, seq_len=args.calib_seq,
+                      exclude=tuple(p.strip() for p in args.exclude.split(",")) if args.exclude else (),
+                      quantize_lm_head=args.quantize_lm_head, seed=args.seed)
+    loaded = onnx_io.load(args.input)
+    calib = (load_npz(args.calib, loaded.model) if args.calib
+             else generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
+    result = quantize(loaded.model, cfg, calib)
+    onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+    if args.report:
+        report = result.report.to_json()
+        report.update(input=str(args.input), output=str(args.output))
+        fsutil.write_json(args.report, report)
+    r = result.report
+    print(f"{args.output}: {r.mode}, {len(r.nodes)} projections quantized, {len(r.excluded)} kept in float, "
+          f"{r.seconds:.2f} s; calibration: {r.calibration}")
+    for e in r.excluded:
+        print(f"  float: {e.name} ({e.reason})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(build_parser(), _run, argv)

@@ -1,0 +1,156 @@
+"""Calibration samples: read from a user ``.npz`` (validated input by input) or generated from the model itself.
+
+File format: one array per graph input, keyed by the input's name; an array of the input's rank is one sample, one
+of rank + 1 stacks samples along a new leading axis (every array the same count). Each array must have the input's
+dtype, its fixed dims, finite values, at least one element, and integer values inside the range the graph accepts
+(token ids below the embedding table's size, LoRA slot ids in ``[-1, slots)``), so a bad file fails here, naming
+the input, instead of inside onnxruntime.
+
+Generated samples come from the input planner that ``trtforge diff`` uses (``verify.inputs.plan_inputs``): token
+ids drawn inside the embedding table's range, shapes from dim names (first dim 1, other dynamic dims ``seq_len``,
+one size per dim name, so positions and masks derived from the same ``sequence`` stay consistent), LoRA slot ids
+pinned to -1 (the base model's activations: adapters change per request and are never quantized).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import ModelProto
+
+from trtforge.plugins.lora import spec as lora_spec
+
+from ..core.errors import InputError
+from ..verify.inputs import InputSpec, graph_inputs, plan_inputs
+from ..verify.inputs import _int_range as graph_int_range  # the planner's own reading of Gather bounds
+
+Sample = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class CalibSet:
+    """The samples and a one-line statement of where they came from (it goes into the report and manifest)."""
+
+    samples: tuple[dict[str, np.ndarray], ...]
+    source: str
+
+
+def _slot_inputs(model: ModelProto) -> set[str]:
+    return {n.input[lora_spec.SLOT_IDS] for n in model.graph.node
+            if n.op_type == lora_spec.PLUGIN_NAME and len(n.input) > lora_spec.SLOT_IDS}
+
+
+def _shapes(model: ModelProto, batch: int, seq_len: int) -> dict[str, tuple[int, ...]]:
+    sizes: dict[str, int] = {}
+    out: dict[str, tuple[int, ...]] = {}
+    for vi in graph_inputs(model):
+        dims = []
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            else:
+                default = batch if i == 0 else seq_len
+                dims.append(sizes.setdefault(d.dim_param, default) if d.dim_param else default)
+        out[vi.name] = tuple(dims)
+    return out
+
+
+def plan(model: ModelProto, seq_len: int, batch: int = 1) -> tuple[InputSpec, ...]:
+    values = {name: -1.0 for name in _slot_inputs(model)}
+    return plan_inputs(model, shapes=_shapes(model, batch, seq_len), values=values)
+
+
+def draw(specs: tuple[InputSpec, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One sample from the specs (integers uniform in the inclusive range, floats uniform)."""
+    out: dict[str, np.ndarray] = {}
+    for s in specs:
+        dtype = np.dtype(s.dtype)
+        if dtype == np.bool_:
+            out[s.name] = rng.integers(0, 2, s.shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            out[s.name] = rng.integers(int(s.low), int(s.high) + 1, s.shape).astype(dtype)
+        else:
+            out[s.name] = rng.uniform(s.low, s.high, s.shape).astype(dtype)
+    return out
+
+
+def generate(model: ModelProto, count: int, seq_len: int, seed: int) -> CalibSet:
+    specs = plan(model, seq_len)
+    rng = np.random.default_rng(seed)
+    samples = tuple(draw(specs, rng) for _ in range(count))
+    shapes = ", ".join(f"{s.name} {list(s.shape)}" for s in specs)
+    return CalibSet(samples, f"generated from the model: {count} samples, seed {seed} ({shapes})")
+
+
+def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
+    """Read and validate a calibration file (see the module docstring)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"--calib {path}: cannot read it as a NumPy .npz ({exc}); save samples with "
+                         "numpy.savez(path, input_name=array, ...)") from exc
+    inputs = {vi.name: vi for vi in graph_inputs(model)}
+    if not arrays:
+        raise InputError(f"--calib {path}: the file holds no arrays; it needs one per input: {sorted(inputs)}")
+    unknown = sorted(set(arrays) - set(inputs))
+    missing = sorted(set(inputs) - set(arrays) - _slot_inputs(model))
+    if unknown:
+        raise InputError(f"--calib {path}: {unknown[0]!r} is not an input of the model (inputs: {sorted(inputs)})")
+    if missing:
+        raise InputError(f"--calib {path}: no array for input {missing[0]!r}; add it (inputs: {sorted(inputs)})")
+    ranges = {s.name: s for s in plan(model, seq_len=1)}
+    counts: dict[str, int] = {}
+    for name, arr in arrays.items():
+        bounded = graph_int_range(model, name) is not None  # only ranges the graph itself implies are enforced
+        counts[name] = _check_array(path, inputs[name], arr, ranges[name], bounded)
+    if len(set(counts.values())) > 1:
+        raise InputError(f"--calib {path}: inputs hold different sample counts {counts}; stack the same number "
+                         "of samples for every input")
+    n = next(iter(counts.values()))
+    samples = []
+    for k in range(n):
+        sample = {name: (arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
+                  for name, arr in arrays.items()}
+        for name in _slot_inputs(model) - set(arrays):  # no adapter during calibration
+            sample[name] = np.full(_slot_shape(inputs[name], sample), -1, np.int32)
+        samples.append(sample)
+    return CalibSet(tuple(samples), f"file {path}: {n} samples")
+
+
+def _slot_shape(vi: object, sample: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+    first = next(iter(sample.values()))
+    rank = len(vi.type.tensor_type.shape.dim)  # type: ignore[attr-defined]
+    return tuple(first.shape[:rank])
+
+
+def _check_array(path: str | Path, vi: object, arr: np.ndarray, spec: InputSpec, bounded: bool) -> int:
+    name = spec.name
+    where = f"--calib {path}: input {name!r}"
+    dims = vi.type.tensor_type.shape.dim  # type: ignore[attr-defined]
+    if arr.size == 0:
+        raise InputError(f"{where} is empty (shape {list(arr.shape)}); give at least one sample")
+    if arr.dtype != np.dtype(spec.dtype):
+        raise InputError(f"{where} has dtype {arr.dtype}; the model takes {spec.dtype}")
+    if arr.ndim == len(dims):
+        one, n = arr.shape, 1
+    elif arr.ndim == len(dims) + 1:
+        one, n = arr.shape[1:], arr.shape[0]
+    else:
+        raise InputError(f"{where} has rank {arr.ndim}; the model takes rank {len(dims)} (or {len(dims) + 1} with "
+                         "samples stacked on a leading axis)")
+    for i, d in enumerate(dims):
+        if d.HasField("dim_value") and one[i] != d.dim_value:
+            raise InputError(f"{where} has shape {list(one)} per sample; dim {i} must be {d.dim_value}")
+    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+        raise InputError(f"{where} holds NaN or infinite values; calibration needs finite samples")
+    if bounded and np.issubdtype(arr.dtype, np.integer):
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < spec.low or hi > spec.high:
+            raise InputError(f"{where} holds values in [{lo}, {hi}]; the model accepts [{int(spec.low)}, "
+                             f"{int(spec.high)}] (e.g. token ids below the vocabulary size)")
+    return n

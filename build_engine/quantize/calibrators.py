@@ -1,0 +1,138 @@
+"""Running the float model on the calibration samples (onnxruntime, CPU): activation statistics and ranges.
+
+``collect`` runs the model once per sample with the target activations added as graph outputs and keeps, per
+activation, the per-channel max |x| (SmoothQuant), the per-channel mean |x| (AWQ) and, when asked, a bounded
+random subset of rows (AWQ's scale search measures the projection error on real activations). ``ranges`` computes
+one per-tensor |x| bound per activation with onnxruntime.quantization's calibrators (MinMax, Percentile, Entropy:
+the machinery is theirs, only the tensor selection is ours, so their augmented model carries just the targets).
+
+Models with ``LoRAOpPluginDynamic`` nodes are lowered to standard ops first (``lora.decompose``), with slot ids -1
+in the samples: calibration sees the base model, never an adapter.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper
+
+from trtforge.plugins.lora.decompose import decompose
+
+from ..core.errors import InputError
+from .calib_data import Sample
+
+_MAX_ROWS = 512  # rows kept per tensor for AWQ's search: its cost is GRID x rows x in x out per projection
+
+
+@dataclass(frozen=True)
+class ActStats:
+    amax: np.ndarray       # [K] max |x| per input channel over every calibration token
+    mean_abs: np.ndarray   # [K] mean |x| per input channel
+    rows: np.ndarray | None  # [n <= _MAX_ROWS, K] sampled tokens (None unless asked)
+
+
+def _with_outputs(model: ModelProto, tensors: Sequence[str]) -> ModelProto:
+    m = decompose(model)
+    present = {o.name for o in m.graph.output}
+    for name in tensors:
+        if name not in present:
+            m.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    return m
+
+
+def _session(model: ModelProto) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # exact fp32, no fusions
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
+    try:
+        return sess.run(list(outputs), dict(sample))
+    except Exception as exc:  # onnxruntime reports bad feeds with its own exception types
+        raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({' '.join(str(exc).split())[:200]});"
+                         " check the calibration inputs' shapes") from exc
+
+
+def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], keep_rows: bool,
+            seed: int = 0) -> dict[str, ActStats]:
+    tensors = list(dict.fromkeys(tensors))
+    sess = _session(_with_outputs(model, tensors))
+    amax: dict[str, np.ndarray] = {}
+    total: dict[str, np.ndarray] = {}
+    count: dict[str, int] = {}
+    rows: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
+    rng = np.random.default_rng(seed)
+    per_sample = max(1, _MAX_ROWS // max(1, len(samples)))
+    for sample in samples:
+        for name, value in zip(tensors, _run(sess, sample, tensors), strict=True):
+            x = np.abs(value.reshape(-1, value.shape[-1]).astype(np.float32))
+            amax[name] = np.maximum(amax[name], x.max(0)) if name in amax else x.max(0)
+            total[name] = total[name] + x.sum(0, dtype=np.float64) if name in total else x.sum(0, dtype=np.float64)
+            count[name] = count.get(name, 0) + x.shape[0]
+            if keep_rows:
+                flat = value.reshape(-1, value.shape[-1])
+                pick = rng.choice(flat.shape[0], size=min(per_sample, flat.shape[0]), replace=False)
+                rows[name].append(flat[np.sort(pick)].astype(np.float32))
+    return {t: ActStats(amax[t], (total[t] / count[t]).astype(np.float32),
+                        np.concatenate(rows[t]) if keep_rows else None) for t in tensors}
+
+
+class _Reader:
+    """onnxruntime.quantization's CalibrationDataReader protocol over our samples."""
+
+    def __init__(self, samples: Sequence[Sample]) -> None:
+        self._it: Iterator[Sample] = iter(samples)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        nxt = next(self._it, None)
+        return None if nxt is None else dict(nxt)
+
+
+def _calibrator_class(method: str) -> tuple[type, dict[str, Any]]:
+    from onnxruntime.quantization import calibrate as c
+
+    if method == "max":
+        return c.MinMaxCalibrater, {"symmetric": True}
+    if method == "percentile":
+        return c.PercentileCalibrater, {"symmetric": True, "num_bins": 2048, "percentile": 99.99}
+    return c.EntropyCalibrater, {"symmetric": True, "num_bins": 2048, "num_quantized_bins": 128}
+
+
+def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], method: str) -> dict[str, float]:
+    """Per-tensor |x| bound of each activation in ``tensors`` by the named onnxruntime calibrator."""
+    import onnx
+
+    base, kwargs = _calibrator_class(method)
+    wanted = set(tensors)
+
+    class Selected(base):  # type: ignore[misc,valid-type]
+        def select_tensors_to_calibrate(self, m: ModelProto) -> tuple[set[str], dict[str, Any]]:
+            found, infos = super().select_tensors_to_calibrate(m)
+            return found & wanted, infos
+
+    with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save(decompose(model), path)
+        cal = Selected(path, op_types_to_calibrate=None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                       **kwargs)
+        cal.augment_graph()
+        cal.create_inference_session()
+        cal.collect_data(_Reader(samples))
+        data = cal.compute_data()
+    out: dict[str, float] = {}
+    for name in tensors:
+        if name not in data:
+            raise InputError(f"calibration: onnxruntime's {method} calibrator found no range for {name!r}")
+        lo, hi = (float(np.asarray(v).max()) for v in (np.abs(data[name].range_value[0]),
+                                                          np.abs(data[name].range_value[1])))
+        out[name] = max(lo, hi, 1e-8)
+    return out

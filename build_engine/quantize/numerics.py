@@ -1,0 +1,78 @@
+"""Weight quantization arithmetic (NumPy): the stored integer/fp8 values and their scales, and the fake-quantized
+(quantize then dequantize) weights the searches measure with. Symmetric everywhere, zero points 0, as TensorRT's
+explicit quantization requires.
+
+- int8: per output channel (axis 1 of ``[in, out]``), scale = max|W[:, n]| / 127, values in [-127, 127];
+- fp8: per output channel, scale = max|W[:, n]| / 448 (E4M3's largest finite), round-to-nearest-even via ml_dtypes;
+- int4: per block of ``block`` input rows and output channel (DequantizeLinear ``axis=0, block_size=block``),
+  scale = max|block| / 7, values in [-8, 7] (the last block may be short: ONNX scales have ceil(in / block) rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INT8_MAX = 127.0
+FP8_MAX = 448.0
+INT4_MAX = 7.0
+_TINY = np.float32(1e-12)
+ACT_QMAX = {"int8": INT8_MAX, "fp8": FP8_MAX}
+
+
+def _fp8(x: np.ndarray) -> np.ndarray:
+    import ml_dtypes
+
+    return np.clip(x, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+
+
+def _block_amax(w: np.ndarray, block: int) -> np.ndarray:
+    k, n = w.shape
+    nb = -(-k // block)
+    a = np.abs(w)
+    if k == nb * block:
+        return a.reshape(nb, block, n).max(1)
+    padded = np.zeros((nb * block, n), np.float32)
+    padded[:k] = a
+    return padded.reshape(nb, block, n).max(1)
+
+
+def quantize_weight(w: np.ndarray, mode: str, block: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """(stored values, float32 scales) for an ``[in, out]`` float32 weight."""
+    w = w.astype(np.float32)
+    if mode == "int4-wo":
+        import ml_dtypes
+
+        scale = np.maximum(_block_amax(w, block) / INT4_MAX, _TINY).astype(np.float32)
+        full = np.repeat(scale, block, axis=0)[: w.shape[0]]
+        return np.clip(np.rint(w / full), -8, 7).astype(ml_dtypes.int4), scale
+    amax = np.abs(w).max(0)
+    if mode == "int8":
+        scale = np.maximum(amax / INT8_MAX, _TINY).astype(np.float32)
+        return np.clip(np.rint(w / scale), -INT8_MAX, INT8_MAX).astype(np.int8), scale
+    if mode == "fp8":
+        scale = np.maximum(amax / FP8_MAX, _TINY).astype(np.float32)
+        return _fp8(w / scale), scale
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def dequantize_weight(q: np.ndarray, scale: np.ndarray, mode: str, block: int = 128) -> np.ndarray:
+    if mode == "int4-wo":
+        return q.astype(np.float32) * np.repeat(scale, block, axis=0)[: q.shape[0]]
+    return q.astype(np.float32) * scale
+
+
+def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128) -> np.ndarray:
+    if mode == "int4-wo":  # the same arithmetic as quantize_weight, kept in float32 (AWQ's search calls it often)
+        w = w.astype(np.float32)
+        full = np.repeat(np.maximum(_block_amax(w, block) / INT4_MAX, _TINY), block, axis=0)[: w.shape[0]]
+        return np.clip(np.rint(w / full), -8, 7) * full
+    q, s = quantize_weight(w, mode, block)
+    return dequantize_weight(q, s, mode, block)
+
+
+def fake_quant_act(x: np.ndarray, amax: float, mode: str) -> np.ndarray:
+    """Per-tensor symmetric activation quantization, as the inserted QuantizeLinear/DequantizeLinear compute it."""
+    scale = np.float32(max(amax, 1e-12) / ACT_QMAX[mode])
+    if mode == "int8":
+        return np.clip(np.rint(x / scale), -INT8_MAX, INT8_MAX).astype(np.float32) * scale
+    return _fp8(x / scale).astype(np.float32) * scale

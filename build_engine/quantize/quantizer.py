@@ -1,0 +1,147 @@
+"""``quantize(model, config, calib)``: select, calibrate, migrate, insert Q/DQ, fold (the steps, in order).
+
+1. ``targets.select``: projections to quantize and the reasons the others stay float (shared precision policy).
+2. ``calibrators.collect`` on the float model: per-channel activation statistics (and rows for AWQ).
+3. int8: SmoothQuant scales; int4-wo: AWQ search (or none for rtn); fp8: no migration.
+4. Activation ranges (int8, fp8) of the migrated activations: the max calibrator reads them from step 2's
+   statistics (max|x_j / s_j| is exact); percentile and entropy run onnxruntime's calibrators on the migrated model.
+5. ``qdq.rewrite`` then the exact fold pipeline (Q/DQ are not Casts: no fold rule matches them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, helper, numpy_helper
+
+from ..core.errors import InputError
+from ..passes import fold
+from . import awq, calibrators, smoothquant
+from .calib_data import CalibSet
+from .config import METADATA_KEY, QuantConfig
+from .qdq import EdgePlan, WeightPlan, rewrite
+from .report import NodeReport, QuantReport
+from .targets import Excluded, Selection, Target, select
+
+
+@dataclass(frozen=True)
+class QuantResult:
+    model: ModelProto
+    report: QuantReport
+
+
+def _check_source(model: ModelProto) -> None:
+    ops = {n.op_type for n in model.graph.node}
+    if ops & {"QuantizeLinear", "DequantizeLinear", "QLinearMatMul", "MatMulInteger"}:
+        raise InputError("the model is already quantized (it has Q/DQ or integer MatMul nodes); quantize the float "
+                         "source model instead")
+
+
+def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Target]],
+                weights: dict[str, np.ndarray], blocks: dict[str, int], calib: CalibSet) -> tuple[dict[str, np.ndarray], dict[str, str],
+                                                                          dict[str, calibrators.ActStats]]:
+    """Per activation: s (weights rows * s, x / s), a description, and the float model's statistics."""
+    keep_rows = cfg.mode == "int4-wo" and cfg.int4_method == "awq"
+    stats = calibrators.collect(model, list(groups), calib.samples, keep_rows, cfg.seed)
+    scales: dict[str, np.ndarray] = {}
+    notes: dict[str, str] = {}
+    for x, ts in groups.items():
+        ws = [weights[t.weight] for t in ts]
+        if cfg.mode == "int8":
+            scales[x] = smoothquant.smooth_scales(stats[x], ws, cfg.alpha)
+            notes[x] = f"smoothquant alpha={cfg.alpha}"
+        elif keep_rows:
+            choice = awq.search(stats[x], ws, blocks[x])
+            if choice.alpha > 0:
+                scales[x] = choice.scales
+            notes[x] = (f"awq alpha={choice.alpha:.2f} (calibration rel. error {choice.error:.3g}, "
+                        f"rtn {choice.error_rtn:.3g})")
+        else:
+            notes[x] = "none"
+    return scales, notes, stats
+
+
+def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResult:
+    start = time.perf_counter()
+    _check_source(model)
+    model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
+    sel = select(model, cfg.exclude, cfg.quantize_lm_head)
+    if cfg.mode == "int4-wo":
+        sel = _whole_blocks(sel, cfg.block_size)
+    if not sel.targets:
+        reasons = "; ".join(f"{e.name}: {e.reason}" for e in sel.excluded[:3]) or "no MatMul with a float32 weight"
+        raise InputError(f"nothing to quantize ({reasons}); check --exclude and the model")
+    groups: dict[str, list[Target]] = defaultdict(list)
+    for t in sel.targets:
+        groups[t.x].append(t)
+    inits = {i.name: i for i in model.graph.initializer}
+    weights = {t.weight: numpy_helper.to_array(inits[t.weight]).astype(np.float32) for t in sel.targets}
+    blocks = {x: block_for(ts[0].in_features, cfg.block_size) for x, ts in groups.items()}
+    scales, notes, stats = _migrations(model, cfg, groups, weights, blocks, calib)
+    amax = _act_ranges(model, cfg, groups, scales, stats, calib)
+    edges = {x: EdgePlan(x, tuple(t.index for t in ts), (1.0 / scales[x]).astype(np.float32) if x in scales
+                         else None, amax.get(x)) for x, ts in groups.items()}
+    plans = [WeightPlan(t, weights[t.weight] * scales[t.x][:, None] if t.x in scales else weights[t.weight],
+                        blocks[t.x]) for t in sel.targets]
+    quantized = rewrite(model, cfg.mode, edges, plans)
+    folded = fold(quantized)
+    report = QuantReport(
+        mode=cfg.mode, calibration=calib.source,
+        calibrator=None if cfg.mode == "int4-wo" else cfg.calibrator,
+        alpha=cfg.alpha if cfg.mode == "int8" else None,
+        block_size=cfg.block_size if cfg.mode == "int4-wo" else None,
+        int4_method=cfg.int4_method if cfg.mode == "int4-wo" else None,
+        nodes=tuple(NodeReport(t.name, t.weight, (t.in_features, t.out_features), t.x, amax.get(t.x), notes[t.x],
+                               blocks[t.x] if cfg.mode == "int4-wo" else None) for t in sel.targets),
+        excluded=sel.excluded, opset=max(i.version for i in folded.model.opset_import if i.domain in ("", "ai.onnx")),
+        seconds=round(time.perf_counter() - start, 3), fold=folded.report)
+    out = folded.model
+    helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, METADATA_KEY: report.metadata()})
+    return QuantResult(out, report)
+
+
+MIN_BLOCK = 16
+
+
+def block_for(in_features: int, wanted: int) -> int:
+    """The largest power of two <= ``wanted`` that divides ``in_features`` (TensorRT builds whole blocks only: "The
+    quantization axis must divide into whole blocks"); 0 when it would be below ``MIN_BLOCK``."""
+    b = wanted
+    while b >= MIN_BLOCK and in_features % b:
+        b //= 2
+    return b if b >= MIN_BLOCK else 0
+
+
+def _whole_blocks(sel: Selection, wanted: int) -> Selection:
+    keep = tuple(t for t in sel.targets if block_for(t.in_features, wanted))
+    dropped = tuple(Excluded(t.name, f"in_features {t.in_features} has no power-of-two block >= {MIN_BLOCK} and "
+                                     f"<= {wanted} dividing it (TensorRT builds whole int4 blocks only)")
+                    for t in sel.targets if t not in keep)
+    return Selection(keep, sel.excluded + dropped)
+
+
+def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Target]], scales: dict[str, np.ndarray],
+                stats: dict[str, calibrators.ActStats], calib: CalibSet) -> dict[str, float]:
+    if cfg.mode == "int4-wo":
+        return {}
+    if cfg.calibrator == "max":
+        return {x: smoothquant.smoothed_amax(stats[x], scales.get(x, np.ones_like(stats[x].amax))) for x in groups}
+    # Percentile / entropy: onnxruntime's calibrators on the migrated (not yet quantized) model.
+    edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
+             for x, s in scales.items()}
+    migrated = rewrite(model, cfg.mode, edges, []) if scales else model
+    names = {x: _migrated_name(migrated, x) for x in groups}
+    found = calibrators.ranges(migrated, list(names.values()), calib.samples, cfg.calibrator)
+    return {x: found[names[x]] for x in groups}
+
+
+def _migrated_name(model: ModelProto, x: str) -> str:
+    from ..core.onnx_io import MIGRATION_DOC
+
+    for node in model.graph.node:
+        if node.doc_string == MIGRATION_DOC and node.input[0] == x:
+            return node.output[0]
+    return x

@@ -1,0 +1,119 @@
+"""Which MatMuls are quantized, and why every other one stays float (pure decision, no graph edits).
+
+A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initializer (a projection weight
+``[in, out]``) and whose first input is a runtime float32 tensor. Activation x activation MatMuls (attention scores,
+probabilities x values) are never candidates. A candidate stays float when:
+
+1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
+   the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values;
+2. it is the LM head (a MatMul from which a graph output is reached through data-movement ops only), unless
+   ``quantize_lm_head``;
+3. its name matches an ``--exclude`` pattern.
+
+Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
+touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
+input edge gets the Q/DQ pair (see ``qdq``), so a LoRA node after a quantized projection still reads the float x.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from onnx import ModelProto, TensorProto
+
+from trtforge.plugins.lora import spec as lora_spec
+
+from ..precision.convert import node_decisions
+from ..precision.policy import Mode
+
+_DATA_MOVEMENT = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
+
+
+@dataclass(frozen=True)
+class Target:
+    """One quantized projection: ``x`` (activation edge), ``weight`` initializer ``[in, out]``."""
+
+    index: int
+    name: str
+    x: str
+    weight: str
+    in_features: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class Excluded:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Selection:
+    targets: tuple[Target, ...]
+    excluded: tuple[Excluded, ...]
+
+
+def _matches(name: str, patterns: Sequence[str]) -> str | None:
+    for p in patterns:
+        hit = fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name
+        if hit:
+            return p
+    return None
+
+
+def _lm_heads(model: ModelProto) -> set[str]:
+    """MatMul outputs from which a graph output is reached through data-movement ops only."""
+    consumers: dict[str, list[int]] = {}
+    for i, node in enumerate(model.graph.node):
+        for name in node.input:
+            consumers.setdefault(name, []).append(i)
+    outputs = {o.name for o in model.graph.output}
+    heads: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "MatMul":
+            continue
+        frontier = [node.output[0]]
+        while frontier:
+            value = frontier.pop()
+            if value in outputs:
+                heads.add(node.output[0])
+                break
+            for j in consumers.get(value, []):
+                nxt = model.graph.node[j]
+                if nxt.op_type in _DATA_MOVEMENT or lora_spec.PLUGIN_NAME == nxt.op_type:
+                    frontier.extend(nxt.output)
+    return heads
+
+
+def node_label(node: object, index: int) -> str:
+    name = getattr(node, "name", "")
+    return name or f"{getattr(node, 'op_type', 'node')}#{index}"
+
+
+def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False) -> Selection:
+    """Targets and excluded candidates of ``model`` (see the module docstring)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    decisions = node_decisions(model, "fp16")
+    heads = _lm_heads(model)
+    targets: list[Target] = []
+    excluded: list[Excluded] = []
+    for i, node in enumerate(model.graph.node):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        w = inits.get(node.input[1])
+        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
+            continue  # not a projection with a float32 weight (activation x activation, or already quantized)
+        label = node_label(node, i)
+        decision = decisions[i]
+        pattern = _matches(label, exclude)
+        if decision.mode is not Mode.LOW:
+            excluded.append(Excluded(label, f"precision policy keeps it in float ({decision.reason})"))
+        elif node.output[0] in heads and not quantize_lm_head:
+            excluded.append(Excluded(label, "LM head (pass --quantize-lm-head to quantize it)"))
+        elif pattern is not None:
+            excluded.append(Excluded(label, f"--exclude {pattern!r}"))
+        else:
+            targets.append(Target(i, label, node.input[0], node.input[1], int(w.dims[0]), int(w.dims[1])))
+    return Selection(tuple(targets), tuple(excluded))
