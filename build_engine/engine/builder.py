@@ -31,7 +31,8 @@ from trtforge.profiles.loader import Profile, load_profile
 from ..core import fsutil, onnx_io
 from ..core.errors import BuildError, InputError
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
-from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, TensorInfo
+from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
+from .quantized import check_fp8_allowed
 from .shapes import InputPlan, plan_shapes
 from .timings import BuildTimings, _Timer
 
@@ -115,6 +116,7 @@ class _Staged:
     non_onnx_ops: bool
     plugins: list[PluginInfo]
     as_is: bool = False  # the source file is what is built (nothing converted or folded): parse it, copy it
+    quantization: QuantizationInfo | None = None
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
@@ -142,6 +144,7 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             loaded = onnx_io.load(onnx_path, data=data)
             del data  # parsed; the hashing worker holds its own reference until it is done
             source_sha = timings.submit(io_pool, "hash_weights", _hash_files, head, loaded.data_files)
+            check_fp8_allowed(loaded.model, prof, str(onnx_path))
             plans = plan_shapes(loaded.model, prof, str(onnx_path))
         staged = _convert(onnx_path, loaded, prof, timings)
         with _Timer(timings, "release"):
@@ -172,26 +175,36 @@ def _hash_files(head: Future[Any], files: tuple[Path, ...]) -> str:
 
 
 def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, timings: BuildTimings) -> _Staged:
-    """Precision conversion to the profile's type, then folding; the facts the later steps need about the result."""
+    """Precision conversion to the profile's type, then folding; the facts the later steps need about the result.
+
+    A quantized model (explicit Q/DQ, from ``trtforge quantize`` or another tool) is built as it is: its Q/DQ pairs
+    and scale dtypes are its precision, and converting around them would change the dequantized type of one MatMul
+    operand but not the other (TensorRT then refuses the MatMul)."""
+    from .quantized import quantization_info
+
+    quant = quantization_info(loaded.model)
     with _Timer(timings, "convert"):
         from ..precision.convert import convert_precision
 
-        conversion = convert_precision(loaded.model, prof.precision.dtype, fold=False)
-        converted = conversion.model
-        del conversion
+        if quant is not None:
+            converted = loaded.model
+        else:
+            conversion = convert_precision(loaded.model, prof.precision.dtype, fold=False)
+            converted = conversion.model
+            del conversion
     with _Timer(timings, "fold"):
         from trtforge.plugins import has_plugin_nodes
 
         from ..passes import fold
 
-        # In place when conversion made a new model; a model already in the profile's precision comes back as
-        # ``loaded.model`` itself, which nothing else reads after this either (the build drops it next).
+        # In place when conversion made a new model; a model already in the profile's precision (or quantized, built
+        # as is) comes back as ``loaded.model`` itself, which nothing else reads after this either.
         folded = fold(converted, inplace=True)
         unchanged = converted is loaded.model and not folded.report["rules"]
         model = folded.model
         del converted, folded
-        precision = _effective_precision(model, prof.precision.dtype)
-        if precision != prof.precision.dtype:
+        precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)
+        if quant is None and precision != prof.precision.dtype:
             import sys
 
             print(f"note: {onnx_path} is already {precision}; building it as is (profile {prof.name!r} asks for "
@@ -202,7 +215,8 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         as_is = loaded.external_data and unchanged and _same_as_file(model, Path(onnx_path))
         return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
                        non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),
-                       as_is=as_is)
+                       as_is=as_is,
+                       quantization=QuantizationInfo.from_json(quant, onnx_path) if quant is not None else None)
 
 
 def _same_as_file(model: Any, path: Path) -> bool:
@@ -234,7 +248,7 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
                     precision=staged.precision, compute_capabilities=_built_ccs(chosen, cc),
                     inputs=inputs, input_plans=plans, outputs=outputs, plugins=staged.plugins,
                     onnx_sha256=source_sha.result(), plan_sha256=plan_sha,
-                    build_seconds=time.perf_counter() - start,
+                    build_seconds=time.perf_counter() - start, quantization=staged.quantization,
                 )
                 # Plain write: the temporary folder becomes OUTDIR only by atomic_dir's rename, so nothing half-written
                 # is ever visible; an fsync here would flush the whole plan to disk and cost more than parsing.

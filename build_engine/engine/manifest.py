@@ -104,6 +104,33 @@ class PluginInfo:
 
 
 @dataclass(frozen=True)
+class QuantizationInfo:
+    """A quantized (explicit Q/DQ) model's facts, as ``trtforge quantize`` stored them in the model: the mode
+    (int8, int4-wo, fp8), where the calibration samples came from, and the projections kept in float."""
+
+    mode: str
+    calibration: str
+    excluded: tuple[str, ...] = ()
+    calibrator: str | None = None
+    quantized: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "calibration": self.calibration, "calibrator": self.calibrator,
+                "quantized": self.quantized, "excluded": list(self.excluded)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str | Path) -> QuantizationInfo:
+        ok = (isinstance(data, Mapping) and isinstance(data.get("mode"), str)
+              and isinstance(data.get("calibration"), str) and isinstance(data.get("excluded", []), list))
+        if not ok:
+            raise InputError(f"{where}: quantization: expected an object with mode, calibration and excluded; "
+                             f"{_REBUILD}")
+        quantized = data.get("quantized")
+        return cls(data["mode"], data["calibration"], tuple(str(e) for e in data.get("excluded", [])),
+                   data.get("calibrator"), int(quantized) if isinstance(quantized, int) else None)
+
+
+@dataclass(frozen=True)
 class Manifest:
     format: int
     plan: str  # the plan's file name inside the engine folder
@@ -121,13 +148,14 @@ class Manifest:
     plan_sha256: str
     build_seconds: float
     # Optional fields go below, each with default None and an entry in _OPTIONAL.
+    quantization: QuantizationInfo | None = None
 
     # --------------------------------------------------------------------------------------------------- making
     @classmethod
     def make(cls, *, backend_name: str, backend_version: str, profile: str, precision: str,
              compute_capabilities: Sequence[str], inputs: Sequence[TensorInfo], input_plans: Sequence[InputPlan],
              outputs: Sequence[TensorInfo], plugins: Sequence[PluginInfo], onnx_sha256: str, plan_sha256: str,
-             build_seconds: float) -> Manifest:
+             build_seconds: float, quantization: QuantizationInfo | None = None) -> Manifest:
         """The manifest of a finished build (``inputs``/``outputs`` as the parsed network has them)."""
         plans = {p.spec.name: p for p in input_plans}
         n_profiles = len(input_plans[0].ranges) if input_plans else 0
@@ -139,7 +167,7 @@ class Manifest:
                    profile=profile, precision=precision, compute_capabilities=tuple(compute_capabilities),
                    inputs=tuple(ins), outputs=tuple(ManifestTensor(t.name, t.dtype, tuple(t.shape)) for t in outputs),
                    optimization_profiles=n_profiles, plugins=tuple(plugins), onnx_sha256=onnx_sha256,
-                   plan_sha256=plan_sha256, build_seconds=round(build_seconds, 3))
+                   plan_sha256=plan_sha256, build_seconds=round(build_seconds, 3), quantization=quantization)
 
     # ------------------------------------------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:
@@ -237,7 +265,9 @@ class Manifest:
 
 # Optional manifest keys: name -> (decode(json value, where) -> field value, encode(field value) -> json value).
 # A field listed here must be declared on Manifest with default None.
-_OPTIONAL: Mapping[str, tuple[Callable[[Any, str], Any], Callable[[Any], Any]]] = {}
+_OPTIONAL: Mapping[str, tuple[Callable[[Any, str], Any], Callable[[Any], Any]]] = {
+    "quantization": (QuantizationInfo.from_json, QuantizationInfo.to_json),
+}
 
 
 class _Reader:

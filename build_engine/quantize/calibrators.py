@@ -58,8 +58,9 @@ def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
     try:
         return sess.run(list(outputs), dict(sample))
     except Exception as exc:  # onnxruntime reports bad feeds with its own exception types
-        raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({' '.join(str(exc).split())[:200]});"
-                         " check the calibration inputs' shapes") from exc
+        text = " ".join(str(exc).split())[:200]
+        raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({text}); check the calibration "
+                         "inputs' shapes") from exc
 
 
 def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], keep_rows: bool,

@@ -40,9 +40,11 @@ def _check_source(model: ModelProto) -> None:
                          "source model instead")
 
 
+Migration = tuple[dict[str, np.ndarray], dict[str, str], dict[str, calibrators.ActStats]]
+
+
 def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Target]],
-                weights: dict[str, np.ndarray], blocks: dict[str, int], calib: CalibSet) -> tuple[dict[str, np.ndarray], dict[str, str],
-                                                                          dict[str, calibrators.ActStats]]:
+                weights: dict[str, np.ndarray], blocks: dict[str, int], calib: CalibSet) -> Migration:
     """Per activation: s (weights rows * s, x / s), a description, and the float model's statistics."""
     keep_rows = cfg.mode == "int4-wo" and cfg.int4_method == "awq"
     stats = calibrators.collect(model, list(groups), calib.samples, keep_rows, cfg.seed)

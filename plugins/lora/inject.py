@@ -17,6 +17,10 @@ Must not fire (refused with InputError): a Gemm with ``transA``; a projection wh
 projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
 ``slot_ids`` could not fit them all). Only the main graph is searched (not If/Loop bodies).
 
+A quantized projection (``trtforge quantize``: ``x -> [Mul(1/s)] -> [QuantizeLinear -> DequantizeLinear] ->
+MatMul``) is adapted on its float input: the plugin's ``x`` is the value before the migration Mul (marked with
+``onnx_io.MIGRATION_DOC``) and the activation Q/DQ pair, because adapters are trained on the float activations.
+
 The MatMul's output is renamed ``<y>.lora_base`` and the plugin's output takes the original name, so every consumer,
 graph output and value_info keeps working unchanged.
 """
@@ -31,6 +35,7 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.onnx_io import MIGRATION_DOC
 
 from .. import is_plugin_node
 from . import spec
@@ -125,6 +130,18 @@ def _is_constant(name: str, inits: set[str], producer: dict[str, NodeProto], dep
     return node.op_type in _WEIGHT_PATH_OPS and _is_constant(node.input[0], inits, producer, depth + 1)
 
 
+def float_input(name: str, producer: dict[str, NodeProto]) -> str:
+    """The projection input before trtforge quantize's activation Q/DQ pair and migration Mul (see module doc)."""
+    node = producer.get(name)
+    if node is not None and node.op_type == "DequantizeLinear":
+        q = producer.get(node.input[0])
+        if q is not None and q.op_type == "QuantizeLinear":
+            name, node = q.input[0], producer.get(q.input[0])
+    if node is not None and node.op_type == "Mul" and node.doc_string == MIGRATION_DOC:
+        name = node.input[0]
+    return name
+
+
 def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
     """MatMul/Gemm nodes whose second input is a constant weight (activation x activation MatMuls are not)."""
     inits = {t.name for t in model.graph.initializer}
@@ -141,6 +158,7 @@ def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
     types = value_types(model)
     inits = {t.name: t for t in model.graph.initializer}
     already = {n.input[1] for n in model.graph.node if is_plugin_node(n) and len(n.input) > 1}
+    producer = {o: n for n in model.graph.node for o in n.output}
     found = projections(model)
     sites: list[Site] = []
     for target in targets:
@@ -152,7 +170,7 @@ def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
         for i, node, path in hits:
             if any(s.node_index == i for s in sites):
                 continue
-            sites.append(_site(i, node, path, types, inits, already))
+            sites.append(_site(i, node, path, types, inits, already, float_input(node.input[0], producer)))
     leads = {s.lead_dims for s in sites}
     if len({len(d) for d in leads}) > 1 or len(leads) > 1 and any(None in d for d in leads):
         raise InputError(f"target projections have inputs with different leading dims {sorted(map(str, leads))}; "
@@ -161,11 +179,11 @@ def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
 
 
 def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits: dict[str, TensorProto],
-          already: set[str]) -> Site:
+          already: set[str], x: str) -> Site:
     where = f"projection {node.name or path!r}"
     if node.output[0] in already:
         raise InputError(f"{where} already has a {spec.PLUGIN_NAME} node; inject into the original model")
-    x, y = node.input[0], node.output[0]
+    y = node.output[0]
     if node.op_type == "Gemm" and _gemm_attr(node, "transA"):
         raise InputError(f"{where} is a Gemm with transA=1; LoRA needs x as [tokens, in_features]")
     w = inits.get(node.input[1])
