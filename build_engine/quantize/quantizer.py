@@ -131,10 +131,20 @@ def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
         return {}
     if cfg.calibrator == "max":
         return {x: smoothquant.smoothed_amax(stats[x], scales.get(x, np.ones_like(stats[x].amax))) for x in groups}
-    # Percentile / entropy: onnxruntime's calibrators on the migrated (not yet quantized) model.
-    edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
-             for x, s in scales.items()}
-    migrated = rewrite(model, cfg.mode, edges, []) if scales else model
+    # Percentile / entropy: onnxruntime's calibrators on the migrated, still float model (x / s and s * W, so every
+    # later activation is the float model's).
+    migrated = model
+    if scales:
+        migrated = ModelProto()
+        migrated.CopyFrom(model)
+        scaled = {t.weight: s for x, s in scales.items() for t in groups[x]}
+        for init in migrated.graph.initializer:
+            if init.name in scaled:
+                w = numpy_helper.to_array(init).astype(np.float32) * scaled[init.name][:, None]
+                init.CopyFrom(numpy_helper.from_array(w, init.name))
+        edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
+                 for x, s in scales.items()}
+        migrated = rewrite(migrated, cfg.mode, edges, [])
     names = {x: _migrated_name(migrated, x) for x in groups}
     found = calibrators.ranges(migrated, list(names.values()), calib.samples, cfg.calibrator)
     return {x: found[names[x]] for x in groups}
