@@ -31,6 +31,8 @@ from trtforge.build_engine.core.errors import InputError
 GIB = 1 << 30
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
                                  "fp8": 1, "float8": 1, "int8": 1}
+#: What ``--kv-dtype`` accepts: fp8 and int8 KV caches hold one byte per element (half of fp16/bf16).
+KV_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp8", "int8")
 #: CUDA context, cuBLAS/attention workspaces and the runtime's own buffers (TensorRT-LLM leaves about this much).
 RUNTIME_RESERVE_BYTES = 1 * GIB
 
@@ -182,6 +184,12 @@ def activation_bytes(spec: ModelSpec, dtype_bytes: float, max_num_tokens: int, m
     return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
 
 
+def fp8_allowed(profile: Any) -> bool:
+    """FP8 needs Ada/Hopper (compute capability >= 8.9) and a profile that allows it."""
+    major, _, minor = str(profile.hardware.compute_capability).partition(".")
+    return bool(profile.precision.allow_fp8) and (int(major), int(minor or 0)) >= (8, 9)
+
+
 def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str | None = None,
             weights_dtype: str | None = None, request_tokens: int = 4096, max_num_tokens: int = 8192,
             max_batch: int = 256, memory_fraction: float | None = None,
@@ -200,7 +208,11 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     kdt = kv_dtype or profile.precision.dtype
     for label, dt in (("weights dtype", wdt), ("--kv-dtype", kdt)):
         if dt not in DTYPE_BYTES:
-            raise InputError(f"{label} {dt!r} unknown; use one of fp16, bf16, fp8")
+            raise InputError(f"{label} {dt!r} unknown; use one of {', '.join(KV_DTYPES)}")
+    if kdt in ("fp8", "float8") and not fp8_allowed(profile):
+        raise InputError(f"--kv-dtype fp8: profile {profile.name!r} (compute capability "
+                         f"{profile.hardware.compute_capability}) does not allow fp8; fp8 KV needs compute capability "
+                         ">= 8.9 and allow_fp8 = true (e.g. --profile l40s), or use --kv-dtype int8")
     tpb = int(tokens_per_block or profile.kv.tokens_per_block)
     fraction = float(memory_fraction if memory_fraction is not None else profile.kv.memory_fraction)
     if not 0 < fraction <= 1:

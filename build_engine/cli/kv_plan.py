@@ -16,8 +16,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", required=True, help="HF config.json path or a preset (llama-3.1-8b, llama-3.1-70b, "
                                                   "mistral-7b)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")
-    p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"), default=None,
-                   help="KV cache dtype (default: the profile's precision)")
+    p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8", "int8"), default=None,
+                   help="KV cache dtype (default: the profile's precision); fp8 and int8 hold half the bytes per "
+                        "token of fp16/bf16; fp8 only on profiles that allow it (compute capability >= 8.9)")
     p.add_argument("--request-tokens", type=int, default=4096,
                    help="prompt + generated tokens of one request, for 'requests that fit' (default 4096)")
     p.add_argument("--max-num-tokens", type=int, default=8192,

@@ -29,6 +29,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per step (default 8192)")
     p.add_argument("--horizon", type=float, default=600.0, help="seconds simulated past the last arrival")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
+    p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8", "int8"), default=None,
+                   help="KV cache dtype (default: the profile's precision); as trtforge kv-plan --kv-dtype")
     p.add_argument("--json", metavar="OUT", default=None, help="write the metrics JSON here")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="write KV utilization / queue / TTFT plot")
     return p
@@ -58,7 +60,7 @@ def _run(args: Namespace) -> int:
     check_outputs(("--json", args.json), ("--plot", args.plot))  # before simulating, and before either is written
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
-    kv = plan_kv(profile, spec, max_num_tokens=args.token_budget, max_batch=args.max_running)
+    kv = plan_kv(profile, spec, kv_dtype=args.kv_dtype, max_num_tokens=args.token_budget, max_batch=args.max_running)
     reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
@@ -66,13 +68,14 @@ def _run(args: Namespace) -> int:
     cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
                           max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
                           max_running=args.max_running)
-    model = StepTimeModel.from_profile(profile, spec)
+    model = StepTimeModel.from_profile(profile, spec, kv_dtype=kv.kv_dtype)
     res = simulate(reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
                    horizon_s=args.horizon)
     if args.json:
         write_json(args.json, {**res.summary.to_json(), "router": args.router, "trace": args.trace,
                                "profile": profile.name, "model": spec.name,
-                               "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_scale": args.kv_scale,
+                               "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_dtype": kv.kv_dtype,
+                               "kv_scale": args.kv_scale,
                                "time_scale": args.time_scale})
     if args.plot:
         from trtforge.scheduler.sim.plots import plot_results
