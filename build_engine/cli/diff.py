@@ -20,8 +20,10 @@ def build_parser() -> ArgumentParser:
                                      "Polygraphy's Comparator (onnxruntime runners; plugin nodes are decomposed).")
     p.add_argument("a", metavar="A", help="first model (.onnx; or an engine folder where TensorRT and a GPU exist)")
     p.add_argument("b", metavar="B", help="second model, compared against A (B is the reference for rtol)")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
-                   help="tolerance preset: fp32 1e-5/1e-5, fp16 atol 1e-2 rtol 1e-3, bf16 atol 5e-2 rtol 1e-2")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8", "int4-wo", "fp8"], default="fp32",
+                   help="tolerance preset: fp32 1e-5/1e-5, fp16 atol 1e-2 rtol 1e-3, bf16 atol 5e-2 rtol 1e-2; "
+                        "quantized A against its fp32 source B, over whole outputs: int8 rel. error <= 0.10 and "
+                        "top-1 agreement >= 0.85, fp8 0.15 / 0.80, int4-wo 0.35 / 0.50")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (overrides the preset)")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (overrides the preset); "
                                                             "--atol 0 --rtol 0 means bitwise equal")
@@ -52,16 +54,20 @@ def _run(args: Namespace) -> int:
                       shapes=parse_shape_args(args.shape), values=parse_value_args(args.value),
                       extra_inputs=args.extra_inputs, ort_optimize=args.ort_optimize)
     table = Table(title=f"{args.a} vs {args.b} (atol={result.atol:g}, rtol={result.rtol:g}, seed={result.seed})")
-    for col in ("output", "max abs", "max rel", "rel to scale", "mismatches", "pass"):
+    for col in ("output", "max abs", "max rel", "rel to scale", "rel error", "top-1", "mismatches", "pass"):
         table.add_column(col, justify="left" if col == "output" else "right")
     for o in result.outputs:
-        table.add_row(o.name, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.rel_to_scale:.3g}",
+        table.add_row(o.name, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.rel_to_scale:.3g}", f"{o.rel_error:.3g}",
+                      "-" if o.top1 is None else f"{o.top1:.3f}",
                       f"{o.mismatches}/{o.total}",
                       "[green]yes[/green]" if o.passed else "[red]NO[/red]")
     console = stdout_console()
     if result.decomposed:
         console.print(f"decomposed plugin nodes of {', '.join(result.decomposed)} before running")
     console.print(table)
+    for o in result.outputs:  # one plain line per output for scripts and the demo summary
+        if o.top1 is not None and args.precision in ("int8", "int4-wo", "fp8"):
+            console.print(f"accuracy {o.name}: top-1 agreement {o.top1:.3f}, relative error {o.rel_error:.4f}")
     if args.save:
         saved = save_results(result, args.save)
         console.print("saved " + ", ".join(str(p) for p in saved))

@@ -1,0 +1,44 @@
+"""trtforge diff --precision int8|int4-wo|fp8: whole-output criteria (top-1 agreement, relative error) vs fp32."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from trtforge.build_engine.verify.diff import QUANT_PRESETS, run_diff
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4-wo", "fp8"])
+def test_quantized_passes_its_preset(mode: str, quantized: dict[str, Path], tiny_path: Path, cli) -> None:
+    res = cli("diff", quantized[mode], tiny_path, "--precision", mode, "--shape", "input_ids:2,16")
+    assert res.code == 0, res.out + res.err
+    m = re.search(r"accuracy logits: top-1 agreement ([0-9.]+), relative error ([0-9.]+)", res.out)
+    assert m is not None, res.out
+    max_rel, min_top1 = QUANT_PRESETS[mode]
+    assert float(m.group(1)) >= min_top1 and 0 < float(m.group(2)) <= max_rel
+
+
+def test_fp32_preset_fails_and_numbers_match_numpy(quantized: dict[str, Path], tiny_path: Path, cli) -> None:
+    assert cli("diff", quantized["int8"], tiny_path, "--precision", "fp32").code == 1
+    r = run_diff(quantized["int8"], tiny_path, precision="int8", seed=3)
+    out_a = np.asarray(r.run_results[f"A:{quantized['int8'].name}"][0]["logits"])
+    out_b = np.asarray(r.run_results[f"B:{tiny_path.name}"][0]["logits"])
+    (o,) = r.outputs
+    assert o.rel_error == pytest.approx(np.linalg.norm(out_a - out_b) / np.linalg.norm(out_b), rel=1e-6)
+    assert o.top1 == pytest.approx(np.mean(out_a.argmax(-1) == out_b.argmax(-1)))
+
+
+def test_broken_quantization_fails(quantized: dict[str, Path], tiny_path: Path, tmp_path: Path, cli) -> None:
+    """Scales 8x too large on every weight: the int8 preset catches it (exit 1)."""
+    model = onnx.load(quantized["int8"])
+    for init in model.graph.initializer:
+        if init.name.endswith("_scale") and len(init.dims) == 1:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 8, init.name))
+    bad = tmp_path / "bad.onnx"
+    onnx.save(model, bad)
+    assert cli("diff", bad, tiny_path, "--precision", "int8").code == 1
