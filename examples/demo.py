@@ -85,6 +85,20 @@ def plan_steps(work: Path) -> list[Step]:
     steps += [_kv_step("kv-plan h100 llama-3.1-8b", "h100", "llama-3.1-8b", k / "h100_llama-3.1-8b.json"),
               _kv_step("kv-plan a100 example", "a100", str(m / "config.json"), k / "a100_example.json")]
     steps += [_sim_step(pol, s) for pol in ("fcfs-no-evict", "max-utilization", "cache-aware")]
+    steps += _quantize_steps(f / "folded_fp32.onnx", work / "09_quantize")
+    return steps
+
+
+def _quantize_steps(src: Path, q: Path) -> list[Step]:
+    """int8 and int4-wo built for a100 (Ampere has no fp8), fp8 built for l40s (Ada, CC 8.9); each diffed
+    against the fp32 source with its preset (top-1 agreement and relative error go into the summary)."""
+    steps = []
+    for mode, profile in (("int8", "a100"), ("int4-wo", "a100"), ("fp8", "l40s")):
+        dst, rep = q / f"model_{mode}.onnx", q / f"report_{mode}.json"
+        steps.append(_step(f"quantize {mode}", ["quantize", src, "-o", dst, "--mode", mode, "--report", rep],
+                           partial(demo_steps.quantize_file, src, dst, mode, rep), _describe_quantize))
+        steps.append(_build_step(f"build {profile} ({mode})", dst, profile, q / f"engine_{mode}_{profile}"))
+        steps.append(_diff_step(f"diff {mode} vs fp32", dst, src, q / f"diff_{mode}.json", precision=mode))
     return steps
 
 
@@ -197,9 +211,17 @@ def _describe_build(man: Any, out: Path) -> str:
             f"plugins {plugins}, {man.build_seconds:.1f} s")
 
 
+def _describe_quantize(r: Any) -> str:
+    return (f"{len(r.nodes)} projections {r.mode}, {len(r.excluded)} kept float "
+            f"({', '.join(e.name for e in r.excluded)}), {r.seconds:.1f} s")
+
+
 def _describe_diff(res: Any) -> str:
     if not res.outputs:
         return "compared (see saved JSON)"
+    if any(o.top1 is not None for o in res.outputs) and res.atol >= 1e29:  # a quantized preset
+        return "; ".join(f"{o.name}: top-1 agreement {o.top1:.3f}, relative error {o.rel_error:.4f}"
+                         for o in res.outputs if o.top1 is not None)
     worst_abs = max(o.max_abs for o in res.outputs)
     worst_rel = max(o.rel_to_scale for o in res.outputs)
     mism = sum(o.mismatches for o in res.outputs)

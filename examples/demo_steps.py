@@ -80,6 +80,18 @@ def decompose_file(src: Path, dst: Path) -> Any:
     return model
 
 
+def quantize_file(src: Path, dst: Path, mode: str, report: Path) -> Any:
+    """``trtforge quantize SRC -o DST --mode MODE --report REPORT`` (generated calibration samples, seed 0)."""
+    from trtforge.build_engine.quantize import QuantConfig, generate, quantize
+
+    loaded = onnx_io.load(src)
+    cfg = QuantConfig(mode=mode)
+    result = quantize(loaded.model, cfg, generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
+    onnx_io.save_model(result.model, dst, external_data=loaded.external_data or None)
+    fsutil.write_json(report, {**result.report.to_json(), "input": str(src), "output": str(dst)})
+    return result.report
+
+
 def build(src: Path, profile: str, out: Path) -> Manifest:
     """``trtforge build SRC --profile P -o OUT --force --no-progress``."""
     from trtforge.build_engine.engine.builder import build_engine

@@ -31,6 +31,13 @@ def test_demo_runs_every_step_and_keeps_outputs(cli, tmp_path: Path) -> None:
             for p in ("fcfs-no-evict", "max-utilization", "cache-aware")}
     assert sims["cache-aware"]["preempted"] == 0
     assert "| simulate cache-aware | ok |" in (work / "summary.md").read_text()
+    # Quantization: int8 and int4-wo engines for a100, fp8 for l40s, each with its accuracy line.
+    for mode, profile, cc in (("int8", "a100", "8.0"), ("int4-wo", "a100", "8.0"), ("fp8", "l40s", "8.9")):
+        manifest = json.loads((work / "09_quantize" / f"engine_{mode}_{profile}" / "manifest.json").read_text())
+        assert manifest["precision"] == mode and manifest["compute_capabilities"] == [cc]
+        assert manifest["quantization"]["mode"] == mode
+        line = next(s["detail"] for s in steps if s["name"] == f"diff {mode} vs fp32")
+        assert line.startswith("logits: top-1 agreement ") and "relative error" in line
 
 
 def test_examples_never_import_the_cli() -> None:
@@ -47,7 +54,7 @@ def test_plan_lists_the_commands_and_library_calls(tmp_path: Path) -> None:
     from trtforge.examples.demo import EXPECTED_REFUSALS, plan_steps
 
     steps = plan_steps(tmp_path)
-    assert len(steps) == 22 and len({s.name for s in steps}) == 22
+    assert len(steps) == 31 and len({s.name for s in steps}) == 31
     assert set(EXPECTED_REFUSALS) <= {s.name for s in steps}
     assert all(s.argv[0] in {"fold", "precision", "lora", "build", "triton", "diff", "kv-plan", "simulate"}
                and callable(s.run) for s in steps)
