@@ -192,3 +192,14 @@ def test_nan_and_not_npz_and_good_file(cli, tmp_path: Path) -> None:
     res = cli("quantize", src, "-o", tmp_path / "q.onnx", "--mode", "int8", "--calib", good)
     assert res.code == 0, res.err
     assert f"calibration: file {good}: 3 samples" in res.out
+
+
+def test_l40s_profile_allows_fp8_and_ampere_does_not() -> None:
+    from trtforge.build_engine.engine.quantized import fp8_allowed
+    from trtforge.profiles.loader import load_profile
+
+    l40s = load_profile("l40s")
+    hw = l40s.hardware
+    assert (hw.compute_capability, hw.memory_gb, hw.memory_bandwidth_gbs, hw.sm_count) == ("8.9", 48.0, 864.0, 142)
+    assert hw.fp8_tflops == 733.0 and fp8_allowed(l40s)
+    assert not fp8_allowed(load_profile("a100")) and not fp8_allowed(load_profile("a10"))
