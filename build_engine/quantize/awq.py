@@ -4,8 +4,9 @@ Per group of projections sharing an activation ``x``: salient input channels (la
 scaling their weight rows up before round-to-nearest block quantization and dividing ``x`` by the same factor:
 ``s = mean|x| ** a`` (normalised so sqrt(max * min) = 1), with ``a`` searched on a grid of ``GRID`` points in [0, 1)
 for the smallest output error ``sum_w ||X W - (X / s) Q(s * W)||^2`` on calibration rows. ``a = 0`` is plain
-round-to-nearest, so the search never does worse than RTN on the calibration rows. AWQ's weight-clipping search is
-not done.
+round-to-nearest, so the search never does worse than RTN on the calibration rows. Then AWQ's clipping search
+(``clip_search``): per block and output channel, the range shrink ratio in ``CLIP_GRID`` (1.0 included, so never
+worse than no clipping) with the smallest output error ``dW^T (X_b^T X_b) dW`` on the migrated calibration rows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .calibrators import ActStats
 from .numerics import fake_quant_weight
 
 GRID = 10
+CLIP_GRID = tuple(1.0 - 0.05 * k for k in range(10))  # 1.0 .. 0.55
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,23 @@ def search(stats: ActStats, weights: Sequence[np.ndarray], block: int) -> AwqCho
             best = (err, float(a), s)
     assert best is not None
     return AwqChoice(best[2], best[1], rtn / denom, best[0] / denom)
+
+
+def clip_search(rows: np.ndarray, w: np.ndarray, block: int) -> np.ndarray:
+    """Per (block, output channel) clip ratio for the int4 range of ``w`` (already multiplied by s) given the
+    migrated activations ``rows`` (x / s). Returns ``[blocks, out]`` ratios in ``CLIP_GRID``."""
+    k, n = w.shape
+    nb = k // block
+    grams = [rows[:, b * block:(b + 1) * block].T.astype(np.float64) @ rows[:, b * block:(b + 1) * block]
+             for b in range(nb)]
+    best_err = np.full((nb, n), np.inf)
+    best = np.ones((nb, n), np.float32)
+    for r in CLIP_GRID:
+        dw = (fake_quant_weight(w, "int4-wo", block, np.float32(r)) - w).astype(np.float64)
+        for b in range(nb):
+            d = dw[b * block:(b + 1) * block]
+            err = np.einsum("kn,kn->n", d, grams[b] @ d)
+            better = err < best_err[b]
+            best_err[b, better] = err[better]
+            best[b, better] = r
+    return best

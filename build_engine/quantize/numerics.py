@@ -36,13 +36,16 @@ def _block_amax(w: np.ndarray, block: int) -> np.ndarray:
     return padded.reshape(nb, block, n).max(1)
 
 
-def quantize_weight(w: np.ndarray, mode: str, block: int = 128) -> tuple[np.ndarray, np.ndarray]:
-    """(stored values, float32 scales) for an ``[in, out]`` float32 weight."""
+def quantize_weight(w: np.ndarray, mode: str, block: int = 128,
+                    clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(stored values, float32 scales) for an ``[in, out]`` float32 weight. ``clip`` (int4, ``[blocks, out]``,
+    in (0, 1]) shrinks each block's range (AWQ's clipping: outliers saturate, the rest get finer steps)."""
     w = w.astype(np.float32)
     if mode == "int4-wo":
         import ml_dtypes
 
-        scale = np.maximum(_block_amax(w, block) / INT4_MAX, _TINY).astype(np.float32)
+        amax = _block_amax(w, block) * (1.0 if clip is None else clip)
+        scale = np.maximum(amax / INT4_MAX, _TINY).astype(np.float32)
         full = np.repeat(scale, block, axis=0)[: w.shape[0]]
         return np.clip(np.rint(w / full), -8, 7).astype(ml_dtypes.int4), scale
     amax = np.abs(w).max(0)
@@ -61,10 +64,11 @@ def dequantize_weight(q: np.ndarray, scale: np.ndarray, mode: str, block: int = 
     return q.astype(np.float32) * scale
 
 
-def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128) -> np.ndarray:
+def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128, clip: np.ndarray | float = 1.0) -> np.ndarray:
     if mode == "int4-wo":  # the same arithmetic as quantize_weight, kept in float32 (AWQ's search calls it often)
         w = w.astype(np.float32)
-        full = np.repeat(np.maximum(_block_amax(w, block) / INT4_MAX, _TINY), block, axis=0)[: w.shape[0]]
+        amax = _block_amax(w, block) * clip
+        full = np.repeat(np.maximum(amax / INT4_MAX, _TINY), block, axis=0)[: w.shape[0]]
         return np.clip(np.rint(w / full), -8, 7) * full
     q, s = quantize_weight(w, mode, block)
     return dequantize_weight(q, s, mode, block)

@@ -38,6 +38,7 @@ class WeightPlan:
     target: Target
     weight: np.ndarray  # float32 [in, out], migration already applied
     block: int = 0      # int4: rows per block (divides in_features: TensorRT builds whole blocks only)
+    clip: np.ndarray | None = None  # int4: [blocks, out] range ratios from AWQ's clipping search
 
 
 class _Namer:
@@ -87,7 +88,7 @@ def _edge_nodes(edge: EdgePlan, mode: str, new: _Namer, inits: list[TensorProto]
 
 def _weight_node(plan: WeightPlan, mode: str, new: _Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
     t, block = plan.target, plan.block
-    q, scale = quantize_weight(plan.weight, mode, block)
+    q, scale = quantize_weight(plan.weight, mode, block, plan.clip)
     qname, sname = new(f"{t.weight}_quantized"), new(f"{t.weight}_scale")
     inits.append(numpy_helper.from_array(q, qname))
     inits.append(numpy_helper.from_array(scale, sname))

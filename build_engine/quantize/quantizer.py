@@ -86,8 +86,8 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     amax = _act_ranges(model, cfg, groups, scales, stats, calib)
     edges = {x: EdgePlan(x, tuple(t.index for t in ts), (1.0 / scales[x]).astype(np.float32) if x in scales
                          else None, amax.get(x)) for x, ts in groups.items()}
-    plans = [WeightPlan(t, weights[t.weight] * scales[t.x][:, None] if t.x in scales else weights[t.weight],
-                        blocks[t.x]) for t in sel.targets]
+    plans = [_weight_plan(t, weights[t.weight], scales.get(t.x), blocks[t.x], stats.get(t.x), cfg)
+             for t in sel.targets]
     quantized = rewrite(model, cfg.mode, edges, plans)
     folded = fold(quantized)
     report = QuantReport(
@@ -103,6 +103,17 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     out = folded.model
     helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, METADATA_KEY: report.metadata()})
     return QuantResult(out, report)
+
+
+def _weight_plan(t: Target, w: np.ndarray, s: np.ndarray | None, block: int, stats: calibrators.ActStats | None,
+                 cfg: QuantConfig) -> WeightPlan:
+    """The weight to store (rows * s when migrated) and, for AWQ, its clipping ratios on the migrated rows."""
+    w = w * s[:, None] if s is not None else w
+    clip = None
+    if cfg.mode == "int4-wo" and cfg.int4_method == "awq" and stats is not None and stats.rows is not None:
+        rows = stats.rows / s if s is not None else stats.rows
+        clip = awq.clip_search(rows, w, block)
+    return WeightPlan(t, w, block, clip)
 
 
 MIN_BLOCK = 16
