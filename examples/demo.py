@@ -12,6 +12,8 @@ Steps (each output kept under the work folder, numbered in pipeline order):
   06_diff      original vs folded (atol = rtol = 0) and inject+decompose with every slot -1 vs original (exact)
   07_kv        trtforge kv-plan (h100 with Llama-3.1-8B, a100 with the example model's config)
   08_sim       trtforge simulate on a synthetic trace, three policies, with the cache-aware run's plot
+  09_quantize  trtforge quantize int8 and int4-wo (built for a100) and fp8 (built for l40s), each diffed against
+               the fp32 model with its preset (top-1 agreement and relative error in the summary)
 
 Plan and doing are split: ``plan_steps`` lists each step's name, the ``trtforge`` command that writes the same
 files (shown while running), and its call into the library (``demo_steps``); ``run_demo`` runs them and builds
@@ -250,7 +252,7 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
     """Run every step; a failing step is recorded and the next ones still run where they can."""
     work.mkdir(parents=True, exist_ok=True)
     for sub in ("00_model", "01_fold", "02_precision", "03_lora", "04_engines", "05_triton", "06_diff", "07_kv",
-                "08_sim"):
+                "08_sim", "09_quantize"):
         (work / sub).mkdir(exist_ok=True)
     results: list[StepResult] = []
 
