@@ -56,5 +56,5 @@ def test_plan_lists_the_commands_and_library_calls(tmp_path: Path) -> None:
     steps = plan_steps(tmp_path)
     assert len(steps) == 31 and len({s.name for s in steps}) == 31
     assert set(EXPECTED_REFUSALS) <= {s.name for s in steps}
-    assert all(s.argv[0] in {"fold", "precision", "lora", "build", "triton", "diff", "kv-plan", "simulate"}
+    assert all(s.argv[0] in {"fold", "precision", "quantize", "lora", "build", "triton", "diff", "kv-plan", "simulate"}
                and callable(s.run) for s in steps)
