@@ -6,10 +6,11 @@ dtype, its fixed dims, finite values, at least one element, and integer values i
 (token ids below the embedding table's size, LoRA slot ids in ``[-1, slots)``), so a bad file fails here, naming
 the input, instead of inside onnxruntime.
 
-Generated samples come from the input planner that ``trtforge diff`` uses (``verify.inputs.plan_inputs``): token
-ids drawn inside the embedding table's range, shapes from dim names (first dim 1, other dynamic dims ``seq_len``,
-one size per dim name, so positions and masks derived from the same ``sequence`` stay consistent), LoRA slot ids
-pinned to -1 (the base model's activations: adapters change per request and are never quantized).
+Generated samples come from the input planner that ``trtforge diff`` uses (``verify.inputs.plan_feeds``, drawn
+with its ``draw``): token ids drawn inside the embedding table's range, shapes from dim names (first dim 1, other
+dynamic dims ``seq_len``, one size per dim name, so positions and masks derived from the same ``sequence`` stay
+consistent), LoRA slot ids pinned to -1 (the base model's activations: adapters change per request and are never
+quantized).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from onnx import ModelProto
 from trtforge.plugins.lora import spec as lora_spec
 
 from ..core.errors import InputError
-from ..verify.inputs import InputSpec, graph_inputs, plan_inputs
+from ..verify.inputs import FeedSpec as InputSpec
 from ..verify.inputs import _int_range as graph_int_range  # the planner's own reading of Gather bounds
+from ..verify.inputs import draw as draw_one
+from ..verify.inputs import graph_inputs, plan_feeds
 
 Sample = Mapping[str, np.ndarray]
 
@@ -61,21 +64,13 @@ def _shapes(model: ModelProto, batch: int, seq_len: int) -> dict[str, tuple[int,
 
 def plan(model: ModelProto, seq_len: int, batch: int = 1) -> tuple[InputSpec, ...]:
     values = {name: -1.0 for name in _slot_inputs(model)}
-    return plan_inputs(model, shapes=_shapes(model, batch, seq_len), values=values)
+    return plan_feeds(model, shapes=_shapes(model, batch, seq_len), values=values)
 
 
 def draw(specs: tuple[InputSpec, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """One sample from the specs (integers uniform in the inclusive range, floats uniform)."""
-    out: dict[str, np.ndarray] = {}
-    for s in specs:
-        dtype = np.dtype(s.dtype)
-        if dtype == np.bool_:
-            out[s.name] = rng.integers(0, 2, s.shape).astype(bool)
-        elif np.issubdtype(dtype, np.integer):
-            out[s.name] = rng.integers(int(s.low), int(s.high) + 1, s.shape).astype(dtype)
-        else:
-            out[s.name] = rng.uniform(s.low, s.high, s.shape).astype(dtype)
-    return out
+    """One sample from the specs (the planner's own drawing: integers uniform in the inclusive range, floats
+    uniform)."""
+    return {s.name: draw_one(s, rng) for s in specs}
 
 
 def generate(model: ModelProto, count: int, seq_len: int, seed: int) -> CalibSet:
