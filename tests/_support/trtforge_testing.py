@@ -5,14 +5,33 @@ pytest's pythonpath includes tests/_support.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
+
+# Every random test input comes from a seeded generator (the ``rng`` fixture, or ``seeded_rng`` where no fixture
+# reaches). The base seed is in the pytest header and in a failing test's report; rerun with
+#   TRTFORGE_TEST_SEED=<base seed> pytest <test id>
+SEED_ENV = "TRTFORGE_TEST_SEED"
+BASE_SEED = int(os.environ.get(SEED_ENV) or 20261201)
+
+
+def seed_for(label: str) -> int:
+    """The base seed mixed with a label (a test id, a helper's name), so generators do not share a stream."""
+    return (BASE_SEED * 1_000_003 + zlib.crc32(label.encode())) % (1 << 32)
+
+
+def seeded_rng(label: str) -> np.random.Generator:
+    return np.random.default_rng(seed_for(label))
 
 
 @dataclass

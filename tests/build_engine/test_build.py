@@ -205,11 +205,10 @@ def test_parse_failure_is_one_line_and_leaves_nothing(cli, tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mystery.onnx"]
 
 
-def test_fresh_inputs_run_the_kept_onnx(built: dict) -> None:
+def test_fresh_inputs_run_the_kept_onnx(built: dict, rng: np.random.Generator) -> None:
     """The model.onnx kept beside the a10 plan (fp16, built) runs in onnxruntime and matches the fp32 source."""
     import onnxruntime as ort
 
-    rng = np.random.default_rng()
     ids = rng.integers(1, LlamaConfig().vocab, size=(2, 9), dtype=np.int64)
     kept = built[("a10", "fp32")] / "model.onnx"
     out = ort.InferenceSession(str(kept)).run(None, {"input_ids": ids})[0]

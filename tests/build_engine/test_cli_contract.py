@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtforge_testing import assert_one_line_error
+from trtforge_testing import assert_one_line_error, seeded_rng
 
 
 def _tiny_model(path: Path) -> Path:
-    rng = np.random.default_rng()
+    rng = seeded_rng("test_cli_contract._tiny_model")
     w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",

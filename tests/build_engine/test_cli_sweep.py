@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtforge_testing import assert_one_line_error
+from trtforge_testing import assert_one_line_error, seeded_rng
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from trtforge.examples.llama import LlamaConfig, make_llama
 
     d = tmp_path_factory.mktemp("sweep_inputs")
-    w = numpy_helper.from_array(np.random.default_rng().standard_normal((16, 8)).astype(np.float32), "w")
+    w = numpy_helper.from_array(seeded_rng("test_cli_sweep.inputs").standard_normal((16, 8)).astype(np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
@@ -212,10 +212,10 @@ def test_bad_usage_with_an_engine(cli, paths: Paths, engine: Path, tmp_path: Pat
     assert _tree(tmp_path) | _tree(engine) == before, "an output was left behind"
 
 
-def test_pack_empty_targets_is_refused_not_read_as_all(cli, tmp_path: Path) -> None:
+def test_pack_empty_targets_is_refused_not_read_as_all(cli, tmp_path: Path, rng: np.random.Generator) -> None:
     """``--targets ''`` used to pack every module (an empty string read as 'no filter')."""
     st = pytest.importorskip("safetensors.numpy")
-    g = np.random.default_rng()
+    g = rng
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     prefix = "base_model.model.model.layers.0.self_attn.q_proj"

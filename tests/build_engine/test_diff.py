@@ -46,8 +46,8 @@ def _perturb(model: onnx.ModelProto, name: str, index: int, delta: float) -> onn
 
 
 @pytest.fixture
-def pair(tmp_path: Path) -> tuple[Path, Path, Path]:
-    seed = int(np.random.default_rng().integers(1 << 30))
+def pair(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, Path, Path]:
+    seed = int(rng.integers(1 << 30))
     a, copy, bad = tmp_path / "a.onnx", tmp_path / "copy.onnx", tmp_path / "bad.onnx"
     model = _model(seed)
     onnx.save(model, a)
@@ -124,14 +124,13 @@ def test_bad_inputs_exit_2(pair, tmp_path: Path, cli) -> None:
     assert_one_line_error(cli("diff", a, a, "--atol", "-1"), 2, "--atol")
 
 
-def test_plugin_models_are_decomposed(tmp_path: Path, cli) -> None:
+def test_plugin_models_are_decomposed(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """LoRA-injected models (plugin nodes) are decomposed to standard ops before onnxruntime runs them; the slot
     ids are drawn from [-1, num_slots), and two copies compare bitwise equal."""
     inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
     pytest.importorskip("trtforge.plugins.lora.decompose")
     from trtforge.build_engine.verify.diff import run_diff
 
-    rng = np.random.default_rng()
     h, o = 16, 16
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", o])
@@ -151,13 +150,12 @@ def test_plugin_models_are_decomposed(tmp_path: Path, cli) -> None:
     assert (slots.low, slots.high) == (-1, 2)  # slot ids bounded by the pool (num_slots 3), -1 = no adapter
 
 
-def test_injected_with_no_adapter_equals_original(tmp_path: Path, cli) -> None:
+def test_injected_with_no_adapter_equals_original(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """Original vs LoRA-injected (decomposed): with every slot id -1 the outputs are bitwise equal; with random
     slot ids and random pools they differ. The pool inputs exist only in the injected model (--extra-inputs)."""
     inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
     from trtforge.plugins.lora import spec
 
-    rng = np.random.default_rng()
     h = 16
     w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32),
                                 "model.layers.0.self_attn.q_proj.weight")
@@ -177,11 +175,10 @@ def test_injected_with_no_adapter_equals_original(tmp_path: Path, cli) -> None:
     assert_one_line_error(cli(*args, "--value", "nope=1"), 2, "nope")
 
 
-def test_folded_weight_is_bitwise_equal(tmp_path: Path, cli) -> None:
+def test_folded_weight_is_bitwise_equal(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """``x @ Identity(W)`` vs ``x @ W`` (what folding produces) must compare bitwise equal: onnxruntime prepacks
     only constant weights and a prepacked GEMM sums in another order, so diff runs sessions without prepacking or
     graph rewrites by default."""
-    rng = np.random.default_rng()
     h = 256
     w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32), "w")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
@@ -195,12 +192,11 @@ def test_folded_weight_is_bitwise_equal(tmp_path: Path, cli) -> None:
     assert res.code == 0, res.out + res.err
 
 
-def test_rel_to_scale_is_max_abs_over_reference_scale() -> None:
+def test_rel_to_scale_is_max_abs_over_reference_scale(rng: np.random.Generator) -> None:
     import numpy as np
 
     from trtforge.build_engine.verify.diff import _output_diff
 
-    rng = np.random.default_rng()
     b = rng.standard_normal((3, 50)).astype(np.float32)
     a = b + rng.standard_normal(b.shape).astype(np.float32) * 1e-3
     d = _output_diff("y", a, b, 1e-2, 1e-3, True)

@@ -86,8 +86,8 @@ def _rejects(check: Callable[[ModelProto], None], m: ModelProto) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(BREAKS))
-def test_check_model_rejects_what_the_full_checker_rejects(name: str) -> None:
-    m = _model(np.random.default_rng())
+def test_check_model_rejects_what_the_full_checker_rejects(name: str, rng: np.random.Generator) -> None:
+    m = _model(rng)
     BREAKS[name](m)
     full = _rejects(onnx.checker.check_model, m)
     assert full, f"the full checker accepts {name!r}: the case proves nothing"
@@ -111,15 +111,16 @@ def _typed_storage(m: ModelProto) -> None:
 
 
 @pytest.mark.parametrize("change", [_longer_raw, _fp16_weight, _typed_storage])
-def test_check_model_accepts_what_the_full_checker_accepts(change: Callable[[ModelProto], None]) -> None:
-    m = _model(np.random.default_rng())
+def test_check_model_accepts_what_the_full_checker_accepts(change: Callable[[ModelProto], None],
+                                                           rng: np.random.Generator) -> None:
+    m = _model(rng)
     change(m)
     onnx.checker.check_model(m)
     onnx_io.check_model(m)
 
 
-def test_check_model_accepts_a_valid_model_and_skeleton_keeps_inferred_types() -> None:
-    m = _model(np.random.default_rng())
+def test_check_model_accepts_a_valid_model_and_skeleton_keeps_inferred_types(rng: np.random.Generator) -> None:
+    m = _model(rng)
     before = m.SerializeToString()
     onnx_io.check_model(m)
     skel = onnx_io.skeleton(m)
@@ -136,8 +137,8 @@ def test_check_model_accepts_a_valid_model_and_skeleton_keeps_inferred_types() -
     assert types(m)["y"] == (TensorProto.FLOAT, [4, 16])  # the small Reshape target's values were read
 
 
-def test_load_rejects_a_truncated_weight(tmp_path) -> None:
-    m = _model(np.random.default_rng())
+def test_load_rejects_a_truncated_weight(tmp_path, rng: np.random.Generator) -> None:
+    m = _model(rng)
     _short_raw(m)
     path = tmp_path / "bad.onnx"
     path.write_bytes(m.SerializeToString())

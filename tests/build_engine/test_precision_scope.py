@@ -29,10 +29,9 @@ def _if_model(w: np.ndarray) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("to", ["fp16", "bf16"])
-def test_initializer_read_only_by_a_subgraph_is_kept(to: str) -> None:
+def test_initializer_read_only_by_a_subgraph_is_kept(to: str, rng: np.random.Generator) -> None:
     from onnx.reference import ReferenceEvaluator
 
-    rng = np.random.default_rng()
     w = rng.standard_normal((4, 4)).astype(np.float32)
     x = rng.standard_normal((2, 4)).astype(np.float32)
     converted = convert_precision(_if_model(w), to).model

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtforge_testing import assert_one_line_error
+from trtforge_testing import assert_one_line_error, seeded_rng
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
@@ -32,7 +32,7 @@ def _manifest(plan: bytes, *, batch_max: tuple[int, ...] = (8, 16), plugins: lis
 def _engine(tmp_path: Path, name: str = "engine", **kw) -> Path:
     d = tmp_path / name
     d.mkdir()
-    plan = np.random.default_rng().bytes(4096)
+    plan = seeded_rng(f"test_triton._engine.{name}").bytes(4096)
     (d / "model.plan").write_bytes(plan)
     (d / "manifest.json").write_text(json.dumps(_manifest(plan, **kw)))
     return d
@@ -206,7 +206,7 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     assert cli("triton", "--check", tmp_path / "repo" / "llama").code == 0
 
 
-def test_real_lora_engine_refused(tmp_path: Path, cli) -> None:
+def test_real_lora_engine_refused(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """A LoRA-injected model built by the real builder records its Python plugin; Triton output is refused."""
     pytest.importorskip("tensorrt_rtx")
     try:
@@ -218,7 +218,7 @@ def test_real_lora_engine_refused(tmp_path: Path, cli) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     h = 32
-    w = numpy_helper.from_array(np.random.default_rng().standard_normal((h, h)).astype(np.float32),
+    w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32),
                                 "model.layers.0.self_attn.q_proj.weight")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", w.name], ["y"], name="/model/layers.0/self_attn/q_proj/MatMul")], "g",

@@ -99,8 +99,7 @@ def test_checker_and_interface(models: dict[str, onnx.ModelProto]) -> None:
         assert list(k.dims) == [CFG.hidden, CFG.kv_heads * CFG.head_dim]  # grouped-query: fewer KV heads
 
 
-def test_fp32_matches_float64_reference(models: dict[str, onnx.ModelProto]) -> None:
-    rng = np.random.default_rng()
+def test_fp32_matches_float64_reference(models: dict[str, onnx.ModelProto], rng: np.random.Generator) -> None:
     for b, s in ((2, 7), (1, 13)):
         ids = rng.integers(0, CFG.vocab, size=(b, s), dtype=np.int64)
         got = _run(models["fp32"], ids)
@@ -110,8 +109,8 @@ def test_fp32_matches_float64_reference(models: dict[str, onnx.ModelProto]) -> N
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
-def test_fp16_autocast_within_fp16_tolerance(models: dict[str, onnx.ModelProto]) -> None:
-    ids = np.random.default_rng().integers(0, CFG.vocab, size=(2, 7), dtype=np.int64)
+def test_fp16_autocast_within_fp16_tolerance(models: dict[str, onnx.ModelProto], rng: np.random.Generator) -> None:
+    ids = rng.integers(0, CFG.vocab, size=(2, 7), dtype=np.int64)
     got = _run(models["fp16-autocast"], ids)
     assert got.dtype == np.float32 and np.isfinite(got).all()
     # Reference on the fp16-rounded weights: what remains is fp16 activation rounding.
@@ -123,9 +122,9 @@ def test_fp16_autocast_within_fp16_tolerance(models: dict[str, onnx.ModelProto])
     np.testing.assert_allclose(w16["lm_head.weight"], w32["lm_head.weight"], rtol=1e-3, atol=1e-7)
 
 
-def test_causal_prefix_consistency(models: dict[str, onnx.ModelProto]) -> None:
+def test_causal_prefix_consistency(models: dict[str, onnx.ModelProto], rng: np.random.Generator) -> None:
     """Causality: logits of a prefix do not change when tokens are appended."""
-    ids = np.random.default_rng().integers(0, CFG.vocab, size=(2, 9), dtype=np.int64)
+    ids = rng.integers(0, CFG.vocab, size=(2, 9), dtype=np.int64)
     full, prefix = _run(models["fp32"], ids), _run(models["fp32"], ids[:, :5])
     np.testing.assert_allclose(full[:, :5], prefix, rtol=1e-5, atol=1e-6)
 
@@ -180,10 +179,10 @@ def test_deterministic_and_seeded() -> None:
         LlamaConfig(heads=8, kv_heads=3)
 
 
-def test_bigger_config_runs() -> None:
+def test_bigger_config_runs(rng: np.random.Generator) -> None:
     m = make_llama(BIGGER, "fp16-autocast")
     onnx.checker.check_model(m)
-    ids = np.random.default_rng().integers(0, BIGGER.vocab, size=(2, 7), dtype=np.int64)
+    ids = rng.integers(0, BIGGER.vocab, size=(2, 7), dtype=np.int64)
     out = _run(m, ids)
     assert out.shape == (2, 7, BIGGER.vocab) and np.isfinite(out).all()
 

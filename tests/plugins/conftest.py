@@ -36,11 +36,6 @@ def _single_op_model_fixture() -> Callable[..., onnx.ModelProto]:
 
 
 @pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
-@pytest.fixture
 def pool() -> Callable[..., dict[str, np.ndarray]]:
     """Random x, y, pools, slot ids (including -1) and scales for given shapes."""
 

@@ -12,6 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trtforge_testing import seeded_rng
+
 pytest.importorskip("tensorrt_rtx")
 pytest.importorskip("polygraphy")
 
@@ -20,7 +22,7 @@ def _lora_model(tmp_path: Path) -> Path:
     """Two projections (q_proj, v_proj) with LoRA plugin nodes injected by trtforge's own pass."""
     from trtforge.plugins.lora.inject import inject
 
-    rng = np.random.default_rng()
+    rng = seeded_rng("test_polygraphy_plugin._lora_model")
     h = 64
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
     outs, nodes, inits = [], [], []
