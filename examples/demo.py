@@ -201,7 +201,7 @@ def _describe_precision(r: Any) -> str:
 def _describe_inject(model: Any) -> str:
     from trtforge.plugins.lora import spec
 
-    n = sum(1 for node in model.graph.node if node.op_type == spec.PLUGIN_NAME)
+    n = sum(1 for node in model.graph.node if spec.is_lora_node(node))
     return f"{n} {spec.PLUGIN_NAME} nodes, {len(model.graph.input)} graph inputs"
 
 

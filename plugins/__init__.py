@@ -7,6 +7,7 @@ the caller already chose.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -16,8 +17,9 @@ from trtforge.build_engine.core.graph import model_nodes
 
 from .lora import spec as _lora_spec
 
-#: The registry: each plugin's ONNX op name -> the node domains that select it.
-PLUGIN_OPS: dict[str, tuple[str, ...]] = {_lora_spec.PLUGIN_NAME: (_lora_spec.ONNX_DOMAIN, "")}
+#: The registry: each plugin's ONNX op name -> its spec's node predicate. Plugin folders never import this package
+#: (their modules ask their own spec), so the registry depends on the plugins and not the other way round.
+PLUGIN_OPS: dict[str, Callable[[NodeProto], bool]] = {_lora_spec.PLUGIN_NAME: _lora_spec.is_lora_node}
 
 
 def register_all(trt_module: ModuleType) -> list[str]:
@@ -43,9 +45,10 @@ def configure_builder(trt_module: ModuleType, config: Any) -> None:
 
 
 def is_plugin_node(node: NodeProto) -> bool:
-    """The one "is this a trtforge plugin node" predicate: an op of a registered plugin (``PLUGIN_OPS``), in the
-    plugin's ONNX domain or the default one (an exporter that dropped the domain)."""
-    return node.domain in PLUGIN_OPS.get(node.op_type, ())
+    """The one "is this a trtforge plugin node" predicate: an op of a registered plugin (``PLUGIN_OPS``), as that
+    plugin's spec recognises it."""
+    match = PLUGIN_OPS.get(node.op_type)
+    return match is not None and match(node)
 
 
 def has_plugin_nodes(model: ModelProto) -> bool:

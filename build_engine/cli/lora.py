@@ -82,7 +82,7 @@ def _inject(args: argparse.Namespace) -> int:
     except InputError as exc:
         raise InputError(f"{args.input}: {exc.message}") from exc
     _save(out, loaded, args.output)
-    n = sum(1 for node in out.graph.node if node.op_type == spec.PLUGIN_NAME)
+    n = sum(1 for node in out.graph.node if spec.is_lora_node(node))
     print(f"{args.output}: {n} {spec.PLUGIN_NAME} node(s), rank {args.max_rank}, {args.slots} slots; "
           f"{steps.elapsed():.2f} s in all (load to save)")
     return 0

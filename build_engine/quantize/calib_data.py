@@ -44,7 +44,7 @@ class CalibSet:
 
 def _slot_inputs(model: ModelProto) -> set[str]:
     return {n.input[lora_spec.SLOT_IDS] for n in model.graph.node
-            if n.op_type == lora_spec.PLUGIN_NAME and len(n.input) > lora_spec.SLOT_IDS}
+            if lora_spec.is_lora_node(n) and len(n.input) > lora_spec.SLOT_IDS}
 
 
 def _shapes(model: ModelProto, batch: int, seq_len: int) -> dict[str, tuple[int, ...]]:

@@ -82,7 +82,7 @@ def _lm_heads(model: ModelProto) -> set[str]:
                 break
             for j in consumers.get(value, []):
                 nxt = model.graph.node[j]
-                if nxt.op_type in _DATA_MOVEMENT or nxt.op_type == lora_spec.PLUGIN_NAME:
+                if nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt):
                     frontier.extend(nxt.output)
     return heads
 

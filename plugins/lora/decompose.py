@@ -24,7 +24,6 @@ from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
 from trtforge.build_engine.core.onnx_io import check_model
 
-from .. import is_plugin_node
 from . import spec
 from ._graph import FLOAT_TYPES, default_opset, value_types
 
@@ -85,7 +84,7 @@ def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[Node
 def decompose(model: ModelProto, *, inplace: bool = False) -> ModelProto:
     """A new model with every plugin node of the main graph replaced by standard ops (input not mutated unless
     ``inplace``: then it is the model changed and returned, with no copy of its weights)."""
-    if not any(is_plugin_node(n) for n in model.graph.node):
+    if not any(spec.is_lora_node(n) for n in model.graph.node):
         out = ModelProto()
         out.CopyFrom(model)
         return out
@@ -98,7 +97,7 @@ def decompose(model: ModelProto, *, inplace: bool = False) -> ModelProto:
     # whose rank is known.
     known_rank: dict[str, int] = {}
     for node in model.graph.node:
-        xt = types.get(node.input[0]) if is_plugin_node(node) and node.input else None
+        xt = types.get(node.input[0]) if spec.is_lora_node(node) and node.input else None
         if xt is not None and xt.shape is not None and len(node.input) > spec.SLOT_IDS:
             known_rank.setdefault(node.input[spec.SLOT_IDS], len(xt.shape))
     if inplace:
@@ -108,7 +107,7 @@ def decompose(model: ModelProto, *, inplace: bool = False) -> ModelProto:
         out.CopyFrom(model)
     nodes: list[NodeProto] = []
     for node in out.graph.node:
-        if not is_plugin_node(node):
+        if not spec.is_lora_node(node):
             nodes.append(node)
             continue
         where = f"plugin node {node.name or node.output[0]!r}"

@@ -37,7 +37,6 @@ from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
 from trtforge.build_engine.core.onnx_io import MIGRATION_DOC
 
-from .. import is_plugin_node
 from . import spec
 from ._graph import FLOAT_TYPES, DimT, ValueType, make_input, value_types
 
@@ -157,7 +156,7 @@ def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
         raise InputError("no LoRA targets given; pass --targets q_proj,v_proj (module names)")
     types = value_types(model)
     inits = {t.name: t for t in model.graph.initializer}
-    already = {n.input[1] for n in model.graph.node if is_plugin_node(n) and len(n.input) > 1}
+    already = {n.input[1] for n in model.graph.node if spec.is_lora_node(n) and len(n.input) > 1}
     producer = {o: n for n in model.graph.node for o in n.output}
     found = projections(model)
     sites: list[Site] = []

@@ -29,7 +29,6 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from trtforge.build_engine.core.errors import ModelError
 
-from .. import is_plugin_node
 from . import spec
 
 _DTYPE_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
@@ -55,7 +54,7 @@ def plugin_dtype(node: NodeProto, types: Mapping[str, int]) -> int | None:
 def stand_in(graph: GraphProto) -> None:
     """Replace (in place, on a throw-away copy) every plugin node with ``Identity(y) -> out`` for type inference."""
     for k, node in enumerate(graph.node):
-        if is_plugin_node(node) and len(node.input) > spec.Y and node.output:
+        if spec.is_lora_node(node) and len(node.input) > spec.Y and node.output:
             graph.node[k].CopyFrom(helper.make_node("Identity", [node.input[spec.Y]], [node.output[0]],
                                                     name=node.name or node.output[0]))
 
@@ -74,7 +73,7 @@ def check_types(model: ModelProto, types: Mapping[str, int]) -> None:
     A failure here is a bug in the conversion, so it is reported before TensorRT meets the graph.
     """
     for node in model.graph.node:
-        if not is_plugin_node(node) or len(node.input) != len(spec.INPUT_NAMES):
+        if not spec.is_lora_node(node) or len(node.input) != len(spec.INPUT_NAMES):
             continue
         got = {spec.INPUT_NAMES[i]: types.get(node.input[i]) for i in range(len(spec.INPUT_NAMES))}
         shared = {got[spec.INPUT_NAMES[i]] for i in _SHARED}
@@ -92,7 +91,7 @@ def dtype_conflicts(model: ModelProto, low: int) -> list[str]:
     types.update({t.name: t.data_type for t in model.graph.initializer})
     out = []
     for node in model.graph.node:
-        if is_plugin_node(node):
+        if spec.is_lora_node(node):
             d = plugin_dtype(node, types)
             if d is not None and d not in (TensorProto.FLOAT, low):
                 out.append(f"{_where(node)} is {dtype_name(d)}")

@@ -30,6 +30,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
+from onnx import NodeProto
+
 from trtforge.build_engine.core.errors import InputError
 
 PLUGIN_NAME = "LoRAOpPluginDynamic"
@@ -53,6 +55,14 @@ DEFAULT_TILE = 128
 NO_ADAPTER = -1
 
 FIELD_NAMES: tuple[str, ...] = ("max_rank", "num_slots", "in_features", "out_features", "tile")
+
+#: Node domains that select this op: its own, or the default one (an exporter that dropped the domain).
+NODE_DOMAINS: tuple[str, ...] = (ONNX_DOMAIN, "")
+
+
+def is_lora_node(node: NodeProto) -> bool:
+    """The one "is this a LoRA plugin node" predicate; ``trtforge.plugins.is_plugin_node`` asks it."""
+    return node.op_type == PLUGIN_NAME and node.domain in NODE_DOMAINS
 
 
 @dataclass(frozen=True)
