@@ -16,8 +16,9 @@ from onnx import ModelProto, TensorProto
 from trtforge.profiles.loader import Profile
 
 from ..core.errors import InputError
-from ..quantize.config import METADATA_KEY
 
+# The model metadata_props entry ``trtforge quantize`` writes and ``trtforge build`` reads into the manifest.
+METADATA_KEY = "trtforge.quantization"
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 FP8_TYPES = frozenset({TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2,
                        TensorProto.FLOAT8E5M2FNUZ})

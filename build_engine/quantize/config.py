@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import InputError
+from ..engine.quantized import METADATA_KEY  # the engine reads the entry, so it owns the name
+
+__all__ = ["CALIBRATORS", "INT4_METHODS", "METADATA_KEY", "MIN_IR", "MIN_OPSET", "MODES", "QuantConfig"]
 
 MODES: tuple[str, ...] = ("int8", "int4-wo", "fp8")
 CALIBRATORS: tuple[str, ...] = ("max", "percentile", "entropy")
@@ -13,7 +16,6 @@ INT4_METHODS: tuple[str, ...] = ("awq", "rtn")
 # DequantizeLinear's block_size in opset 21 (IR 10).
 MIN_OPSET = {"int8": 13, "fp8": 19, "int4-wo": 21}
 MIN_IR = {"int8": 7, "fp8": 9, "int4-wo": 10}
-METADATA_KEY = "trtforge.quantization"  # model metadata_props entry ``trtforge build`` reads into the manifest
 
 
 @dataclass(frozen=True)
