@@ -33,8 +33,9 @@ cannot register Python (``IPluginV3``) creators, so it is not an alternative.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
+
+from ..core import env
 
 
 def polygraphy_uses_rtx() -> bool:
@@ -44,7 +45,7 @@ def polygraphy_uses_rtx() -> bool:
 
         return bool(config.USE_TENSORRT_RTX)
     except ImportError:
-        return os.environ.get("POLYGRAPHY_USE_TENSORRT_RTX", "0") != "0"
+        return env.get(env.POLYGRAPHY_USE_TENSORRT_RTX) != "0"
 
 
 def register_plugins(trt_module: Any | None = None) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..core import env
 from .worker import KILL_ONCE_ENV, CellJob, CellResult, run_cell
 
 Event = Callable[[int, str, int, "CellResult | None"], None]  # (cell index, state, attempt, result when done)
@@ -141,16 +142,15 @@ def _ray_cell(job: CellJob, files: dict[str, bytes] | None) -> CellResult:
 
 def start_ray(address: str, jobs: int) -> bool:
     """Connect to ``address`` or start a local cluster ("local"); returns True when this call started one."""
-    import os
-
     import ray
 
     from .cells import node_resources
 
     if ray.is_initialized():  # the caller (a benchmark, a notebook) already connected this process
         return False
-    env = {KILL_ONCE_ENV: os.environ[KILL_ONCE_ENV]} if os.environ.get(KILL_ONCE_ENV) else {}
-    runtime_env = {"env_vars": env} if env else None
+    kill_once = env.get(env.TEST_KILL_ONCE_DIR)
+    env_vars = {KILL_ONCE_ENV: kill_once} if kill_once else {}
+    runtime_env = {"env_vars": env_vars} if env_vars else None
     if address == "local":
         ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
                  configure_logging=False, runtime_env=runtime_env)

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core import env
 from ..core.errors import TrtforgeError
 from .spec import Pipeline
 
 # Fault injection for the tests (a worker killed mid-build): when set to a folder, the first attempt of each cell
 # creates a marker there and SIGKILLs its own process during the build; the retry finds the marker and proceeds.
-KILL_ONCE_ENV = "TRTFORGE_TEST_KILL_ONCE_DIR"
+KILL_ONCE_ENV = env.TEST_KILL_ONCE_DIR.name
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class CellResult:
 
 
 def _maybe_die(label: str) -> None:
-    folder = os.environ.get(KILL_ONCE_ENV)
+    folder = env.get(env.TEST_KILL_ONCE_DIR)
     if not folder:
         return
     marker = Path(folder) / label.replace("/", "__")

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trtforge.build_engine.core import env
 from trtforge.build_engine.core.errors import BackendError, InputError
 
 from . import spec
@@ -150,12 +151,10 @@ class LoraLauncher:
         """``simple_max_tokens``: ``run_op`` uses the scratch-free kernel (out of place, no copy of y) up to this many
         tokens; default ``$TRTFORGE_LORA_SIMPLE_MAX_TOKENS`` or 0 (always the fused kernel) until measurements pick a
         threshold (bench/lora_kernel.py times both)."""
-        import os
-
         from cuda.bindings import driver
 
         if simple_max_tokens is None:
-            simple_max_tokens = int(os.environ.get(SIMPLE_MAX_TOKENS_ENV, "0") or 0)
+            simple_max_tokens = env.get_int(env.LORA_SIMPLE_MAX_TOKENS)
         self.simple_max_tokens = simple_max_tokens
         self._drv = driver
         self._module: Any = None

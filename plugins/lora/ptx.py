@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtforge.build_engine.core import env
 from trtforge.build_engine.core.errors import BackendError, BuildError, InputError
 
 KERNEL_PATH = Path(__file__).with_name("kernel.cu")
@@ -71,7 +72,7 @@ def normalize_arch(arch: str) -> str:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = env.get(env.XDG_CACHE_HOME) or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "trtforge" / "ptx"
 
 
@@ -112,7 +113,7 @@ def _find_nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    for home in (env.get(env.CUDA_HOME), env.get(env.CUDA_PATH), "/usr/local/cuda"):
         if home and Path(home, "bin", "nvcc").is_file():
             return str(Path(home, "bin", "nvcc"))
     return None

@@ -27,17 +27,17 @@ import math
 from types import ModuleType
 from typing import Any
 
+from trtforge.build_engine.core import env
+
 from . import spec
 
-ALIAS_ENV = "TRTFORGE_LORA_ALIAS"
+ALIAS_ENV = env.LORA_ALIAS.name
 _CLASSES: dict[str, tuple[type, type]] = {}
 _CREATORS: dict[str, Any] = {}  # keep creator objects alive: the registry holds only a raw pointer
 
 
 def alias_enabled() -> bool:
-    import os
-
-    return os.environ.get(ALIAS_ENV, "") == "1"
+    return env.get(env.LORA_ALIAS) == "1"
 
 
 def plugin_id() -> str:

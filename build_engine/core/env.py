@@ -1,0 +1,56 @@
+"""Every environment variable trtforge reads, declared once with its default and meaning.
+
+Library code reads the environment only through ``get`` / ``get_int`` with a ``Knob`` from this module, so
+``KNOBS`` is the complete list (a test greps the sources for other ``os.environ`` reads). Values are read at call
+time, never cached at import, so a test or a caller can change them with ``os.environ`` / ``monkeypatch.setenv``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One environment variable: ``default`` is what an unset variable means."""
+
+    name: str
+    default: str
+    meaning: str
+    owner: str = "trtforge"  # "trtforge" for our own knobs, else the tool whose convention we follow
+
+
+LORA_ALIAS = Knob("TRTFORGE_LORA_ALIAS", "0",
+                  "1: the LoRA plugin's output aliases its y input (needs TensorRT's aliased plugin I/O feature)")
+LORA_SIMPLE_MAX_TOKENS = Knob("TRTFORGE_LORA_SIMPLE_MAX_TOKENS", "0",
+                              "batches of at most this many tokens run the scratch-free LoRA kernel (0: never)")
+TEST_KILL_ONCE_DIR = Knob("TRTFORGE_TEST_KILL_ONCE_DIR", "",
+                          "tests only: a build-matrix worker SIGKILLs itself once, leaving a marker in this folder")
+POLYGRAPHY_USE_TENSORRT_RTX = Knob("POLYGRAPHY_USE_TENSORRT_RTX", "0",
+                                   "1: Polygraphy builds and runs with tensorrt_rtx instead of tensorrt",
+                                   owner="polygraphy")
+XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "", "cache root (the compiled LoRA kernels go to <it>/trtforge/ptx; "
+                      "default ~/.cache)", owner="XDG base directories")
+CUDA_HOME = Knob("CUDA_HOME", "", "CUDA toolkit folder searched for nvcc when it is not on PATH", owner="CUDA")
+CUDA_PATH = Knob("CUDA_PATH", "", "CUDA toolkit folder searched for nvcc after CUDA_HOME", owner="CUDA")
+
+KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, POLYGRAPHY_USE_TENSORRT_RTX,
+                           XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH)
+
+
+def get(knob: Knob) -> str:
+    """The variable's value, or the knob's default when it is unset (an empty value is returned as is)."""
+    return os.environ.get(knob.name, knob.default)
+
+
+def get_int(knob: Knob) -> int:
+    """An integer knob; unset or empty means the default."""
+    value = get(knob) or knob.default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise InputError(f"environment variable {knob.name}={value!r} is not an integer; unset it or give one "
+                         f"({knob.meaning})") from exc
