@@ -7,10 +7,23 @@ with ``prometheus_client.generate_latest(metrics.registry)`` or ``start_http_ser
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sized
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .scheduler import Scheduler, StepPlan
+from .prefix_cache import PrefixCache
+
+
+class SchedulerView(Protocol):
+    """What ``observe_step`` reads of a ``scheduler.Scheduler``; typed here because that module imports this one."""
+
+    @property
+    def cache(self) -> PrefixCache: ...
+    @property
+    def used_blocks(self) -> int: ...
+    @property
+    def queue(self) -> Sized: ...
+    @property
+    def running(self) -> Sized: ...
 
 
 class SchedulerMetrics:
@@ -38,7 +51,7 @@ class SchedulerMetrics:
                                                                                          10, 30, 60, 300, 1800),
                                             registry=r)
 
-    def observe_step(self, sched: Scheduler, plan: StepPlan) -> None:
+    def observe_step(self, sched: SchedulerView, plan: object) -> None:
         cache = sched.cache
         self.free_blocks.set(cache.pool.num_free)
         self.used_blocks.set(sched.used_blocks)

@@ -1,18 +1,15 @@
-"""Graph utilities every layer shares: value dims, dtype names, the subgraph walk, one stable topological sort and
-one shape-inference wrapper. Each exists once, here; passes, plugins, precision, engine and verify import it.
+"""Graph utilities every layer shares: value dims, dtype names, the subgraph walk and one stable topological sort.
+Each exists once, here; passes, plugins, precision, engine and verify import it (the one shape-inference wrapper is
+``shape_inference.infer_shapes``).
 
 Subgraphs: a node may carry graph attributes (If/Loop/Scan/SequenceMap bodies, and any custom-domain node, whose
 attributes are not known to ONNX). ``all_graphs`` yields a graph and every body nested in it, outer first.
-
-Shape inference (``infer_shapes``) runs on the weight-free skeleton (``onnx_io.skeleton``): onnx serialises the
-whole model to infer, and for a model of tens of MB the weights would cost more than everything else. A weight's
-type and shape are its stand-in input's, and inference reads only small constants' values, which the skeleton keeps.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto
@@ -160,24 +157,3 @@ def stable_topo_order(deps: Sequence[set[int]]) -> list[int]:
             if indeg[u] == 0:
                 heapq.heappush(heap, u)
     return out
-
-
-# ----------------------------------------------------------------------------------------------- shape inference
-
-def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = False, data_prop: bool = False,
-                 edit: Callable[[GraphProto], None] | None = None) -> ModelProto:
-    """``onnx.shape_inference.infer_shapes`` on ``model``'s weight-free skeleton; returns the inferred skeleton.
-
-    Read types and shapes from its ``value_info`` / inputs / outputs: big weights appear there as typed graph inputs
-    of the same name (see the module docstring). ``edit`` may change the skeleton's main graph first (precision
-    conversion stands in for plugin nodes). Raises what onnx raises, and ``ValueError`` when even the skeleton is
-    too big for protobuf.
-    """
-    from .onnx_io import skeleton
-
-    skel = skeleton(model)
-    if edit is not None:
-        edit(skel.graph)
-    if skel.ByteSize() >= PROTO_LIMIT:
-        raise ValueError("the model's structure alone is too big for ONNX shape inference")
-    return onnx.shape_inference.infer_shapes(skel, check_type=check_type, strict_mode=strict, data_prop=data_prop)

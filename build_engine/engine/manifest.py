@@ -20,12 +20,10 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import InputError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .shapes import InputPlan
+from .shapes import InputPlan, ShapeRange
 
 FORMAT = 1
 PLAN_NAME = "model.plan"
@@ -41,18 +39,6 @@ class TensorInfo:
     name: str
     dtype: str
     shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ShapeRange:
-    """One optimization profile's shapes for one input."""
-
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-
-    def to_json(self) -> dict[str, list[int]]:
-        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
 
 
 @dataclass(frozen=True)

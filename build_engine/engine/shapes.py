@@ -24,14 +24,25 @@ from trtforge.profiles.loader import Profile, Range
 
 from ..core.errors import InputError
 from ..core.graph import Dim, dtype_name, tensor_dims
-from .manifest import ShapeRange
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    """One optimization profile's shapes for one input (a manifest field; defined here, below the manifest)."""
+
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+
 
 BATCH_NAMES = frozenset({"batch", "batch_size", "batchsize", "b", "n", "num_sequences"})
 SEQUENCE_NAMES = frozenset({"sequence", "seq", "seq_len", "seqlen", "sequence_length", "s", "tokens", "num_tokens",
                             "total_sequence_length"})
 _INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
               onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}
-
 
 
 @dataclass(frozen=True)

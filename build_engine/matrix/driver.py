@@ -222,7 +222,7 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
     if spec.triton_repo is not None:
         from .triton_assembly import assemble
 
-        assemble(report, spec.triton_repo)
+        assemble(report.cells, spec.triton_repo)
     return report
 
 

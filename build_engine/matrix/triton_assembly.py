@@ -7,26 +7,34 @@ cannot load a Python plugin), recorded in the cell's ``reason``; the cell itself
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..core.errors import TrtforgeError
+from .cells import Cell
 
-if TYPE_CHECKING:
-    from .driver import MatrixReport
+
+class CellView(Protocol):
+    """What ``assemble`` reads and sets of a ``driver.CellStatus``; typed here because the driver imports this."""
+
+    cell: Cell
+    status: str
+    reason: str
+    outdir: str
 
 
 def entry_name(model: str, profile: str) -> str:
     return f"{model}_{profile}"
 
 
-def assemble(report: MatrixReport, repo: Path) -> list[str]:
+def assemble(cells: Iterable[CellView], repo: Path) -> list[str]:
     """Write one entry per built/cached cell; returns the entry names written."""
     from ..triton.repo import write_entry
 
     repo.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    for st in report.cells:
+    for st in cells:
         if st.status not in ("built", "cached"):
             continue
         name = entry_name(st.cell.model.name, st.cell.profile_name)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from onnx import ModelProto
 
 from .ir import GraphCtx
+from .walk import run_passes
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,6 @@ class GraphPass:
         raise NotImplementedError
 
     def call(self, model: ModelProto) -> PassResult:
-        from .walk import run_passes
-
         stats = run_passes(model, [self], fixed_point=False)
         return PassResult(model, stats.rewrites > 0)
 

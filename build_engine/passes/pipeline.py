@@ -22,7 +22,8 @@ from onnx import GraphProto, ModelProto
 
 from ..core import onnx_io, steps
 from ..core.errors import CheckFailed
-from ..core.graph import PROTO_LIMIT, all_graphs, infer_shapes, may_have_subgraphs, subgraphs
+from ..core.graph import PROTO_LIMIT, all_graphs, may_have_subgraphs, subgraphs
+from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
 from .walk import WalkStats, graph_types, run_passes
 

@@ -13,15 +13,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from onnx import GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
 from ..core.graph import may_have_subgraphs, subgraphs
 from .ir import GraphCtx, Scope
 
-if TYPE_CHECKING:
-    from .base import GraphPass
+
+class GraphPass(Protocol):
+    """What the walker needs of a pass (``base.GraphPass`` has it; that module imports this one)."""
+
+    name: str
+
+    def rewrite(self, ctx: GraphCtx) -> int: ...
+
 
 _MAX_LOCAL_ROUNDS = 64
 

@@ -32,7 +32,7 @@ from trtforge.plugins.lora import precision as precision_plugins
 
 from ..core import onnx_io, steps
 from ..core.errors import InputError, ModelError
-from ..core.graph import infer_shapes
+from ..core.shape_inference import infer_shapes
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 
 PRECISIONS = tuple(LOW_TYPES)
@@ -47,7 +47,7 @@ class PrecisionResult:
 
 
 def _infer(model: ModelProto, *, strict: bool) -> ModelProto:
-    """Shape inference on the weight-free skeleton (``core.graph.infer_shapes``) with plugin nodes replaced by
+    """Shape inference on the weight-free skeleton (``core.shape_inference.infer_shapes``) with plugin nodes replaced by
     Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``)."""
     return infer_shapes(model, strict=strict, edit=precision_plugins.stand_in)
 

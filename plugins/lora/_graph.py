@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
 
-from trtforge.build_engine.core.graph import Dim, infer_shapes, tensor_dims
+from trtforge.build_engine.core.graph import Dim, tensor_dims
+from trtforge.build_engine.core.shape_inference import infer_shapes
 
 DimT = Dim  # a dim_value, a dim_param, or unknown
 

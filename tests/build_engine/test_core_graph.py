@@ -13,6 +13,7 @@ from onnx import numpy_helper as nh
 from trtforge.build_engine.core import graph as cg
 from trtforge.build_engine.core.errors import ModelError
 from trtforge.build_engine.core.onnx_io import check_graph_structure
+from trtforge.build_engine.core.shape_inference import infer_shapes
 
 
 def test_topo_order_is_stable() -> None:
@@ -52,13 +53,13 @@ def test_infer_shapes_runs_on_the_skeleton_and_types_big_weights() -> None:
                      [h.make_tensor_value_info("z", T.FLOAT, None)],
                      initializer=[w])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    inferred = cg.infer_shapes(m, strict=True)
+    inferred = infer_shapes(m, strict=True)
     assert not inferred.graph.initializer  # the weight never went through onnx's serialisation
     assert {i.name for i in inferred.graph.input} == {"x", "w"}
     y = next(v for v in inferred.graph.value_info if v.name == "y")
     assert cg.tensor_dims(y) == ("n", 32)
     seen = []
-    cg.infer_shapes(m, edit=lambda graph: seen.append(len(graph.node)))
+    infer_shapes(m, edit=lambda graph: seen.append(len(graph.node)))
     assert seen == [2] and len(m.graph.initializer) == 1  # the input model is untouched
 
 

@@ -1,0 +1,33 @@
+"""The one shape-inference wrapper: ``onnx.shape_inference`` on the weight-free skeleton.
+
+onnx serialises the whole model to infer, and for a model of tens of MB the weights would cost more than everything
+else; the skeleton (``onnx_io.skeleton``) stands in each big weight by a typed graph input of the same name, and
+inference reads only small constants' values, which the skeleton keeps. Its own module because it needs both
+``graph`` (the protobuf limit) and ``onnx_io`` (the skeleton), and ``onnx_io`` imports ``graph``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+from onnx import GraphProto, ModelProto
+
+from .graph import PROTO_LIMIT
+from .onnx_io import skeleton
+
+
+def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = False, data_prop: bool = False,
+                 edit: Callable[[GraphProto], None] | None = None) -> ModelProto:
+    """``onnx.shape_inference.infer_shapes`` on ``model``'s weight-free skeleton; returns the inferred skeleton.
+
+    Read types and shapes from its ``value_info`` / inputs / outputs: big weights appear there as typed graph inputs
+    of the same name. ``edit`` may change the skeleton's main graph first (precision conversion stands in for plugin
+    nodes). Raises what onnx raises, and ``ValueError`` when even the skeleton is too big for protobuf.
+    """
+    skel = skeleton(model)
+    if edit is not None:
+        edit(skel.graph)
+    if skel.ByteSize() >= PROTO_LIMIT:
+        raise ValueError("the model's structure alone is too big for ONNX shape inference")
+    return onnx.shape_inference.infer_shapes(skel, check_type=check_type, strict_mode=strict, data_prop=data_prop)
