@@ -218,7 +218,7 @@ def test_fresh_inputs_run_the_kept_onnx(built: dict, rng: np.random.Generator) -
 
 def test_lora_plugin_model_builds_with_progress(models: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A bf16 model with LoRAOpPluginDynamic nodes: plugin link + registration, aliased plugin I/O, manifest."""
-    inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
+    from trtforge.plugins.lora import inject as inject_mod
     from trtforge.plugins.lora.spec import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
     model = inject_mod.inject(onnx.load(models["bf16"]), ["q_proj", "v_proj"], max_rank=8, slots=4)

@@ -127,9 +127,8 @@ def test_bad_inputs_exit_2(pair, tmp_path: Path, cli) -> None:
 def test_plugin_models_are_decomposed(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """LoRA-injected models (plugin nodes) are decomposed to standard ops before onnxruntime runs them; the slot
     ids are drawn from [-1, num_slots), and two copies compare bitwise equal."""
-    inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
-    pytest.importorskip("trtforge.plugins.lora.decompose")
     from trtforge.build_engine.verify.diff import run_diff
+    from trtforge.plugins.lora import inject as inject_mod
 
     h, o = 16, 16
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])
@@ -153,7 +152,7 @@ def test_plugin_models_are_decomposed(tmp_path: Path, cli, rng: np.random.Genera
 def test_injected_with_no_adapter_equals_original(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """Original vs LoRA-injected (decomposed): with every slot id -1 the outputs are bitwise equal; with random
     slot ids and random pools they differ. The pool inputs exist only in the injected model (--extra-inputs)."""
-    inject_mod = pytest.importorskip("trtforge.plugins.lora.inject")
+    from trtforge.plugins.lora import inject as inject_mod
     from trtforge.plugins.lora import spec
 
     h = 16

@@ -178,12 +178,9 @@ def test_check_rejects_escaping_and_missing(tmp_path: Path, cli) -> None:
 def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     """Build the bundled example with the real builder (TensorRT-RTX on CPU) and write a repository from it."""
     pytest.importorskip("tensorrt_rtx")
-    try:
-        from trtforge.build_engine.engine.builder import build_engine  # noqa: F401
-        from trtforge.examples.llama import LlamaConfig, make_llama
-    except ImportError as exc:
-        pytest.skip(f"builder or example model not available yet: {exc}")
     import onnx
+
+    from trtforge.examples.llama import LlamaConfig, make_llama
 
     model = make_llama(LlamaConfig(layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128,
                                    vocab=128))
@@ -209,13 +206,10 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
 def test_real_lora_engine_refused(tmp_path: Path, cli, rng: np.random.Generator) -> None:
     """A LoRA-injected model built by the real builder records its Python plugin; Triton output is refused."""
     pytest.importorskip("tensorrt_rtx")
-    try:
-        from trtforge.build_engine.engine.builder import build_engine  # noqa: F401
-        from trtforge.plugins.lora.inject import inject
-    except ImportError as exc:
-        pytest.skip(f"builder or LoRA inject not available yet: {exc}")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
+
+    from trtforge.plugins.lora.inject import inject
 
     h = 32
     w = numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32),

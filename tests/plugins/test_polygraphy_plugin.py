@@ -43,13 +43,6 @@ def _lora_model(tmp_path: Path) -> Path:
     return path
 
 
-def _needs_plugin_glue() -> None:
-    try:
-        import trtforge.plugins.lora.trt_plugin  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"LoRA IPluginV3 glue (helper D) not available: {exc}")
-
-
 def test_entry_point_declared() -> None:
     from importlib import metadata
 
@@ -59,7 +52,6 @@ def test_entry_point_declared() -> None:
 
 
 def test_register_returns_no_arg_groups_and_registers_creators() -> None:
-    _needs_plugin_glue()
     import tensorrt_rtx as trt
 
     from trtforge.build_engine.engine.polygraphy_plugin import register_plugins
@@ -71,7 +63,6 @@ def test_register_returns_no_arg_groups_and_registers_creators() -> None:
 
 
 def test_polygraphy_convert_builds_lora_model(tmp_path: Path) -> None:
-    _needs_plugin_glue()
     model = _lora_model(tmp_path)
     plan = tmp_path / "lora.plan"
     exe = Path(sys.executable).with_name("polygraphy")
