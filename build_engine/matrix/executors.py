@@ -80,7 +80,8 @@ class _Workers:
         """Wait for at least one busy worker; (submission, attempt, result or None if it died, death reason)."""
         from multiprocessing.connection import wait
 
-        out = []
+        out: list[tuple[Submission, int, CellResult | None, str]] = []
+        conn: Any  # a multiprocessing Connection (wait() is typed for sockets and fds too)
         for conn in wait(list(self.busy)):
             proc, sub, attempt = self.busy.pop(conn)
             try:
@@ -166,7 +167,7 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
 
     available = ray.cluster_resources()
     remote = ray.remote(_ray_cell)
-    refs = {key: (ray.put(files) if files is not None else None) for key, files in sources.items()}
+    refs: dict[str, Any] = {key: (ray.put(files) if files is not None else None) for key, files in sources.items()}
     waiting: dict[Any, Submission] = {}
     results: dict[int, CellResult] = {}
     for sub in subs:

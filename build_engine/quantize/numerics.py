@@ -64,7 +64,8 @@ def dequantize_weight(q: np.ndarray, scale: np.ndarray, mode: str, block: int = 
     return q.astype(np.float32) * scale
 
 
-def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128, clip: np.ndarray | float = 1.0) -> np.ndarray:
+def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128,
+                      clip: np.ndarray | np.floating | float = 1.0) -> np.ndarray:
     if mode == "int4-wo":  # the same arithmetic as quantize_weight, kept in float32 (AWQ's search calls it often)
         w = w.astype(np.float32)
         amax = _block_amax(w, block) * clip

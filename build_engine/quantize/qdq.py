@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
@@ -93,7 +94,7 @@ def _weight_node(plan: WeightPlan, mode: str, new: _Namer, inits: list[TensorPro
     inits.append(numpy_helper.from_array(q, qname))
     inits.append(numpy_helper.from_array(scale, sname))
     out = new(f"{t.weight}_dequantized")
-    attrs = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
+    attrs: dict[str, Any] = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
     node = helper.make_node("DequantizeLinear", [qname, sname], [out], name=new(f"{t.name}/weight/DequantizeLinear"),
                             **attrs)
     return node, out

@@ -127,12 +127,12 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
             return runtime
         except Exception as exc:  # a runtime that cannot run a model is not a verdict on the fold
             errors.append((runtime, exc))
-    runtime, exc = errors[-1]
+    last_runtime, last = errors[-1]
     first = errors[0]
     raise CannotCheck(f"could not check this model: {first[0]} cannot run it ({_first_line(first[1])}; "
                       f"{_culprit(original, str(first[1]))})" + (
-                          f", nor can {runtime} ({_first_line(exc)}; {_culprit(original, str(exc))})"
-                          if len(errors) > 1 else "") + "; fold without --check, or check with another tool") from exc
+                          f", nor can {last_runtime} ({_first_line(last)}; {_culprit(original, str(last))})"
+                          if len(errors) > 1 else "") + "; fold without --check, or check with another tool") from last
 
 
 def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import onnx
 from onnx import ModelProto, TensorProto, ValueInfoProto
@@ -10,7 +11,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto
 from trtforge.build_engine.core.graph import Dim, tensor_dims
 from trtforge.build_engine.core.shape_inference import infer_shapes
 
-DimT = Dim  # a dim_value, a dim_param, or unknown
+DimT: TypeAlias = Dim  # a dim_value, a dim_param, or unknown
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto
@@ -242,9 +243,10 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
                        make_input(sc, TensorProto.FLOAT, (slots,))]
         base = f"{site.y}.lora_base"
         g.node[site.node_index].output[0] = base
+        attrs: dict[str, Any] = dict(fields.as_dict())  # onnx's make_node types **kwargs loosely
         new_nodes[site.node_index] = onnx.helper.make_node(
             spec.PLUGIN_NAME, [site.x, base, a, b, spec.SLOT_IDS_INPUT, sc], [site.y],
-            name=f"{site.path}/{spec.PLUGIN_NAME}", domain=spec.ONNX_DOMAIN, **fields.as_dict())
+            name=f"{site.path}/{spec.PLUGIN_NAME}", domain=spec.ONNX_DOMAIN, **attrs)
     nodes = []
     for i, node in enumerate(g.node):
         nodes.append(node)

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from trtforge.build_engine.core.errors import InputError
 from . import spec
 
 _KEY = re.compile(r"^base_model\.model\.(?P<path>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
-_ST_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": "bfloat16"}
+_ST_DTYPES: dict[str, Any] = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": "bfloat16"}
 
 
 @dataclass(frozen=True)

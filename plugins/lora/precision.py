@@ -31,7 +31,8 @@ from trtforge.build_engine.core.errors import ModelError
 
 from . import spec
 
-_DTYPE_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+_DTYPE_NAMES: dict[int, str] = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
+                               TensorProto.BFLOAT16: "bfloat16"}
 _SHARED = (spec.X, spec.Y, spec.LORA_A, spec.LORA_B)  # inputs bound to the op's one float dtype D
 
 

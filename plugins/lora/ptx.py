@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtforge.build_engine.core import env
 from trtforge.build_engine.core.errors import BackendError, BuildError, InputError
@@ -80,7 +81,7 @@ def _nvrtc(src: str, arch: str, kind: str = "ptx") -> bytes:
     """PTX (virtual arch compute_XY) or a cubin (real arch sm_XY) from NVRTC."""
     from cuda.bindings import nvrtc  # raises (ImportError/RuntimeError) when libnvrtc cannot be loaded
 
-    def check(res: object) -> object:
+    def check(res: Any) -> Any:  # cuda-python returns (error, value...) tuples
         err, *rest = res if isinstance(res, tuple) else (res,)
         if int(err) != 0:
             raise RuntimeError(f"NVRTC error {err}")

@@ -18,7 +18,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from .entry import CacheConfig, Entry
 
@@ -86,7 +86,8 @@ class L2:
         if not self.up:
             return None, "down"
         try:
-            raw = self.client.get(self.name(version, digest))
+            # The pool is built without decode_responses, so Redis hands back bytes (redis-py types it bytes | str).
+            raw = cast("bytes | None", self.client.get(self.name(version, digest)))
         except self._errors as exc:
             self._failed(exc)
             return None, "down"
