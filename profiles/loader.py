@@ -1,4 +1,4 @@
-"""GPU profiles: frozen, strictly validated settings for one target GPU (DESIGN section 6).
+"""GPU profiles: frozen, strictly validated settings for one target GPU.
 
 A profile is a TOML file. The built-in ones (``a10``, ``a100``, ``h100``) ship as package data of
 ``trtforge.profiles``; users may pass a path to their own file. Validation is strict because a typo in a profile

@@ -1,6 +1,7 @@
 """LoRA adapter slots: which adapter sits in which of the engine's ``num_slots`` slot-pool rows.
 
-The LoRA plugin (DESIGN section 5) reads adapters from a slot pool that is a runtime input, so loading an adapter
+The LoRA plugin (its contract: ``plugins/lora/spec.py``)
+reads adapters from a slot pool that is a runtime input, so loading an adapter
 is a copy into a slot, not a rebuild. Safety conditions:
 - a slot is *pinned* while any running request uses its adapter (reference count > 0); a pinned slot is never
   reclaimed, so a running request's adapter cannot change under it;

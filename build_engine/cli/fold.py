@@ -16,7 +16,7 @@ from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
-    p = make_parser("trtforge fold", "Exact folding (DESIGN section 4), never changing an output bit. It removes: "
+    p = make_parser("trtforge fold", "Exact folding, never changing an output bit. It removes: "
                                      "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
                                      "Cast chains, replaces a Cast of a constant (and the constant expression "
                                      "feeding it, when every op in it is exactly specified) by the constant it "

@@ -1,5 +1,6 @@
 """One error hierarchy for trtforge. Every error carries the exit code the CLI returns and a message that names the
-file or setting at fault and what to do about it (DESIGN section 3).
+file or setting at fault and what to do about it (the exit-code contract of
+build_engine/cli/_common.py).
 
 Raise with ``from`` so ``--debug`` shows the cause.
 """

@@ -1,4 +1,4 @@
-"""TensorRT backend selection: full ``tensorrt`` or ``tensorrt_rtx`` (DESIGN sections 1 and 6).
+"""TensorRT backend selection: full ``tensorrt`` or ``tensorrt_rtx``.
 
 - Full TensorRT (``tensorrt``, 10.x/11.x) installs only from NVIDIA's package index or NGC containers. It builds for
   the GPU it runs on, so its targets are the compute capabilities of the local GPUs (none on a CPU-only machine).
@@ -222,7 +222,7 @@ def rtx_libs_dir(backend: Backend) -> Path | None:
 
 
 def prepare_plugin_loading(backend: Backend, libs_dir: Path | None = None) -> None:
-    """Make sure TensorRT-RTX's ONNX parser can load plugins (DESIGN section 1).
+    """Make sure TensorRT-RTX's ONNX parser can load plugins.
 
     The ``tensorrt-rtx`` wheel ships ``libtensorrt_rtx.so.1`` but the parser ``dlopen``s ``libtensorrt_rtx.so``
     when it meets a plugin node; without that file the process aborts inside ``parse_from_file``. Create the link

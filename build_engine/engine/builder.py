@@ -1,4 +1,4 @@
-"""``build_engine``: ONNX + GPU profile -> ``OUTDIR/model.plan`` + ``manifest.json`` (DESIGN section 6).
+"""``build_engine``: ONNX + GPU profile -> ``OUTDIR/model.plan`` + ``manifest.json``.
 
 Steps, in order, each failing early with one line: pick the backend able to target the profile's compute capability;
 load the model and map the profile's shape ranges onto its inputs (``shapes``); convert precision to the profile's

@@ -1,4 +1,4 @@
-"""Exact ONNX graph passes (DESIGN section 4): Cast/Identity folding that never changes an output bit.
+"""Exact ONNX graph passes: Cast/Identity folding that never changes an output bit.
 
 Public API: ``fold(model) -> FoldResult(model, report)``. Individual passes live one per module and follow
 ``base.GraphPass`` (``call(model) -> PassResult(model, modified)``).

@@ -176,7 +176,8 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
 @steps.timed("fold")
 def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, validate: bool = True,
          inplace: bool = False) -> FoldResult:
-    """Exact Cast/Identity folding (DESIGN section 4). Returns a new model; ``model`` is not mutated unless
+    """Exact Cast/Identity folding (rules: ``passes/__init__.py``).
+    Returns a new model; ``model`` is not mutated unless
     ``inplace``: then ``model`` itself is folded and returned (no copy of the weights, for callers that do not use
     the input again)."""
     t0 = time.perf_counter()

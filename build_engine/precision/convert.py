@@ -1,4 +1,4 @@
-"""fp32 -> fp16 / bf16 conversion for strongly typed TensorRT networks (DESIGN sections 1 and 6).
+"""fp32 -> fp16 / bf16 conversion for strongly typed TensorRT networks.
 
 ``convert_precision(model, "fp16"|"bf16")`` rewrites float32 tensors and initializers to the low type, keeps the
 numerically sensitive parts in fp32 (policy and reasons in ``precision_policy``) with Casts around them, keeps the

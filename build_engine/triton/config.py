@@ -1,6 +1,6 @@
 """Triton model configuration for a trtforge engine: manifest -> ``TritonConfig`` (pure data) -> ``config.pbtxt``.
 
-Everything is derived from the engine folder's ``manifest.json`` (DESIGN section 6), never from the plan, because
+Everything is derived from the engine folder's ``manifest.json`` (``engine/manifest.py``), never from the plan, because
 reading a plan needs a GPU.
 
 Batch semantics (Triton's ``max_batch_size``): when ``max_batch_size > 0`` Triton prepends a batch dimension to every

@@ -1,4 +1,5 @@
-"""What precision conversion needs to know about trtforge plugin nodes (``LoRAOpPluginDynamic``, DESIGN section 5).
+"""What precision conversion needs to know about trtforge plugin nodes (``LoRAOpPluginDynamic``,
+whose contract is ``spec.py``).
 
 The LoRA op has no ONNX schema, so without help shape inference stops at it (every value downstream of a plugin
 node has no type) and the policy would keep it fp32, Cast its x/y back up and leave q/v projections' consumers

@@ -1,4 +1,4 @@
-"""The one op contract of ``LoRAOpPluginDynamic`` (DESIGN section 5).
+"""The one op contract of ``LoRAOpPluginDynamic``.
 
 Every other piece (ONNX inject/decompose, NumPy reference, CUDA kernel launcher, TensorRT glue, PEFT packing) reads
 names, shapes, dtypes and fields from here, so they cannot drift apart.

@@ -50,7 +50,7 @@ def run_console(argv: Sequence[str], cwd: Path | None = None, env: dict[str, str
 
 
 def assert_one_line_error(res: CliResult, code: int = 2, *needles: str) -> None:
-    """The DESIGN section 3 error contract: exit code, one 'error:' line on stderr, no traceback."""
+    """The CLI error contract (build_engine/cli/_common.py): exit code, one 'error:' line on stderr, no traceback."""
     assert res.code == code, (res.code, res.err)
     lines = [ln for ln in res.err.splitlines() if ln.strip()]
     assert len(lines) == 1, res.err

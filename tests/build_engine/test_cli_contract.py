@@ -1,4 +1,5 @@
-"""The CLI error contract (DESIGN section 3) for every command that reads an ONNX model: a missing file, a file that
+"""The CLI error contract (build_engine/cli/_common.py)
+for every command that reads an ONNX model: a missing file, a file that
 is not ONNX and a truncated ONNX each give exit 2, one 'error:' line naming the file, no traceback, and nothing
 written at the output path."""
 

@@ -1,4 +1,5 @@
-"""Bad usage of every command (DESIGN section 3): exit 2, one ``error:`` line naming the culprit, no traceback,
+"""Bad usage of every command (the contract in build_engine/cli/_common.py):
+exit 2, one ``error:`` line naming the culprit, no traceback,
 nothing left behind -- missing arguments, wrong types, nonexistent inputs, outputs in missing folders or on folders,
 and a bad second output path after a good first one (the first must not be written)."""
 
