@@ -23,7 +23,7 @@ result, KV plan, simulation summary). This package never imports ``trtforge.buil
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +34,8 @@ from typing import Any
 from trtforge.build_engine.core.errors import TrtforgeError
 
 from . import demo_steps
+
+_log = logging.getLogger("trtforge.examples.demo")
 
 
 @dataclass
@@ -272,7 +274,7 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
         try:
             value = step.run()
         except TrtforgeError as exc:
-            print(f"error: {exc.message}", file=sys.stderr)
+            _log.error("%s", exc.message)
             secs = time.perf_counter() - t0
             refusal = EXPECTED_REFUSALS.get(step.name)
             if refusal is not None and exc.exit_code == 2 and refusal[0] in exc.message:
@@ -281,7 +283,7 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
                 results.append(StepResult(step.name, "failed", secs, f"exit {exc.exit_code}"))
             continue
         except Exception as exc:  # a step's crash is recorded as a failed step; the others still run
-            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            _log.error("%s: %s", type(exc).__name__, exc)
             results.append(StepResult(step.name, "failed", time.perf_counter() - t0, "exit 1"))
             continue
         secs = time.perf_counter() - t0

@@ -33,7 +33,7 @@ def _help() -> str:
 
     width = max(len(n) for n in COMMANDS)
     lines = [
-        f"usage: trtforge [--version] [--debug] COMMAND [ARGS...]   (trtforge {__version__})",
+        f"usage: trtforge [--version] [--debug] [--verbose|--quiet] COMMAND [ARGS...]   (trtforge {__version__})",
         "",
         "Distilled transformer ONNX -> TensorRT engines for A10 / A100 / H100.",
         "",
@@ -45,6 +45,8 @@ def _help() -> str:
         "options:",
         "  --version  print the version and exit",
         "  --debug    show tracebacks on errors",
+        "  --verbose  also log debug messages (every command has -v/--verbose and -q/--quiet)",
+        "  --quiet    log only warnings and errors",
         "",
         "Run 'trtforge COMMAND --help' for a command's options. Exit codes: 0 ok, 1 a check failed, 2 bad input.",
     ]
@@ -54,6 +56,7 @@ def _help() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = False
+    talk: list[str] = []
     while args and args[0].startswith("-"):
         opt = args.pop(0)
         if opt in ("-h", "--help"):
@@ -66,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if opt == "--debug":
             debug = True
+            continue
+        if opt in ("-v", "--verbose", "-q", "--quiet"):  # passed on to the command, which configures logging
+            talk.append(opt)
             continue
         print(f"error: unknown option {opt!r}; see 'trtforge --help'", file=sys.stderr)
         return 2
@@ -92,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if debug and "--debug" not in rest:
         rest = ["--debug", *rest]
+    rest = [*talk, *rest]
     return int(module.main(rest))
 
 

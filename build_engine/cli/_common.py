@@ -32,15 +32,18 @@ _PROGRESS_HELP = "show each step with its time on stderr even when stderr is not
 
 def make_parser(prog: str, description: str) -> ArgumentParser:
     parser = ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    parser.add_argument("--progress", action="store_true", help=_PROGRESS_HELP)
+    add_debug(parser)
     return parser
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
-    """For sub-parsers (e.g. ``trtforge lora inject``), which need their own ``--debug`` (and ``--progress``)."""
+    """The options every command and sub-command (e.g. ``trtforge lora inject``) has: ``--debug``, ``--progress``,
+    ``--verbose`` / ``--quiet``."""
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     parser.add_argument("--progress", action="store_true", help=_PROGRESS_HELP)
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument("-v", "--verbose", action="store_true", help="also log debug messages on stderr")
+    talk.add_argument("-q", "--quiet", action="store_true", help="log only warnings and errors on stderr (no notes)")
 
 
 def fail(message: str) -> NoReturn:
@@ -56,7 +59,10 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
-        from ..core import steps
+        from ..core import log, steps
+
+        log.configure(log.VERBOSE if getattr(args, "verbose", False) else
+                      log.QUIET if getattr(args, "quiet", False) else log.NORMAL)
 
         # Steps (load, convert, fold, check, save...) show on stderr on a terminal or with --progress; --no-progress
         # (build) turns them off with TensorRT's bars.

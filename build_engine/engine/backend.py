@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..core.errors import BackendError
+
+_log = logging.getLogger("trtforge.build_engine.engine.backend")
 
 CHOICES = ("auto", "tensorrt", "tensorrt-rtx")
 # CLI spelling -> module / manifest name.
@@ -254,4 +256,4 @@ def prepare_plugin_loading(backend: Backend, libs_dir: Path | None = None) -> No
         raise BackendError(f"cannot create {link} ({exc.strerror}); run: {command}") from exc
     if not _notice_printed:
         _notice_printed = True
-        print(f"note: created {link} -> {_SONAME} so TensorRT-RTX's ONNX parser can load plugins", file=sys.stderr)
+        _log.info("created %s -> %s so TensorRT-RTX's ONNX parser can load plugins", link, _SONAME)

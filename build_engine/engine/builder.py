@@ -19,6 +19,7 @@ it. Workers are joined before OUTDIR is published or removed.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo,
 from .quantized import check_fp8_allowed
 from .shapes import InputPlan, plan_shapes
 from .timings import BuildTimings, _Timer
+
+_log = logging.getLogger("trtforge.build_engine.engine.builder")
 
 # TensorRT DataType member name -> numpy dtype name (bfloat16/fp8 have no numpy type, so trt.nptype cannot be used).
 _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
@@ -205,10 +208,8 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         del converted, folded
         precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)
         if quant is None and precision != prof.precision.dtype:
-            import sys
-
-            print(f"note: {onnx_path} is already {precision}; building it as is (profile {prof.name!r} asks for "
-                  f"{prof.precision.dtype}; converting between 16-bit types would round twice)", file=sys.stderr)
+            _log.info("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
+                      "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
         # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
         external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
         plugin_nodes = has_plugin_nodes(model)
