@@ -193,7 +193,7 @@ def node_tests(limit: int | None = None) -> dict[str, int | list[str]]:
         except Exception:
             counts["fold refused"] += 1  # type: ignore[operator]
             continue
-        if res.model.SerializeToString() == c.model.SerializeToString() or not res.report["rules"]:
+        if res.model.SerializeToString() == c.model.SerializeToString() or not res.report.rules:
             continue
         counts["changed"] += 1  # type: ignore[operator]
         names = [i.name for i in c.model.graph.input]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.build_engine.core.errors import TrtforgeError
+from trtforge.build_engine.precision.report import PrecisionReport
 
 from . import demo_steps
 
@@ -189,15 +190,15 @@ def _outputs(argv: tuple[str, ...]) -> list[str]:
 
 # One line per step for the summary, from the object the library returned.
 def _describe_fold(r: demo_steps.Folded) -> str:
-    rm = r.report.get("removed", {})
-    return (f"{r.report.get('nodes_before')} -> {r.report.get('nodes_after')} nodes; removed Cast {rm.get('Cast', 0)}, "
+    rm = r.report.removed
+    return (f"{r.report.nodes_before} -> {r.report.nodes_after} nodes; removed Cast {rm.get('Cast', 0)}, "
             f"Identity {rm.get('Identity', 0)}; exact check {'passed' if r.check.passed else 'FAILED'} "
             f"(max abs diff {r.check.max_abs_diff})")
 
 
-def _describe_precision(r: Any) -> str:
-    return (f"{r.get('nodes_low')} ops in {r.get('to')}, {r.get('nodes_fp32')} kept in fp32, "
-            f"{r.get('casts_inserted')} Casts inserted, {r.get('initializers_converted')} weights converted")
+def _describe_precision(r: PrecisionReport) -> str:
+    return (f"{r.nodes_low} ops in {r.to}, {r.nodes_fp32} kept in fp32, {r.casts_inserted} Casts inserted, "
+            f"{r.initializers_converted} weights converted")
 
 
 def _describe_inject(model: Any) -> str:

@@ -9,7 +9,6 @@ Options the demo does not pass keep the commands' defaults (``trtforge fold --se
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,8 @@ from trtforge.build_engine.core.errors import CheckFailed
 
 if TYPE_CHECKING:  # pragma: no cover
     from trtforge.build_engine.engine.manifest import Manifest
+    from trtforge.build_engine.passes.report import FoldReport
+    from trtforge.build_engine.precision.report import PrecisionReport
     from trtforge.build_engine.triton.repo import EntryReport
     from trtforge.build_engine.verify.bitwise import CheckResult
     from trtforge.build_engine.verify.diff import DiffResult
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class Folded:
     """``fold`` then the bitwise check: the fold report and the check's result."""
 
-    report: Mapping[str, Any]
+    report: FoldReport
     check: CheckResult
 
 
@@ -44,20 +45,21 @@ def fold_file(src: Path, dst: Path, report: Path, seed: int = 0) -> Folded:
     chk = check_equivalent(loaded.model, result.model, seed=seed)
     if chk.passed:  # as the command: a model whose outputs changed is not written; the report is
         onnx_io.save_model(result.model, dst, external_data=loaded.external_data or None)
-    fsutil.write_json(report, {**result.report, "input": str(src), "output": str(dst), "check": chk.as_dict()})
+    fsutil.write_json(report, {**result.report.to_json(), "input": str(src), "output": str(dst),
+                               "check": chk.as_dict()})
     if not chk.passed:
         raise CheckFailed(f"{src}: folded outputs differ on random inputs ({', '.join(chk.mismatched)})")
     return Folded(result.report, chk)
 
 
-def convert_file(src: Path, dst: Path, to: str, report: Path) -> Mapping[str, Any]:
+def convert_file(src: Path, dst: Path, to: str, report: Path) -> PrecisionReport:
     """``trtforge precision SRC -o DST --to TO --report REPORT``; returns the conversion report."""
     from trtforge.build_engine.precision.convert import convert_precision
 
     loaded = onnx_io.load(src)
     result = convert_precision(loaded.model, to)
     onnx_io.save_model(result.model, dst, external_data=loaded.external_data or None)
-    fsutil.write_json(report, result.report)
+    fsutil.write_json(report, result.report.to_json())
     return result.report
 
 

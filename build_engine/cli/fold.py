@@ -72,7 +72,7 @@ def _run(args: Any) -> int:
     # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
     reference = onnx_io.weightless(model) if by_path else model
     result = fold(model, inplace=by_path or not args.check)
-    folded, report = result.model, dict(result.report, input=str(args.input), output=str(args.output))
+    folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
     del result, model
     passed = True
     if by_path:

@@ -34,15 +34,15 @@ def _run(args: Any) -> int:
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold)
     onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
     if args.report:
-        fsutil.write_json(args.report, result.report)
+        fsutil.write_json(args.report, result.report.to_json())
     from ..core import steps
 
     r = result.report
-    folded = r.get("fold", {})
-    print(f"{args.output}: {args.to}, {r['nodes_low']} nodes converted, {r['nodes_fp32']} kept in fp32 "
-          f"({', '.join(f'{k} {v}' for k, v in r['kept_fp32_ops'].items()) or 'none'}), "
-          f"{r['casts_inserted']} Casts inserted"
-          + (f", fold {folded.get('nodes_before')} -> {folded.get('nodes_after')} nodes" if folded else "")
+    folded = r.fold
+    print(f"{args.output}: {args.to}, {r.nodes_low} nodes converted, {r.nodes_fp32} kept in fp32 "
+          f"({', '.join(f'{k} {v}' for k, v in r.kept_fp32_ops.items()) or 'none'}), "
+          f"{r.casts_inserted} Casts inserted"
+          + (f", fold {folded.nodes_before} -> {folded.nodes_after} nodes" if folded else "")
           + f"; {steps.elapsed():.2f} s in all (load to save)")
     return 0
 

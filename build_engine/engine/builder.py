@@ -203,7 +203,7 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         # In place when conversion made a new model; a model already in the profile's precision (or quantized, built
         # as is) comes back as ``loaded.model`` itself, which nothing else reads after this either.
         folded = fold(converted, inplace=True)
-        unchanged = converted is loaded.model and not folded.report["rules"]
+        unchanged = converted is loaded.model and not folded.report.rules
         model = folded.model
         del converted, folded
         precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)

@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import onnx
 from onnx import GraphProto, ModelProto
@@ -25,6 +24,7 @@ from ..core.errors import CheckFailed
 from ..core.graph import PROTO_LIMIT, all_graphs, may_have_subgraphs, subgraphs
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
+from .report import FoldReport
 from .walk import WalkStats, graph_types, run_passes
 
 _MAX_ROUNDS = 16
@@ -76,7 +76,7 @@ class Pipeline:
 @dataclass(frozen=True)
 class FoldResult:
     model: ModelProto
-    report: dict[str, Any]
+    report: FoldReport
 
 
 def op_histogram(model: ModelProto) -> Counter[str]:
@@ -207,12 +207,7 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
     after = op_histogram(work)
     removed = {op: before[op] - after.get(op, 0) for op in sorted(before) if before[op] > after.get(op, 0)}
     added = {op: after[op] - before.get(op, 0) for op in sorted(after) if after[op] > before.get(op, 0)}
-    report: dict[str, Any] = {
-        "nodes_before": sum(before.values()),
-        "nodes_after": sum(after.values()),
-        "removed": removed,
-        "added": added,
-        "rules": dict(sorted(pipeline.stats.rules.items())),
-        "seconds": round(time.perf_counter() - t0, 6),
-    }
+    report = FoldReport(nodes_before=sum(before.values()), nodes_after=sum(after.values()), removed=removed,
+                        added=added, rules=dict(sorted(pipeline.stats.rules.items())),
+                        seconds=round(time.perf_counter() - t0, 6))
     return FoldResult(work, report)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from ..core import onnx_io, steps
 from ..core.errors import InputError, ModelError
 from ..core.shape_inference import infer_shapes
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
+from .report import PrecisionReport
 
 PRECISIONS = tuple(LOW_TYPES)
 _NO_UPCAST = frozenset({"Cast", "Shape", "Size", "CastLike"})  # ops whose input dtype does not change the result
@@ -43,7 +44,7 @@ _FP16_MAX = float(np.finfo(np.float16).max)
 @dataclass(frozen=True)
 class PrecisionResult:
     model: ModelProto
-    report: dict[str, Any] = field(default_factory=dict)
+    report: PrecisionReport
 
 
 def _infer(model: ModelProto, *, strict: bool) -> ModelProto:
@@ -175,19 +176,16 @@ def _needs_conversion(model: ModelProto, decisions: dict[int, Any], types: dict[
 def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool, start: float) -> PrecisionResult:
     modes = Counter(d.mode.value for d in decisions.values())
     kept = Counter(model.graph.node[i].op_type for i, d in decisions.items() if d.mode is Mode.KEEP)
-    report: dict[str, Any] = {
-        "to": to, "nodes_low": modes.get("low", 0), "nodes_fp32": modes.get("keep", 0),
-        "nodes_untouched": modes.get("untouched", 0), "kept_fp32_ops": dict(sorted(kept.items())),
-        "casts_inserted": 0, "initializers_converted": 0, "plugin_nodes_low": 0, "pool_inputs_converted": 0,
-        "already": True,
-    }
-    out = model
+    out, fold_report = model, None
     if fold:
         from ..passes import fold as run_fold
 
         folded = run_fold(model)
-        out, report["fold"] = folded.model, folded.report
-    report["seconds"] = round(time.perf_counter() - start, 4)
+        out, fold_report = folded.model, folded.report
+    report = PrecisionReport(to=to, nodes_low=modes.get("low", 0), nodes_fp32=modes.get("keep", 0),
+                             nodes_untouched=modes.get("untouched", 0), kept_fp32_ops=dict(sorted(kept.items())),
+                             casts_inserted=0, initializers_converted=0, plugin_nodes_low=0, pool_inputs_converted=0,
+                             already=True, fold=fold_report, seconds=round(time.perf_counter() - start, 4))
     return PrecisionResult(model=out, report=report)
 
 
@@ -320,22 +318,15 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     converted = src
     modes = Counter(d.mode.value for d in decisions.values())
     kept = Counter(model.graph.node[i].op_type for i, d in decisions.items() if d.mode is Mode.KEEP)
-    report: dict[str, Any] = {
-        "to": to,
-        "nodes_low": modes.get("low", 0),
-        "nodes_fp32": modes.get("keep", 0),
-        "nodes_untouched": modes.get("untouched", 0),
-        "kept_fp32_ops": dict(sorted(kept.items())),
-        "casts_inserted": casts,
-        "initializers_converted": converted_inits,
-        "plugin_nodes_low": len(low_plugins),
-        "pool_inputs_converted": len(retyped),
-    }
+    fold_report = None
     if fold:
         from ..passes import fold as run_fold
 
         folded = run_fold(converted, inplace=True)  # ``converted`` is this function's own new model
-        converted = folded.model
-        report["fold"] = folded.report
-    report["seconds"] = round(time.perf_counter() - start, 4)
+        converted, fold_report = folded.model, folded.report
+    report = PrecisionReport(to=to, nodes_low=modes.get("low", 0), nodes_fp32=modes.get("keep", 0),
+                             nodes_untouched=modes.get("untouched", 0), kept_fp32_ops=dict(sorted(kept.items())),
+                             casts_inserted=casts, initializers_converted=converted_inits,
+                             plugin_nodes_low=len(low_plugins), pool_inputs_converted=len(retyped),
+                             fold=fold_report, seconds=round(time.perf_counter() - start, 4))
     return PrecisionResult(model=converted, report=report)

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..passes.report import FoldReport
 from .targets import Excluded
 
 
@@ -34,7 +35,7 @@ class QuantReport:
     excluded: tuple[Excluded, ...]
     opset: int
     seconds: float
-    fold: dict[str, Any]
+    fold: FoldReport
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -49,7 +49,7 @@ def _minilm_like_fp16_with_contrib_ops() -> onnx.ModelProto:
 def test_onnxruntime_judges_where_onnx_reference_cannot_run_the_model() -> None:
     m = _minilm_like_fp16_with_contrib_ops()
     res = fold(m)
-    assert res.report["removed"] == {"Cast": 2, "Identity": 1}  # fp16->fp32->fp16 round trip: exact
+    assert res.report.removed == {"Cast": 2, "Identity": 1}  # fp16->fp32->fp16 round trip: exact
     chk = check_equivalent(m, res.model)
     assert chk.passed and chk.runtime == "onnxruntime" and chk.runs >= 4
 

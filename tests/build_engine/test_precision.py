@@ -194,7 +194,7 @@ def test_rmsnorm_island_prevents_fp16_overflow() -> None:
 
 def test_converting_twice_changes_nothing_more(converted: dict) -> None:
     again = convert_precision(converted["bf16"], "bf16")
-    assert again.report["nodes_low"] == 0 and again.report["initializers_converted"] == 0
+    assert again.report.nodes_low == 0 and again.report.initializers_converted == 0
 
 
 def test_fp16_autocast_variant_converts(fp32_model: onnx.ModelProto) -> None:

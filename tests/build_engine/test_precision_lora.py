@@ -151,7 +151,7 @@ def test_plugin_already_16bit_cli_refuses_other_type(cli, tmp_path: Path) -> Non
                          if n != SLOT_IDS_INPUT)
     # The library (what the builder calls for a bf16 profile) leaves a float16 plugin in float16, consistently.
     kept = convert_precision(onnx.load(src), "bf16")
-    assert kept.report["plugin_nodes_low"] == 0 and kept.report["pool_inputs_converted"] == 0
+    assert kept.report.plugin_nodes_low == 0 and kept.report.pool_inputs_converted == 0
 
 
 @pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx not installed")

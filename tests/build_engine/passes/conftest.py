@@ -82,7 +82,7 @@ def kit() -> type[Kit]:
 
 @pytest.fixture
 def folded(kit: type[Kit]) -> Callable[[onnx.ModelProto], tuple[onnx.ModelProto, dict]]:
-    """fold() a model, check the original is untouched and the outputs identical; return (model, report)."""
+    """fold() a model, check the original is untouched and the outputs identical; return (model, report JSON)."""
     from trtforge.build_engine.passes import fold
 
     def run(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
@@ -92,6 +92,6 @@ def folded(kit: type[Kit]) -> Callable[[onnx.ModelProto], tuple[onnx.ModelProto,
         kit.assert_same_outputs(model, res.model)
         assert [o.name for o in res.model.graph.output] == [o.name for o in model.graph.output]
         assert [i.name for i in res.model.graph.input] == [i.name for i in model.graph.input]
-        return res.model, res.report
+        return res.model, res.report.to_json()  # the --report JSON form, which the rule tests read by key
 
     return run

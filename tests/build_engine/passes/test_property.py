@@ -107,7 +107,7 @@ def test_fold_is_exact_valid_and_idempotent(kit, model: onnx.ModelProto, seed: i
     onnx.shape_inference.infer_shapes(res.model, check_type=True, strict_mode=True)
     kit.assert_same_outputs(model, res.model, seeds=(seed, seed + 1))
     again = fold(res.model)
-    assert again.report["rules"] == {}, again.report
+    assert again.report.rules == {}, again.report
     assert again.model.graph == res.model.graph
     assert [o.name for o in res.model.graph.output] == [o.name for o in model.graph.output]
-    assert res.report["nodes_after"] <= res.report["nodes_before"]
+    assert res.report.nodes_after <= res.report.nodes_before

@@ -82,7 +82,7 @@ def _check(kit, model: onnx.ModelProto, seed: int) -> None:
     onnx.shape_inference.infer_shapes(res.model, check_type=True, strict_mode=True)
     kit.assert_same_outputs(model, res.model, seeds=(seed,))
     again = fold(res.model)
-    assert again.report["rules"] == {}, again.report
+    assert again.report.rules == {}, again.report
     assert [o.name for o in res.model.graph.output] == [o.name for o in model.graph.output]
 
 

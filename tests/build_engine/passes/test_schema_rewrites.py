@@ -65,7 +65,7 @@ def test_sink_cast_is_schema_valid_at_every_opset(opset: int) -> None:
             onnx.shape_inference.infer_shapes(res.model, check_type=True, strict_mode=True)
             moved = [n for n in res.model.graph.node if n.op_type != "Cast"]
             for n in moved:
-                if n.op_type == op and res.report["rules"].get("sink_cast"):
+                if n.op_type == op and res.report.rules.get("sink_cast"):
                     assert accepts(op, "", opset, [src]), (op, opset, src)
             x = (np.arange(6).reshape(2, 3) * 37 - 50).astype(onnx.helper.tensor_dtype_to_np_dtype(src))
             if opset >= 13 or src != T.BFLOAT16:
