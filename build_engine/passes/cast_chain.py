@@ -38,6 +38,6 @@ class CollapseCastChain(GraphPass):
                     or not ctx.reads_same(x, n.inputs[0]) or not accepts("Cast", n.domain, ctx.opset, [t])):
                 continue
             ctx.set_input(n, 0, x)
-            ctx.rules["cast_chain"] += 1
+            ctx.rules[self.name] += 1
             count += 1
         return count

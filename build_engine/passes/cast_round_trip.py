@@ -28,6 +28,6 @@ class CollapseCastRoundTrip(GraphPass):
             t, u, t2 = ctx.type_of(x), inner.to, n.to
             if u is None or t2 != t or not dt.embeds(u, t) or not ctx.reads_same(x, n.inputs[0]):
                 continue
-            if ctx.bypass(n, x, "cast_round_trip"):
+            if ctx.bypass(n, x, self.name):
                 count += 1
         return count

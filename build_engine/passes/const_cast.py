@@ -55,6 +55,6 @@ class FoldConstantCast(GraphPass):
                 ctx.remove_node(n)
                 ctx.add_initializer(value)
             ctx.types[y] = to
-            ctx.rules["constant_cast"] += 1
+            ctx.rules[self.name] += 1
             count += 1
         return count

@@ -69,7 +69,7 @@ class FoldConstantExpression(GraphPass):
             tensor.data_type = t
             ctx.replace_node(p, helper.make_node("Constant", [], [src], value=tensor, name=p.proto.name))
             ctx.types[src] = t
-            ctx.rules["constant_expression"] += 1
+            ctx.rules[self.name] += 1
             count += 1
         return count
 

@@ -17,6 +17,7 @@ class RemoveDeadNodes(GraphPass):
     """
 
     name = "dead_nodes"
+    initializers_rule = "dead_initializers"  # its second counter: initializers nothing reads any more
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
@@ -25,12 +26,12 @@ class RemoveDeadNodes(GraphPass):
                 continue
             if all(not o or ctx.num_uses(o) == 0 for o in n.outputs):
                 ctx.remove_node(n)
-                ctx.rules["dead_nodes"] += 1
+                ctx.rules[self.name] += 1
                 count += 1
         if not ctx.is_function:
             for name in list(ctx.initializers):
                 if name not in ctx.inputs and ctx.num_uses(name) == 0:
                     ctx.drop_initializer(name)
-                    ctx.rules["dead_initializers"] += 1
+                    ctx.rules[self.initializers_rule] += 1
                     count += 1
         return count

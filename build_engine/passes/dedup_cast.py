@@ -50,6 +50,6 @@ class MergeDuplicateCasts(GraphPass):
             first = seen.get(k)
             if first is None or not first.alive:
                 seen[k] = c
-            elif c.outputs[0] not in ctx.output_set and ctx.bypass(c, first.outputs[0], "duplicate_cast"):
+            elif c.outputs[0] not in ctx.output_set and ctx.bypass(c, first.outputs[0], self.name):
                 count += 1
         return count

@@ -39,6 +39,6 @@ class GatherIndexCast(GraphPass):
                     and ctx.reads_same(c.inputs[0], n.inputs[1])
                     and accepts(n.op, n.domain, ctx.opset, [ctx.type_of(n.inputs[0]), src])):
                 ctx.set_input(n, 1, c.inputs[0])
-                ctx.rules["gather_index_cast"] += 1
+                ctx.rules[self.name] += 1
                 count += 1
         return count

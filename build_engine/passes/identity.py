@@ -23,6 +23,6 @@ class RemoveIdentity(GraphPass):
         count = 0
         for n in ctx.nodes:
             if (n.alive and n.op == "Identity" and n.onnx_op and len(n.inputs) == 1 and len(n.outputs) == 1
-                    and n.inputs[0] and ctx.bypass(n, n.inputs[0], "identity")):
+                    and n.inputs[0] and ctx.bypass(n, n.inputs[0], self.name)):
                 count += 1
         return count

@@ -30,6 +30,6 @@ class RemoveSameTypeCast(GraphPass):
             sat = n.attr("saturate")
             if not dt.same_type_cast_is_identity(to, 1 if sat is None else n.int_attr("saturate")):
                 continue
-            if ctx.bypass(n, n.inputs[0], "same_type_cast"):
+            if ctx.bypass(n, n.inputs[0], self.name):
                 count += 1
         return count

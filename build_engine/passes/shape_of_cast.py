@@ -33,6 +33,6 @@ class ShapeOfCast(GraphPass):
             if not ctx.reads_same(c.inputs[0], n.inputs[0]) or not accepts(n.op, n.domain, ctx.opset, [t]):
                 continue
             ctx.set_input(n, 0, c.inputs[0])
-            ctx.rules["shape_of_cast"] += 1
+            ctx.rules[self.name] += 1
             count += 1
         return count

@@ -54,7 +54,7 @@ class SinkCastThroughDataMovement(GraphPass):
                 for m in chain:
                     ctx.types[m.outputs[0]] = t
                     ctx.retyped.add(m.outputs[0])
-                ctx.rules["sink_cast"] += 1
+                ctx.rules[self.name] += 1
                 count += 1
                 break
         return count

@@ -26,10 +26,9 @@ from onnx import ModelProto
 from trtforge.plugins.lora import spec as lora_spec
 
 from ..core.errors import InputError
-from ..verify.inputs import FeedSpec as InputSpec
+from ..verify.inputs import FeedSpec, graph_inputs, plan_feeds
 from ..verify.inputs import _int_range as graph_int_range  # the planner's own reading of Gather bounds
 from ..verify.inputs import draw as draw_one
-from ..verify.inputs import graph_inputs, plan_feeds
 
 Sample = Mapping[str, np.ndarray]
 
@@ -62,12 +61,12 @@ def _shapes(model: ModelProto, batch: int, seq_len: int) -> dict[str, tuple[int,
     return out
 
 
-def plan(model: ModelProto, seq_len: int, batch: int = 1) -> tuple[InputSpec, ...]:
+def plan(model: ModelProto, seq_len: int, batch: int = 1) -> tuple[FeedSpec, ...]:
     values = {name: -1.0 for name in _slot_inputs(model)}
     return plan_feeds(model, shapes=_shapes(model, batch, seq_len), values=values)
 
 
-def draw(specs: tuple[InputSpec, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def draw(specs: tuple[FeedSpec, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
     """One sample from the specs (the planner's own drawing: integers uniform in the inclusive range, floats
     uniform)."""
     return {s.name: draw_one(s, rng) for s in specs}
@@ -123,7 +122,7 @@ def _slot_shape(vi: object, sample: Mapping[str, np.ndarray]) -> tuple[int, ...]
     return tuple(first.shape[:rank])
 
 
-def _check_array(path: str | Path, vi: object, arr: np.ndarray, spec: InputSpec, bounded: bool) -> int:
+def _check_array(path: str | Path, vi: object, arr: np.ndarray, spec: FeedSpec, bounded: bool) -> int:
     name = spec.name
     where = f"--calib {path}: input {name!r}"
     dims = vi.type.tensor_type.shape.dim  # type: ignore[attr-defined]

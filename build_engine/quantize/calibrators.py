@@ -24,6 +24,7 @@ from onnx import ModelProto, TensorProto, helper
 from trtforge.plugins.lora.decompose import decompose
 
 from ..core.errors import InputError
+from ..verify.sessions import make_session
 from .calib_data import Sample
 
 _MAX_ROWS = 512  # rows kept per tensor for AWQ's search: its cost is GRID x rows x in x out per projection
@@ -46,12 +47,7 @@ def _with_outputs(model: ModelProto, tensors: Sequence[str]) -> ModelProto:
 
 
 def _session(model: ModelProto) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # exact fp32, no fusions
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return make_session(model, threads=2)  # graph optimizations off: exact fp32, no fusions
 
 
 def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:

@@ -1,4 +1,4 @@
-"""The one onnxruntime session factory of trtforge's checks (``fold --check`` and ``diff``).
+"""The one onnxruntime session factory of trtforge (``fold --check``, ``diff``, quantization's calibration runs).
 
 A deterministic session runs each op as written, in the same order, every time:
 
@@ -7,7 +7,8 @@ A deterministic session runs each op as written, in the same order, every time:
 - weight pre-packing off: with optimizations off onnxruntime still pre-packs constant MatMul weights, and a
   pre-packed GEMM sums in another order than the unpacked one, so a weight behind a Cast or Identity in one graph
   and a plain initializer in the other (exactly what folding produces) would differ in the last bit;
-- one intra-op thread: no scheduling-dependent reductions;
+- one intra-op thread by default: no scheduling-dependent reductions (calibration, which only collects ranges,
+  asks for two);
 - log severity "error": onnxruntime's warnings (unused initializers, ...) say nothing about the comparison.
 
 ``optimize=True`` (``diff --ort-optimize``) keeps onnxruntime's defaults for graph optimization and pre-packing,
@@ -23,7 +24,7 @@ from onnx import ModelProto
 _LOG_ERROR = 3  # onnxruntime severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
 
 
-def session_options(*, optimize: bool = False) -> Any:
+def session_options(*, optimize: bool = False, threads: int = 1) -> Any:
     """``onnxruntime.SessionOptions`` as described in the module docstring."""
     import onnxruntime as ort
 
@@ -33,15 +34,16 @@ def session_options(*, optimize: bool = False) -> Any:
     else:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.add_session_config_entry("session.disable_prepacking", "1")
-    opts.intra_op_num_threads = 1
+    opts.intra_op_num_threads = threads
     opts.log_severity_level = _LOG_ERROR
     return opts
 
 
-def make_session(model: ModelProto | str, *, optimize: bool = False) -> Any:
+def make_session(model: ModelProto | str, *, optimize: bool = False, threads: int = 1) -> Any:
     """A CPU ``onnxruntime.InferenceSession`` over a model (in memory, or a path, which keeps external data beside
-    it readable) with ``session_options(optimize=optimize)``."""
+    it readable) with ``session_options(optimize=optimize, threads=threads)``."""
     import onnxruntime as ort
 
     source = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, session_options(optimize=optimize), providers=["CPUExecutionProvider"])
+    opts = session_options(optimize=optimize, threads=threads)
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])

@@ -146,3 +146,11 @@ def test_shipped_files_cite_only_shipped_files() -> None:
     offenders = [f"{_rel(p)}:{i}" for p in shipped if p != Path(__file__)
                  for i, line in enumerate(p.read_text().splitlines(), 1) if _OUTSIDE_DOC.search(line)]
     assert not offenders, f"cite docs/architecture.md or a file in the project, not an outside document: {offenders}"
+
+
+def test_pass_counters_report_the_pass_name() -> None:
+    """``GraphPass.name`` is what fold's report counts: passes count under ``self.name``, never a separate literal."""
+    literal = re.compile(r"rules\[\s*[\"']|bypass\([^)]*,\s*[\"'][a-z_]+[\"']\s*\)")
+    offenders = [f"{_rel(p)}:{i}" for p in sorted((REPO / "build_engine/passes").glob("*.py"))
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert not offenders, f"count rewrites under self.name (GraphPass.name): {offenders}"
