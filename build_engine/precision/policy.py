@@ -164,33 +164,33 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             out[idx] = NodeDecision(Mode.KEEP, reason="no ONNX schema (custom op): kept fp32")
             _mark(node, types, fp32_origin, "norm")
             continue
-        dynamic = [n for n in node.input if n and n not in constants and types.get(n) in FLOAT_TYPES]
-        origins = [fp32_origin.get(n) for n in dynamic]
-        all_fp32 = bool(dynamic) and all(o is not None for o in origins)
-        is_index = all_fp32 and all(o == "index" for o in origins)
-        if node.op_type in keep_ops:
-            decision = NodeDecision(Mode.KEEP, reason="numerically sensitive op")
-            tag = "index" if is_index else "norm"
-        elif from_index:
-            decision = NodeDecision(Mode.KEEP, reason="computed from shapes / positions")
-            tag = "index"
-        elif all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
-            decision = NodeDecision(Mode.KEEP, reason="inputs computed in fp32")
-            tag = "index" if is_index else "norm"
-        elif node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
-            decision = NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator")
-            tag = "norm"
-        else:
-            bound = _low_constraint(schema, node, types, low)
-            if bound is None:
-                decision = NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}")
-                tag = "norm"
-            else:
-                out[idx] = NodeDecision(Mode.LOW, float_inputs=bound[0], reason="converted")
-                continue
+        decision, origin = _schema_decision(node, schema, types, constants, fp32_origin, to, keep_ops, from_index)
         out[idx] = decision
-        _mark(node, types, fp32_origin, tag)
+        if origin is not None:
+            _mark(node, types, fp32_origin, origin)
     return out
+
+
+def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping[str, int], constants: set[str],
+                     fp32_origin: Mapping[str, str], to: str, keep_ops: frozenset[str],
+                     from_index: bool) -> tuple[NodeDecision, str | None]:
+    """The decision for a node with an ONNX schema, and the origin tag its fp32 outputs get (None: converted)."""
+    dynamic = [n for n in node.input if n and n not in constants and types.get(n) in FLOAT_TYPES]
+    origins = [fp32_origin.get(n) for n in dynamic]
+    all_fp32 = bool(dynamic) and all(o is not None for o in origins)
+    is_index = all_fp32 and all(o == "index" for o in origins)
+    if node.op_type in keep_ops:
+        return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), "index" if is_index else "norm"
+    if from_index:
+        return NodeDecision(Mode.KEEP, reason="computed from shapes / positions"), "index"
+    if all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
+        return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), "index" if is_index else "norm"
+    if node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
+        return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), "norm"
+    bound = _low_constraint(schema, node, types, LOW_TYPES[to])
+    if bound is None:
+        return NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}"), "norm"
+    return NodeDecision(Mode.LOW, float_inputs=bound[0], reason="converted"), None
 
 
 def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> NodeDecision:

@@ -29,8 +29,6 @@ EXCEPTIONS: dict[str, str] = {
     "build_engine/precision/convert.py::convert_precision": "one pass over the graph whose phases share the node "
                                                              "decisions and the type map; splitting needs a state "
                                                              "object",
-    "build_engine/precision/policy.py::decide": "the policy's ordered rule list (each rule a few lines, order is the "
-                                                "documented precedence)",
     "plugins/lora/trt_plugin.py::make_plugin_classes": "builds the IPluginV3 classes on the TensorRT module chosen "
                                                        "at run time (their base classes come from it)",
     "scheduler/sim/simulator.py::simulate": "the event loop of one simulation; the scheduler issue reworks it",
@@ -38,7 +36,6 @@ EXCEPTIONS: dict[str, str] = {
     "bench/lora_kernel.py::main": "argument handling and the PASS/MISS table of the GPU benchmark",
     "tests/_support/lora_kernel_mirror.py::fused_launch": "a line-by-line NumPy mirror of the CUDA kernel; its "
                                                           "structure must match kernel.cu's",
-    "tests/build_engine/passes/test_property.py::graphs": "one hypothesis strategy drawing a whole random graph",
 }
 
 

@@ -23,6 +23,31 @@ SIGNED = [T.FLOAT, T.FLOAT16, T.BFLOAT16, T.DOUBLE, T.INT8, T.INT32, T.INT64]
 SHAPE = [2, 3]
 
 
+def _round_trip(draw: st.DrawFn, nodes: list[onnx.NodeProto], name: str, t: int, out: str, k: int,
+                moved: bool) -> int:
+    """T -> U [-> data movement] -> T (or -> V): what the rules look for. Returns V."""
+    u = draw(st.sampled_from(TYPES))
+    v = draw(st.sampled_from([t, t, *TYPES]))
+    nodes.append(h.make_node("Cast", [name], [f"u{k}"], to=u))
+    mid = f"u{k}"
+    if moved:
+        nodes.append(h.make_node("Transpose", [mid], [f"m{k}"], perm=[1, 0]))
+        nodes.append(h.make_node("Transpose", [f"m{k}"], [f"n{k}"], perm=[1, 0]))
+        mid = f"n{k}"
+    nodes.append(h.make_node("Cast", [mid], [out], to=v))
+    return v
+
+
+def _data_move(draw: st.DrawFn, nodes: list[onnx.NodeProto], name: str, out: str, k: int) -> None:
+    """Reshape + Transpose, or two Transposes: data movement a Cast may sink through."""
+    if draw(st.sampled_from(["Transpose2", "Reshape"])) == "Reshape":
+        nodes.append(h.make_node("Reshape", [name, "shape32"], [f"r{k}"]))
+        nodes.append(h.make_node("Transpose", [f"r{k}"], [out], perm=[1, 0]))
+    else:
+        nodes.append(h.make_node("Transpose", [name], [f"t{k}"], perm=[1, 0]))
+        nodes.append(h.make_node("Transpose", [f"t{k}"], [out], perm=[1, 0]))
+
+
 @st.composite
 def graphs(draw: st.DrawFn) -> onnx.ModelProto:
     n_inputs = draw(st.integers(1, 2))
@@ -40,16 +65,8 @@ def graphs(draw: st.DrawFn) -> onnx.ModelProto:
         out = f"v{k}"
         op = draw(st.sampled_from(["Cast", "Cast", "Cast", "Identity", "Unary", "Binary", "Move", "Shape",
                                    "RoundTrip", "RoundTrip", "MovedPair"]))
-        if op in ("RoundTrip", "MovedPair"):  # T -> U [-> data movement] -> T (or -> V): what the rules look for
-            u = draw(st.sampled_from(TYPES))
-            v = draw(st.sampled_from([t, t, *TYPES]))
-            nodes.append(h.make_node("Cast", [name], [f"u{k}"], to=u))
-            mid = f"u{k}"
-            if op == "MovedPair":
-                nodes.append(h.make_node("Transpose", [mid], [f"m{k}"], perm=[1, 0]))
-                nodes.append(h.make_node("Transpose", [f"m{k}"], [f"n{k}"], perm=[1, 0]))
-                mid = f"n{k}"
-            nodes.append(h.make_node("Cast", [mid], [out], to=v))
+        if op in ("RoundTrip", "MovedPair"):
+            v = _round_trip(draw, nodes, name, t, out, k, moved=op == "MovedPair")
             pool.append((out, v))
         elif op == "Cast":
             to = draw(st.sampled_from(TYPES))
@@ -67,15 +84,7 @@ def graphs(draw: st.DrawFn) -> onnx.ModelProto:
             nodes.append(h.make_node(draw(st.sampled_from(["Add", "Mul", "Max"])), [name, other], [out]))
             pool.append((out, t))
         elif op == "Move":
-            kind = draw(st.sampled_from(["Transpose2", "Reshape"]))
-            if kind == "Reshape":
-                mid = f"r{k}"
-                nodes.append(h.make_node("Reshape", [name, "shape32"], [mid]))
-                nodes.append(h.make_node("Transpose", [mid], [out], perm=[1, 0]))
-            else:
-                mid = f"t{k}"
-                nodes.append(h.make_node("Transpose", [name], [mid], perm=[1, 0]))
-                nodes.append(h.make_node("Transpose", [mid], [out], perm=[1, 0]))
+            _data_move(draw, nodes, name, out, k)
             pool.append((out, t))
         elif op == "Shape":  # its own little pool: [2] int64 values are only ever outputs
             nodes.append(h.make_node("Shape", [name], [out]))
