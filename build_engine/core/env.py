@@ -7,7 +7,9 @@ time, never cached at import, so a test or a caller can change them with ``os.en
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import InputError
@@ -54,3 +56,21 @@ def get_int(knob: Knob) -> int:
     except ValueError as exc:
         raise InputError(f"environment variable {knob.name}={value!r} is not an integer; unset it or give one "
                          f"({knob.meaning})") from exc
+
+
+@contextlib.contextmanager
+def override(knob: Knob, value: str | None) -> Iterator[None]:
+    """Set (``None``: unset) a variable for the duration of a block, then restore what was there: for a library
+    that reads its switch once, at a moment we choose (e.g. Triton's ``TRITON_INTERPRET`` at decoration time)."""
+    saved = os.environ.get(knob.name)
+    if value is None:
+        os.environ.pop(knob.name, None)
+    else:
+        os.environ[knob.name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(knob.name, None)
+        else:
+            os.environ[knob.name] = saved
