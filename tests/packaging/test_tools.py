@@ -24,7 +24,7 @@ def _run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complet
 
 def test_import_contracts_hold() -> None:
     """lint-imports reads [tool.importlinter] and analyses the installed trtforge.* packages (not the folders)."""
-    res = _run([_tool("lint-imports"), "--no-cache", "--config", str(REPO / "pyproject.toml")], cwd=REPO)
+    res = _run([_tool("lint-imports"), "--no-cache", "--no-logo", str(REPO / "pyproject.toml")], cwd=REPO)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     assert "0 broken" in res.stdout, res.stdout[-2000:]
 
