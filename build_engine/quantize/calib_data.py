@@ -111,7 +111,7 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
         sample = {name: (arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
                   for name, arr in arrays.items()}
         for name in _slot_inputs(model) - set(arrays):  # no adapter during calibration
-            sample[name] = np.full(_slot_shape(inputs[name], sample), -1, np.int32)
+            sample[name] = np.full(_slot_shape(inputs[name], sample), lora_spec.NO_ADAPTER, lora_spec.SLOT_DTYPE)
         samples.append(sample)
     return CalibSet(tuple(samples), f"file {path}: {n} samples")
 

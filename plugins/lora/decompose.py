@@ -46,7 +46,7 @@ def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[Node
                          "token) or [batch] with a 3-D x (per sequence)")
     nodes = [
         _const(f"{p}/zero", [0]),
-        helper.make_node("Cast", [f"{p}/zero"], [f"{p}/zero_i32"], to=TensorProto.INT32, name=f"{p}/zero_i32"),
+        helper.make_node("Cast", [f"{p}/zero"], [f"{p}/zero_i32"], to=spec.SLOT_ELEM_TYPE, name=f"{p}/zero_i32"),
         helper.make_node("Max", [ids, f"{p}/zero_i32"], [f"{p}/ids_c"], name=f"{p}/clamp"),
         helper.make_node("Gather", [a, f"{p}/ids_c"], [f"{p}/a"], axis=0, name=f"{p}/gather_a"),
         helper.make_node("Gather", [b, f"{p}/ids_c"], [f"{p}/b"], axis=0, name=f"{p}/gather_b"),

@@ -229,7 +229,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     taken = {i.name for i in g.input} | {t.name for t in g.initializer}
     slot_dims = (lead[0],) if per_sequence else lead
     slot_dims = tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(slot_dims))
-    new_inputs = [make_input(spec.SLOT_IDS_INPUT, TensorProto.INT32, slot_dims)]
+    new_inputs = [make_input(spec.SLOT_IDS_INPUT, spec.SLOT_ELEM_TYPE, slot_dims)]
     new_nodes: dict[int, NodeProto] = {}
     for site in sites:
         fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features, tile)
@@ -240,7 +240,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
             taken.add(name)
         new_inputs += [make_input(a, site.elem_type, (slots, site.in_features, max_rank)),
                        make_input(b, site.elem_type, (slots, max_rank, site.out_features)),
-                       make_input(sc, TensorProto.FLOAT, (slots,))]
+                       make_input(sc, spec.SCALE_ELEM_TYPE, (slots,))]
         base = f"{site.y}.lora_base"
         g.node[site.node_index].output[0] = base
         attrs: dict[str, Any] = dict(fields.as_dict())  # onnx's make_node types **kwargs loosely

@@ -80,7 +80,7 @@ def check_types(model: ModelProto, types: Mapping[str, int]) -> None:
         got = {spec.INPUT_NAMES[i]: types.get(node.input[i]) for i in range(len(spec.INPUT_NAMES))}
         shared = {got[spec.INPUT_NAMES[i]] for i in _SHARED}
         bad = (len(shared) != 1 or not shared <= set(_DTYPE_NAMES)
-               or got["slot_ids"] != TensorProto.INT32 or got["scales"] != TensorProto.FLOAT)
+               or got["slot_ids"] != spec.SLOT_ELEM_TYPE or got["scales"] != spec.SCALE_ELEM_TYPE)
         if bad:
             detail = ", ".join(f"{k} {dtype_name(v)}" for k, v in got.items())
             raise ModelError(f"precision conversion left {_where(node)} with inconsistent dtypes ({detail}); "

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
-from onnx import NodeProto
+from onnx import NodeProto, TensorProto
 
 from trtforge.build_engine.core.errors import InputError
 
@@ -47,6 +47,8 @@ ALIASED_INPUT = Y  # output 0 may reuse y's memory (IPluginV3OneBuildV2.get_alia
 FLOAT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")  # numpy / ml_dtypes names
 SLOT_DTYPE = "int32"
 SCALE_DTYPE = "float32"
+SLOT_ELEM_TYPE: int = TensorProto.INT32  # SLOT_DTYPE and SCALE_DTYPE as ONNX element types
+SCALE_ELEM_TYPE: int = TensorProto.FLOAT
 
 MAX_SLOTS = 4096  # the kernel's sort keeps 2 int32 counters per slot in shared memory (<= 32 KiB)
 MAX_RANK = 64  # the kernel keeps per-thread rank vectors in registers; 64 bounds them
