@@ -81,7 +81,7 @@ def _nvrtc(src: str, arch: str, kind: str = "ptx") -> bytes:
     """PTX (virtual arch compute_XY) or a cubin (real arch sm_XY) from NVRTC."""
     from cuda.bindings import nvrtc  # raises (ImportError/RuntimeError) when libnvrtc cannot be loaded
 
-    def check(res: Any) -> Any:  # cuda-python returns (error, value...) tuples
+    def check(res: object) -> Any:
         err, *rest = res if isinstance(res, tuple) else (res,)
         if int(err) != 0:
             raise RuntimeError(f"NVRTC error {err}")
