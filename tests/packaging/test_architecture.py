@@ -4,7 +4,8 @@
   each with its reason, and an entry that is no longer needed fails too (the list only shrinks);
 - the environment is read only through ``build_engine/core/env.py``;
 - tests do not skip when a trtforge module fails to import, and every random generator in tests is seeded;
-- shipped files cite only files that ship (no design document outside the project).
+- shipped files cite only files that ship (no design document outside the project);
+- fold passes count their rewrites under ``GraphPass.name``; library code logs, only front ends print.
 """
 
 from __future__ import annotations
@@ -152,3 +153,15 @@ def test_pass_counters_report_the_pass_name() -> None:
     offenders = [f"{_rel(p)}:{i}" for p in sorted((REPO / "build_engine/passes").glob("*.py"))
                  for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
     assert not offenders, f"count rewrites under self.name (GraphPass.name): {offenders}"
+
+
+# Modules that are command-line front ends and may print: the CLI, and the example script's own main.
+_MAY_PRINT = ("build_engine/cli/", "examples/make_example.py")
+_PRINT = re.compile(r"(^|[^\w.])print\(|sys\.std(err|out)\.write\(")
+
+
+def test_library_code_logs_instead_of_printing() -> None:
+    offenders = [f"{_rel(p)}:{i}" for p in _sources(PACKAGES) if not _rel(p).startswith(_MAY_PRINT)
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if _PRINT.search(line) and not line.lstrip().startswith("#")]
+    assert not offenders, f"log through logging.getLogger('trtforge...') (build_engine/core/log.py): {offenders}"
