@@ -41,6 +41,9 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
     """
     dest = Path(path)
     _check_parent(dest)
+    from .paths import refuse_special
+
+    refuse_special("output", dest)  # a device or FIFO is never replaced by a regular file
     if dest.is_dir():
         raise InputError(f"{dest} is a folder; give a file path for the output")
     return dest
