@@ -60,6 +60,9 @@ def _run(args: Any) -> int:
     from ..passes import fold
     from ..verify.bitwise import check_equivalent
 
+    from ._bounds import check_seed
+
+    check_seed(args.seed)
     # Before loading: a bad report path leaves no model behind, and no output may overwrite the input.
     check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report), inputs=[("IN.onnx", args.input)])
     loaded = onnx_io.load(args.input)

@@ -54,6 +54,9 @@ def _run(args: Any) -> int:
     from ..core import fsutil, onnx_io, paths
     from ..quantize import QuantConfig, generate, load_npz, quantize
 
+    from ._bounds import check_seed
+
+    check_seed(args.seed)
     check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report),
                   inputs=[("IN.onnx", args.input), ("--calib", args.calib)])
     cfg = QuantConfig(mode=args.mode, alpha=args.alpha, calibrator=args.calibrator, block_size=args.block_size,

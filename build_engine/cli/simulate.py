@@ -36,6 +36,23 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+#: Limits of one simulation, checked before anything is allocated (each replica and each KV block holds Python
+#: objects: 1024 replicas or 10 million blocks stay within a few GiB).
+MAX_REPLICAS = 1024
+MAX_KV_BLOCKS = 10_000_000
+MAX_RUNNING = 1_000_000
+MAX_TOKEN_BUDGET = 2**31 - 1
+
+
+def _check_sizes(args: Namespace) -> None:
+    from ..core.errors import InputError
+
+    for flag, value, high in (("--replicas", args.replicas, MAX_REPLICAS), ("--token-budget", args.token_budget,
+                              MAX_TOKEN_BUDGET), ("--max-running", args.max_running, MAX_RUNNING)):
+        if not 1 <= value <= high:
+            raise InputError(f"{flag} {value}: give a whole number from 1 to {high}")
+
+
 def _run(args: Namespace) -> int:
     from dataclasses import replace
 
@@ -49,6 +66,7 @@ def _run(args: Namespace) -> int:
     from ..core.errors import InputError
     from ..core.fsutil import write_json
 
+    _check_sizes(args)
     if not 0 < args.kv_scale <= 1:
         raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
@@ -70,6 +88,10 @@ def _run(args: Namespace) -> int:
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
     blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
+    if blocks > MAX_KV_BLOCKS:  # the block pool holds one entry per block: refuse before allocating it
+        raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
+                         f"{profile.name}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
+                         f"{MAX_KV_BLOCKS / kv.num_blocks:.2g} or a larger model config")
     cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
                           max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
                           max_running=args.max_running)
@@ -88,7 +110,9 @@ def _run(args: Namespace) -> int:
         plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
     keys = ("policy", "requests", "completed", "rejected", "preempted", "stuck", "req_per_s", "throughput_tok_s",
             "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
-    print(json.dumps({k: getattr(res.summary, k) for k in keys}, indent=1))
+    from ..core.jsonout import dumps
+
+    print(dumps({k: getattr(res.summary, k) for k in keys}, indent=1))
     return 0
 
 

@@ -77,7 +77,9 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    from .jsonout import dumps
+
+    write_text(path, dumps(obj, indent=2, sort_keys=False) + "\n")  # null, never NaN/Infinity
 
 
 @contextlib.contextmanager
