@@ -47,7 +47,6 @@ def _run(args: Namespace) -> int:
 
     from ..verify.diff import check, run_diff, save_paths, save_results
     from ..verify.inputs import parse_shape_args, parse_value_args
-
     from ._bounds import check_seed
 
     check_seed(args.seed)

@@ -59,7 +59,6 @@ def _run(args: Any) -> int:
     from ..core.graph import PROTO_LIMIT
     from ..passes import fold
     from ..verify.bitwise import check_equivalent
-
     from ._bounds import check_seed
 
     check_seed(args.seed)

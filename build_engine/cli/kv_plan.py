@@ -34,7 +34,8 @@ def _run(args: Namespace) -> int:
     from ..core.fsutil import write_json
     from ._outputs import check_outputs
 
-    check_outputs(("--json", args.json), inputs=[("--model", _if_file(args.model)), ("--profile", _if_file(args.profile))])
+    check_outputs(("--json", args.json),
+                  inputs=[("--model", _if_file(args.model)), ("--profile", _if_file(args.profile))])
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     plan = plan_kv(profile, spec, tp=args.tp, kv_dtype=args.kv_dtype, request_tokens=args.request_tokens,

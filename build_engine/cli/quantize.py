@@ -53,7 +53,6 @@ def build_parser() -> ArgumentParser:
 def _run(args: Any) -> int:
     from ..core import fsutil, onnx_io, paths
     from ..quantize import QuantConfig, generate, load_npz, quantize
-
     from ._bounds import check_seed
 
     check_seed(args.seed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from argparse import Namespace
 from collections.abc import Sequence

@@ -7,7 +7,6 @@ temporary is removed and the destination is untouched.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile

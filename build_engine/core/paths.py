@@ -102,10 +102,7 @@ def refuse_special(label: str, path: Path) -> None:
 
 def _inside(child: Path, folder_id: tuple[int, int]) -> bool:
     """Whether ``child`` (resolved) is ``folder`` or lies under it, by identity of each ancestor."""
-    for anc in (child, *child.parents):
-        if _ident(anc) == folder_id:
-            return True
-    return False
+    return any(_ident(anc) == folder_id for anc in (child, *child.parents))
 
 
 def _real(p: Path) -> Path:

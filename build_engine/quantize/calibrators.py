@@ -48,7 +48,11 @@ def _with_outputs(model: ModelProto, tensors: Sequence[str]) -> ModelProto:
 def _session(model: ModelProto) -> Any:
     import onnxruntime as ort
 
+    from ..verify.sessions import quiet_onnxruntime
+
+    quiet_onnxruntime()
     opts = ort.SessionOptions()
+    opts.log_severity_level = 3  # errors only: warnings say nothing the quantization report does not
     opts.intra_op_num_threads = 2
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # exact fp32, no fusions
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -100,6 +104,10 @@ class _Reader:
 
 def _calibrator_class(method: str) -> tuple[type, dict[str, Any]]:
     from onnxruntime.quantization import calibrate as c
+
+    from ..verify.sessions import quiet_onnxruntime
+
+    quiet_onnxruntime()  # the calibrators create their own sessions
 
     if method == "max":
         return c.MinMaxCalibrater, {"symmetric": True}

@@ -15,6 +15,7 @@ ones ``polygraphy run`` would generate for that seed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any

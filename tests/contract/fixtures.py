@@ -37,7 +37,8 @@ def external_model(path: Path, seed: int = 1) -> Path:
     return path
 
 
-def adapter(folder: Path, *, r: int = 4, seed: int = 2, config: dict | None = None, header: bytes | None = None) -> Path:
+def adapter(folder: Path, *, r: int = 4, seed: int = 2, config: dict | None = None,
+            header: bytes | None = None) -> Path:
     from safetensors.numpy import save_file
 
     g = np.random.default_rng(seed)
