@@ -1,6 +1,6 @@
-"""Issue 11 "Data loss" cases (devices such as /dev/full are tested at library level in test_paths.py: a
-regression here, run as root, would replace the device node): an output that is (or holds, or lies in) an input. Each builder gets an empty folder
-and returns the Case: argv, the words the one error line must hold, and nothing else to set up."""
+"""Issue 11 "Data loss" cases: an output that is (or holds, or lies in) an input. Devices such as /dev/full are
+tested at library level in test_paths.py (a regression here, run as root, would replace the device node).
+Each builder gets an empty folder and returns the Case: argv and the words the one error line must hold."""
 
 from __future__ import annotations
 

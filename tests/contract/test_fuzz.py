@@ -4,6 +4,7 @@ exception (a KeyError, OverflowError, RecursionError, ... would be an "internal 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import tempfile
@@ -68,10 +69,8 @@ def test_profile_toml_parses_or_input_error(edits: list[tuple[int, str]]) -> Non
 def test_profile_bytes_parse_or_input_error(raw: bytes) -> None:
     from trtforge.profiles.loader import _parse_bytes
 
-    try:
+    with contextlib.suppress(InputError):
         _parse_bytes(raw, "fuzz.toml", "fuzz")
-    except InputError:
-        pass
 
 
 # -------------------------------------------------------------------------------------------------- trace lines
