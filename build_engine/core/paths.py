@@ -133,7 +133,7 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
             if iid is None:
                 continue
             if iid == oid:
-                raise InputError(f"{label} {out} is {_describe(inp)}; writing it would destroy that input, with or "
+                raise InputError(f"{label} {out} is {_describe(inp)}; writing it would overwrite that input, with or "
                                  f"without --force; choose another {label} path")
             if is_folder and stat.S_ISDIR(os.stat(out).st_mode) and _inside(_real(inp.file), oid):
                 raise InputError(f"{label} {out} contains {_describe(inp)}; the folder is replaced as a whole, so "

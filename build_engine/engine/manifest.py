@@ -297,7 +297,7 @@ class _Reader:
     def integer(self, data: Mapping[str, Any], key: str, low: int, high: int | None = None) -> int:
         value = self.get(data, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-            bound = f">= {low}" if high is None else f"from {low} to {high}"
+            bound = f">= {low}" if high is None else f">= {low} and <= {high}"
             raise self.fail("", f"key '{key}' must be an integer {bound}, got {value!r}; {_REBUILD}")
         return value
 
@@ -328,7 +328,7 @@ class _Reader:
     def shape(self, value: Any, key: str) -> tuple[int, ...]:
         if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and -1 <= d <= MAX_DIM
                                                   for d in value):
-            raise self.fail(key, f"expected a list of integers from -1 to {MAX_DIM}, got {value!r}; rebuild the "
+            raise self.fail(key, f"expected a list of integers >= -1 and <= {MAX_DIM}, got {value!r}; rebuild the "
                                  "engine")
         return tuple(value)
 
