@@ -76,3 +76,21 @@ def test_two_processes_create_the_rtx_link_at_once(tmp_path: Path) -> None:
     link = libs / "libtensorrt_rtx.so"
     assert link.is_symlink() and os.readlink(link) == "libtensorrt_rtx.so.1"
     assert sorted(p.name for p in libs.iterdir()) == ["libtensorrt_rtx.so", "libtensorrt_rtx.so.1"]  # no temporaries
+
+
+def test_simulate_json_is_strict_json_with_null(cli, tmp_path: Path) -> None:
+    """Every request rejected (prompt above max_position_embeddings): the TTFT percentiles have no value. JSON has
+    no NaN: both the printed summary and --json say null."""
+    import json
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1000000, "output_length": 4, "hash_ids": []}\n')
+
+    def strict(text: str) -> dict:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+    res = cli("simulate", "--trace", trace, "--profile", "a100", "--model", "llama-3.1-8b", "--policy",
+              "cache-aware", "--json", tmp_path / "s.json")
+    assert res.code == 0, res.err
+    printed, saved = strict(res.out), strict((tmp_path / "s.json").read_text())
+    assert printed["rejected"] == 1 and printed["ttft_p50_s"] is None and saved["ttft_p50_s"] is None
