@@ -133,8 +133,8 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
             if iid is None:
                 continue
             if iid == oid:
-                raise InputError(f"{label} {out} is {_describe(inp)}; writing it would overwrite that input, with or "
-                                 f"without --force; choose another {label} path")
+                raise InputError(f"{label} {out} is the same file as {_describe(inp)}; writing it would "
+                                 f"overwrite that input, with or without --force; choose another {label} path")
             if is_folder and stat.S_ISDIR(os.stat(out).st_mode) and _inside(_real(inp.file), oid):
                 raise InputError(f"{label} {out} contains {_describe(inp)}; the folder is replaced as a whole, so "
                                  f"the input would be deleted, with or without --force; choose an output folder "
