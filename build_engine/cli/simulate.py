@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from argparse import Namespace
 from collections.abc import Sequence
+from typing import Any
 
 from ._common import ArgumentParser, make_parser, run_command
 from ._outputs import check_outputs
@@ -52,6 +53,18 @@ def _check_sizes(args: Namespace) -> None:
             raise InputError(f"{flag} {value}: give a whole number from 1 to {high}")
 
 
+def _blocks(kv: Any, args: Namespace, profile: str) -> int:
+    """The scheduler's KV blocks; refused above MAX_KV_BLOCKS before the block pool (one entry each) is made."""
+    from ..core.errors import InputError
+
+    blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
+    if blocks > MAX_KV_BLOCKS:
+        raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
+                         f"{profile}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
+                         f"{MAX_KV_BLOCKS / kv.num_blocks:.2g} or a larger model config")
+    return blocks
+
+
 def _run(args: Namespace) -> int:
     from dataclasses import replace
 
@@ -86,11 +99,7 @@ def _run(args: Namespace) -> int:
     reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
-    blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
-    if blocks > MAX_KV_BLOCKS:  # the block pool holds one entry per block: refuse before allocating it
-        raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
-                         f"{profile.name}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
-                         f"{MAX_KV_BLOCKS / kv.num_blocks:.2g} or a larger model config")
+    blocks = _blocks(kv, args, profile.name)
     cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
                           max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
                           max_running=args.max_running)
