@@ -49,10 +49,27 @@ def _ident(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+# An external data entry is a StringStringEntryProto whose key is "location": field 1, length 8, then field 2.
+_LOCATION_KEY = b"\x0a\x08location\x12"
+
+
+def _names_external_data(model_path: Path) -> bool:
+    """Whether the file holds the bytes of a ``location`` entry (scanned through mmap: no copy in memory)."""
+    import mmap
+
+    with open(model_path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return mm.find(_LOCATION_KEY) >= 0
+
+
 def external_data_files(model_path: Path) -> list[Path]:
     """The external data files an ONNX model names, read from its (weight-free) proto; [] if it cannot be parsed
     (the command's own loader then reports why)."""
     try:
+        if not _names_external_data(model_path):
+            return []  # a model with its weights inside is not parsed twice (it may be near 2 GiB)
         from onnx import ModelProto
 
         proto = ModelProto()

@@ -216,3 +216,13 @@ def _demo(t: Path) -> Case:
     (t / "w").mkdir()
     (t / "w" / "summary.md").write_text("my notes\n")
     return Case(["demo", "--workdir", s(t / "w")], ("--workdir", "summary.md"))
+
+
+@case("build-matrix: a [triton] entry holds a model")
+def _matrix_triton(t: Path) -> Case:
+    (t / "repo" / "m_a100").mkdir(parents=True)
+    fx.tiny_model(t / "repo" / "m_a100" / "in.onnx")
+    mat = t / "matrix.toml"
+    mat.write_text('[matrix]\nprofiles = ["a100"]\n\n[[model]]\nname = "m"\npath = "repo/m_a100/in.onnx"\n\n'
+                   '[triton]\nrepo = "repo"\n')
+    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "in.onnx"))
