@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..core import fsutil, paths
 
 Named = tuple[str, str | os.PathLike[str] | None]
+
+
+def if_exists(name_or_path: str | None) -> str | None:
+    """A --model/--profile/--trace that names an existing file or folder is an input to protect; a preset name
+    (``a100``, ``llama-3.1-8b``, ``synthetic:N``) is not."""
+    return name_or_path if name_or_path and Path(name_or_path).exists() else None
 
 
 def check_outputs(*named: Named, inputs: Sequence[Named] = (), folders: Sequence[Named] = ()) -> None:

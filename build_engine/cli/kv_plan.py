@@ -32,10 +32,10 @@ def _run(args: Namespace) -> int:
     from trtforge.scheduler.kv_plan import GIB, load_model_spec, plan_kv
 
     from ..core.fsutil import write_json
-    from ._outputs import check_outputs
+    from ._outputs import check_outputs, if_exists
 
     check_outputs(("--json", args.json),
-                  inputs=[("--model", _if_file(args.model)), ("--profile", _if_file(args.profile))])
+                  inputs=[("--model", if_exists(args.model)), ("--profile", if_exists(args.profile))])
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     plan = plan_kv(profile, spec, tp=args.tp, kv_dtype=args.kv_dtype, request_tokens=args.request_tokens,
@@ -54,13 +54,6 @@ def _run(args: Namespace) -> int:
     if args.json:
         print(json.dumps({"json": args.json}))
     return 0
-
-
-def _if_file(name_or_path: str) -> str | None:
-    """A --model/--profile that names a file (or folder) is an input to protect; a preset name is not."""
-    from pathlib import Path
-
-    return name_or_path if Path(name_or_path).exists() else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

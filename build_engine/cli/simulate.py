@@ -87,12 +87,12 @@ def _run(args: Namespace) -> int:
         raise InputError(f"--horizon must be a finite number of seconds >= 0, got {args.horizon}")
     if args.max_requests is not None and args.max_requests < 1:
         raise InputError(f"--max-requests must be >= 1, got {args.max_requests}")
-    from .kv_plan import _if_file
+    from ._outputs import if_exists
 
     # Before simulating, and before either is written: neither may be the trace, the config or the profile.
     check_outputs(("--json", args.json), ("--plot", args.plot),
-                  inputs=[("--trace", _if_file(args.trace)), ("--model", _if_file(args.model)),
-                          ("--profile", _if_file(args.profile))])
+                  inputs=[("--trace", if_exists(args.trace)), ("--model", if_exists(args.model)),
+                          ("--profile", if_exists(args.profile))])
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     kv = plan_kv(profile, spec, kv_dtype=args.kv_dtype, max_num_tokens=args.token_budget, max_batch=args.max_running)
