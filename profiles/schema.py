@@ -24,6 +24,11 @@ DTYPES = ("fp16", "bf16")
 # First compute capability with FP8 Tensor Cores (Ada SM 8.9; Hopper SM 9.0) and with bf16 (Ampere SM 8.0).
 FP8_MIN_CC = (8, 9)
 BF16_MIN_CC = (8, 0)
+#: Largest batch or sequence dim of an optimization profile (int32: TensorRT's shape arithmetic and Triton's
+#: max_batch_size are 32-bit) and largest builder workspace (1 TiB, beyond any GPU); larger values are refused by
+#: name instead of overflowing inside TensorRT.
+MAX_DIM = 2**31 - 1
+MAX_WORKSPACE_MB = 2**20
 
 
 Check = Callable[["_Reader", Any, str], Any]  # (reader, raw TOML value, dotted key) -> validated value
@@ -90,9 +95,9 @@ def _table(cls: type) -> Check:
 class Range:
     """One dynamic dimension's optimization range: ``1 <= min <= opt <= max``."""
 
-    min: int = _key(_int(1))
-    opt: int = _key(_int(1))
-    max: int = _key(_int(1))
+    min: int = _key(_int(1, MAX_DIM))
+    opt: int = _key(_int(1, MAX_DIM))
+    max: int = _key(_int(1, MAX_DIM))
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ class Precision:
 @dataclass(frozen=True)
 class BuilderSettings:
     optimization_level: int = _key(_int(0, 5))
-    workspace_mb: int = _key(_int(1))
+    workspace_mb: int = _key(_int(1, MAX_WORKSPACE_MB))
     aux_streams: int = _key(_int(0), missing=0)
 
 

@@ -103,14 +103,16 @@ class ModelSpec:
         hidden = need("hidden_size")
         head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
                                            and heads > 0 else 0)
+        name = str(cfg.get("_name_or_path") or name)
         try:
-            return cls(name=str(cfg.get("_name_or_path") or name), num_layers=need("num_hidden_layers"),
+            return cls(name=name, num_layers=need("num_hidden_layers"),
                        num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
                        hidden_size=hidden, intermediate_size=need("intermediate_size"),
                        vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                       max_position_embeddings=int(cfg.get("max_position_embeddings") or 131072))
-        except InputError as exc:
-            raise InputError(f"{source}: {exc}") from exc
+                       # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
+                       max_position_embeddings=cfg.get("max_position_embeddings") or 131072)
+        except InputError as exc:  # name the file once (the spec's own message starts with the model's name)
+            raise InputError(f"{source}: {exc.message.removeprefix(f'model {name}: ')}") from exc
 
 
 #: Public architectures (from each model's HF config.json).

@@ -48,12 +48,40 @@ def _help() -> str:
         "  --verbose  also log debug messages (every command has -v/--verbose and -q/--quiet)",
         "  --quiet    log only warnings and errors",
         "",
-        "Run 'trtforge COMMAND --help' for a command's options. Exit codes: 0 ok, 1 a check failed, 2 bad input.",
+        "Run 'trtforge COMMAND --help' for a command's options. Exit codes: 0 ok, 1 a check failed, 2 bad input, "
+        "3 internal error (a bug: please report it).",
     ]
     return "\n".join(lines)
 
 
+#: Exit code after stdout's reader left (``trtforge ... | head -1``): what a Unix tool killed by SIGPIPE reports.
+BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
+        return code
+    except BrokenPipeError:
+        _drop_stdout()
+        return BROKEN_PIPE
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's own flush at exit does not raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured in tests)
+        pass
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = False
     talk: list[str] = []

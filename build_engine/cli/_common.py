@@ -1,8 +1,10 @@
-"""Shared CLI plumbing: the exit-code contract (0 ok, 1 check failed, 2 bad input) and one-line errors.
+"""Shared CLI plumbing: the exit-code contract (0 ok, 1 check failed, 2 bad input, 3 internal error) and one-line
+errors.
 
 Every command builds its parser with ``make_parser`` and runs through ``run_command``, which turns a
 ``TrtforgeError`` into ``error: <message>`` on stderr and its exit code, hides tracebacks unless ``--debug``, and
-reports unexpected exceptions as internal errors (exit 1) with a hint to rerun with ``--debug``.
+reports unexpected exceptions as internal errors (exit 3, never 1, which means "a check ran and failed") with how
+to report them. A closed stdout (``| head``) propagates as BrokenPipeError to the console entry, which exits quietly.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from ..core.errors import InputError, TrtforgeError
+
+#: Exit code of an unexpected exception (a bug in trtforge or a library), distinct from 1 (a check failed).
+INTERNAL_ERROR = 3
 
 
 class UsageError(InputError):
@@ -77,20 +82,30 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout left (| head): not an error of the command
+        raise
     except Exception as exc:  # a bug in trtforge or a library: one line unless --debug
         if debug:
             traceback.print_exc()
         text = " ".join(str(exc).split())[:300]
-        print(f"error: internal error: {type(exc).__name__}: {text} (rerun with --debug and report it)",
-              file=sys.stderr)
-        return 1
+        print(f"error: internal error: {type(exc).__name__}: {text} (a bug: rerun with --debug and report the "
+              "traceback at the trtforge issue tracker)", file=sys.stderr)
+        return INTERNAL_ERROR
 
 
 def stdout_console() -> Any:
     """A rich Console on stdout (imported lazily)."""
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True)
+    # rich's default turns a closed stdout into SystemExit(1) ("failed"); hand it to the console entry instead,
+    # which exits quietly with the SIGPIPE status like every other command.
+    console.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
+    return console
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError(32, "Broken pipe")
 
 
 def stderr_console() -> Any:

@@ -1,25 +1,30 @@
-"""Output paths checked up front: a command that writes several files refuses a bad one before writing any."""
+"""Output paths checked up front: a command that writes several files refuses a bad one before writing any.
+
+A thin front of ``core.paths.check`` (the one implementation of the never-overwrite-an-input rule) that also
+checks each output file can be written (its folder exists, it is not a folder)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from ..core import fsutil
-from ..core.errors import InputError
+from ..core import fsutil, paths
+
+Named = tuple[str, str | os.PathLike[str] | None]
 
 
-def check_outputs(*named: tuple[str, str | os.PathLike[str] | None]) -> None:
-    """``named``: (option, path or None when not given). Each path must be writable as a file
-    (``fsutil.check_output_file``) and no two options may name the same file (the later would overwrite the
-    earlier)."""
-    seen: dict[Path, str] = {}
-    for option, path in named:
-        if not path:
-            continue
-        p = Path(path)
-        key = p.resolve()
-        if key in seen:
-            raise InputError(f"{p}: {option} and {seen[key]} name the same file; choose another {option} path")
-        seen[key] = option
-        fsutil.check_output_file(p)
+def if_exists(name_or_path: str | None) -> str | None:
+    """A --model/--profile/--trace that names an existing file or folder is an input to protect; a preset name
+    (``a100``, ``llama-3.1-8b``, ``synthetic:N``) is not."""
+    return name_or_path if name_or_path and Path(name_or_path).exists() else None
+
+
+def check_outputs(*named: Named, inputs: Sequence[Named] = (), folders: Sequence[Named] = ()) -> None:
+    """``named``: (option, path or None when not given) of each output file; ``inputs``: what the command reads;
+    ``folders``: output folders replaced as a whole. No output may be, contain or be inside an input, or name the
+    same file as another output, or be a device/FIFO/socket."""
+    paths.check(inputs=inputs, files=named, folders=folders)
+    for _, path in named:
+        if path:
+            fsutil.check_output_file(path)

@@ -29,8 +29,12 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
+    from ..core import paths
     from ..engine.builder import build_engine
+    from ._outputs import if_exists
 
+    # -o is replaced as a whole (with --force): it must not be or hold the model, its data or the profile.
+    paths.check(inputs=[("IN.onnx", args.input), ("--profile", if_exists(args.profile))], folders=[("-o", args.output)])
     m = build_engine(args.input, args.profile, args.output, backend=args.backend, force=args.force,
                      progress=not args.no_progress)
     ins = ", ".join(f"{i.name} {i.dtype} {_range(i.envelope)}" for i in m.inputs)

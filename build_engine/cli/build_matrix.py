@@ -118,7 +118,9 @@ def _run(args: Any) -> int:
         if live is not None:
             live.stop()
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        from ..core.jsonout import dumps
+
+        print(dumps(report.to_json(), indent=2))
     else:
         from ._common import stdout_console
 

@@ -31,6 +31,7 @@ def _run(args: Any) -> int:
     work: Path = args.workdir
     if work.exists() and not work.is_dir():
         raise InputError(f"{work} exists and is not a folder; pass --workdir with a folder path")
+    _refuse_foreign_workdir(work)
     t0 = time.perf_counter()
     results = run_demo(work)
     total = time.perf_counter() - t0
@@ -52,6 +53,23 @@ def _run(args: Any) -> int:
         console.print(f"[bold red]{len(failed)} step(s) failed:[/] {', '.join(failed)}")
         return 1
     return 0
+
+
+#: What an earlier demo run leaves in its workdir (trtforge.examples.demo.run_demo's folders and summaries).
+_DEMO_NAMES = frozenset({"00_model", "01_fold", "02_precision", "03_lora", "04_engines", "05_triton", "06_diff",
+                         "07_kv", "08_sim", "09_quantize", "summary.json", "summary.md"})
+
+
+def _refuse_foreign_workdir(work: Path) -> None:
+    """The demo writes fixed names into --workdir and reuses an earlier demo's folder; a folder that holds
+    anything else (the user's files) is refused instead of written over."""
+    if not work.is_dir():
+        return
+    names = {p.name for p in work.iterdir()}
+    if names and "00_model" not in names:
+        first = sorted(names)[0]
+        raise InputError(f"--workdir {work} holds files that are not from an earlier trtforge demo ({first}); the "
+                         "demo would write over them; pass a new or empty folder")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,7 +47,9 @@ def _run(args: Namespace) -> int:
 
     from ..verify.diff import check, run_diff, save_paths, save_results
     from ..verify.inputs import parse_shape_args, parse_value_args
+    from ._bounds import check_seed
 
+    check_seed(args.seed)
     if args.save:  # before comparing: a bad --save path fails fast and cannot overwrite a compared model
         save_paths(args.save, (args.a, args.b))
     result = run_diff(args.a, args.b, precision=args.precision, atol=args.atol, rtol=args.rtol, seed=args.seed,

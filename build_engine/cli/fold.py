@@ -55,12 +55,15 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
 
 
 def _run(args: Any) -> int:
-    from ..core import fsutil, onnx_io
+    from ..core import fsutil, onnx_io, paths
     from ..core.graph import PROTO_LIMIT
     from ..passes import fold
     from ..verify.bitwise import check_equivalent
+    from ._bounds import check_seed
 
-    check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
+    check_seed(args.seed)
+    # Before loading: a bad report path leaves no model behind, and no output may overwrite the input.
+    check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report), inputs=[("IN.onnx", args.input)])
     loaded = onnx_io.load(args.input)
     model, external = loaded.model, loaded.external_data
     weight_bytes = sum(f.stat().st_size for f in loaded.data_files)

@@ -32,7 +32,10 @@ def _run(args: Namespace) -> int:
     from trtforge.scheduler.kv_plan import GIB, load_model_spec, plan_kv
 
     from ..core.fsutil import write_json
+    from ._outputs import check_outputs, if_exists
 
+    check_outputs(("--json", args.json),
+                  inputs=[("--model", if_exists(args.model)), ("--profile", if_exists(args.profile))])
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     plan = plan_kv(profile, spec, tp=args.tp, kv_dtype=args.kv_dtype, request_tokens=args.request_tokens,

@@ -71,10 +71,18 @@ def _save(model: Any, loaded: Any, output: Path) -> None:
         onnx_io.save_model(model, output)
 
 
+def _guard_model_output(args: argparse.Namespace) -> None:
+    from ..core import paths
+    from ._outputs import check_outputs
+
+    check_outputs(*paths.onnx_output("-o", args.output), inputs=[("IN.onnx", args.input)])
+
+
 def _inject(args: argparse.Namespace) -> int:
     from trtforge.plugins.lora import spec
     from trtforge.plugins.lora.inject import inject
 
+    _guard_model_output(args)
     loaded = _load_graph(args.input)
     try:
         out = inject(loaded.model, _targets(args.targets), args.max_rank, args.slots, per_sequence=args.per_sequence,
@@ -92,6 +100,7 @@ def _decompose(args: argparse.Namespace) -> int:
     from trtforge.plugins import has_plugin_nodes
     from trtforge.plugins.lora.decompose import decompose
 
+    _guard_model_output(args)
     loaded = _load_graph(args.input)
     if not has_plugin_nodes(loaded.model):
         raise InputError(f"{args.input}: has no LoRAOpPluginDynamic nodes; nothing to decompose")
@@ -107,6 +116,9 @@ def _decompose(args: argparse.Namespace) -> int:
 def _pack(args: argparse.Namespace) -> int:
     from trtforge.plugins.lora import pack as pk
 
+    from ._outputs import check_outputs
+
+    check_outputs(("-o", args.output), inputs=[*(("ADAPTER", a) for a in args.adapters), ("--model", args.model)])
     adapters = [pk.load_adapter(Path(a)) for a in args.adapters]
     if args.model is not None:
         layout = pk.layout_from_model(args.model)

@@ -25,10 +25,11 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from ..core import fsutil, onnx_io
+    from ..core import fsutil, onnx_io, paths
     from ..precision.convert import convert_precision
 
-    check_outputs(("-o", args.output), ("--report", args.report))  # a bad report path leaves no model behind
+    # A bad report path leaves no model behind, and no output may overwrite the input.
+    check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report), inputs=[("IN.onnx", args.input)])
     loaded = onnx_io.load(args.input)
     _refuse_plugin_conflicts(loaded.model, args.input, args.to)
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold)

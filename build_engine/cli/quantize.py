@@ -51,10 +51,13 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from ..core import fsutil, onnx_io
+    from ..core import fsutil, onnx_io, paths
     from ..quantize import QuantConfig, generate, load_npz, quantize
+    from ._bounds import check_seed
 
-    check_outputs(("IN.onnx", args.input), ("-o", args.output), ("--report", args.report))
+    check_seed(args.seed)
+    check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report),
+                  inputs=[("IN.onnx", args.input), ("--calib", args.calib)])
     cfg = QuantConfig(mode=args.mode, alpha=args.alpha, calibrator=args.calibrator, block_size=args.block_size,
                       int4_method=args.int4_method, calib_size=args.calib_size, seq_len=args.calib_seq,
                       exclude=tuple(p.strip() for p in args.exclude.split(",")) if args.exclude else (),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from argparse import Namespace
 from collections.abc import Sequence
+from typing import Any
 
 from ._common import ArgumentParser, make_parser, run_command
 from ._outputs import check_outputs
@@ -36,6 +36,35 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+#: Limits of one simulation, checked before anything is allocated (each replica and each KV block holds Python
+#: objects: 1024 replicas or 10 million blocks stay within a few GiB).
+MAX_REPLICAS = 1024
+MAX_KV_BLOCKS = 10_000_000
+MAX_RUNNING = 1_000_000
+MAX_TOKEN_BUDGET = 2**31 - 1
+
+
+def _check_sizes(args: Namespace) -> None:
+    from ..core.errors import InputError
+
+    for flag, value, high in (("--replicas", args.replicas, MAX_REPLICAS), ("--token-budget", args.token_budget,
+                              MAX_TOKEN_BUDGET), ("--max-running", args.max_running, MAX_RUNNING)):
+        if not 1 <= value <= high:
+            raise InputError(f"{flag} {value}: give a whole number from 1 to {high}")
+
+
+def _blocks(kv: Any, args: Namespace, profile: str) -> int:
+    """The scheduler's KV blocks; refused above MAX_KV_BLOCKS before the block pool (one entry each) is made."""
+    from ..core.errors import InputError
+
+    blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
+    if blocks > MAX_KV_BLOCKS:
+        raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
+                         f"{profile}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
+                         f"{MAX_KV_BLOCKS / kv.num_blocks:.2g} or a larger model config")
+    return blocks
+
+
 def _run(args: Namespace) -> int:
     from dataclasses import replace
 
@@ -49,6 +78,7 @@ def _run(args: Namespace) -> int:
     from ..core.errors import InputError
     from ..core.fsutil import write_json
 
+    _check_sizes(args)
     if not 0 < args.kv_scale <= 1:
         raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
@@ -57,14 +87,19 @@ def _run(args: Namespace) -> int:
         raise InputError(f"--horizon must be a finite number of seconds >= 0, got {args.horizon}")
     if args.max_requests is not None and args.max_requests < 1:
         raise InputError(f"--max-requests must be >= 1, got {args.max_requests}")
-    check_outputs(("--json", args.json), ("--plot", args.plot))  # before simulating, and before either is written
+    from ._outputs import if_exists
+
+    # Before simulating, and before either is written: neither may be the trace, the config or the profile.
+    check_outputs(("--json", args.json), ("--plot", args.plot),
+                  inputs=[("--trace", if_exists(args.trace)), ("--model", if_exists(args.model)),
+                          ("--profile", if_exists(args.profile))])
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     kv = plan_kv(profile, spec, kv_dtype=args.kv_dtype, max_num_tokens=args.token_budget, max_batch=args.max_running)
     reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
-    blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
+    blocks = _blocks(kv, args, profile.name)
     cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
                           max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
                           max_running=args.max_running)
@@ -83,7 +118,9 @@ def _run(args: Namespace) -> int:
         plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
     keys = ("policy", "requests", "completed", "rejected", "preempted", "stuck", "req_per_s", "throughput_tok_s",
             "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
-    print(json.dumps({k: getattr(res.summary, k) for k in keys}, indent=1))
+    from ..core.jsonout import dumps
+
+    print(dumps({k: getattr(res.summary, k) for k in keys}, indent=1))
     return 0
 
 

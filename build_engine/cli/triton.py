@@ -46,6 +46,13 @@ def _run(args: Namespace) -> int:
     if not args.engine_dir or not args.repo or args.name is None:
         raise UsageError("trtforge triton: give OUTDIR --repo REPO --name NAME (or --check REPO/NAME); "
                          "see 'trtforge triton --help'")
+    from pathlib import Path
+
+    from ..core import paths
+
+    # REPO/NAME is replaced as a whole (with --force): it must not be, or hold, the engine folder it reads.
+    paths.check(inputs=[("OUTDIR", args.engine_dir)],
+                folders=[(f"--repo {args.repo} --name", Path(args.repo) / args.name)])
     report = write_entry(args.engine_dir, args.repo, args.name, version=args.version, max_batch=args.max_batch,
                          instances=args.instances, force=args.force)
     cfg = report.config

@@ -7,7 +7,6 @@ temporary is removed and the destination is untouched.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -41,6 +40,9 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
     """
     dest = Path(path)
     _check_parent(dest)
+    from .paths import refuse_special
+
+    refuse_special("output", dest)  # a device or FIFO is never replaced by a regular file
     if dest.is_dir():
         raise InputError(f"{dest} is a folder; give a file path for the output")
     return dest
@@ -74,7 +76,9 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    from .jsonout import dumps
+
+    write_text(path, dumps(obj, indent=2, sort_keys=False) + "\n")  # null, never NaN/Infinity
 
 
 @contextlib.contextmanager

@@ -60,6 +60,16 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def check_opset(model: ModelProto, path: Path) -> None:
+    """Refuse a default-domain opset newer than the installed onnx knows (its ops' semantics are unknown here, and
+    neither the checker nor TensorRT would say so)."""
+    known = onnx.defs.onnx_opset_version()
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version > known:
+            raise ModelError(f"{path}: opset {op.version} is newer than the newest this onnx knows ({known}); "
+                             f"re-export with opset <= {known} or upgrade onnx")
+
+
 def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
     """Every TensorProto in a graph: initializers, tensor attributes, and those of subgraphs (recursively)."""
     yield from graph.initializer
@@ -220,6 +230,7 @@ def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | Non
         ) from exc
     if not model.opset_import or not model.HasField("graph") or model.ir_version <= 0:
         raise ModelError(f"{p}: not an ONNX model (no graph, IR version or opset); pass an .onnx file")
+    check_opset(model, p)
     data_files = _check_external(model, p)
     external = bool(data_files)
     if external:
@@ -515,6 +526,7 @@ def load_structure(path: str | os.PathLike[str]) -> LoadedModel:
                              "ONNX); re-export it") from exc
         if not model.opset_import or not model.HasField("graph") or model.ir_version <= 0:
             raise ModelError(f"{p}: not an ONNX model (no graph, IR version or opset); pass an .onnx file")
+        check_opset(model, p)
         data_files = _check_external(model, p)
         check_graph_structure(model.graph, str(p))
     return LoadedModel(model=model, path=p, external_data=bool(data_files), data_files=data_files)

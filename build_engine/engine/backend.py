@@ -223,6 +223,19 @@ def rtx_libs_dir(backend: Backend) -> Path | None:
     return libs if (libs / _SONAME).exists() else None
 
 
+def _publish_link(link: Path) -> None:
+    """Create ``link -> libtensorrt_rtx.so.1`` without a moment where ``link`` is missing or half-made: a symlink under
+    a name unique to this process, then ``os.replace`` onto ``link`` (atomic; a concurrent process doing the same
+    replaces one good link with another, and a dangling link is replaced, never unlinked first)."""
+    tmp = link.with_name(f".{_LINK_NAME}.{os.getpid()}.{id(link)}.tmp")
+    try:
+        os.symlink(_SONAME, tmp)
+        os.replace(tmp, link)
+    finally:
+        if tmp.is_symlink():
+            tmp.unlink()
+
+
 def prepare_plugin_loading(backend: Backend, libs_dir: Path | None = None) -> None:
     """Make sure TensorRT-RTX's ONNX parser can load plugins.
 
@@ -240,19 +253,17 @@ def prepare_plugin_loading(backend: Backend, libs_dir: Path | None = None) -> No
     link = libs / _LINK_NAME
     if link.exists():
         return
-    if link.is_symlink() and os.access(libs, os.W_OK):  # dangling link: replace it only if we may
-        link.unlink()
-    command = f"ln -s {_SONAME} {link}"
+    command = f"ln -sf {_SONAME} {link}"
     if not os.access(libs, os.W_OK):
         raise BackendError(
             f"{libs} lacks {_LINK_NAME}, which TensorRT-RTX's ONNX parser needs to load plugins, and the folder is not "
             f"writable; run: {command}"
         )
     try:
-        os.symlink(_SONAME, link)
-    except FileExistsError:  # another process made it meanwhile
-        return
+        _publish_link(link)
     except OSError as exc:
+        if link.exists():  # another process won a race we did not see coming: its link is as good as ours
+            return
         raise BackendError(f"cannot create {link} ({exc.strerror}); run: {command}") from exc
     if not _notice_printed:
         _notice_printed = True

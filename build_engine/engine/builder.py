@@ -30,7 +30,7 @@ from typing import Any
 from trtforge.profiles.loader import Profile, load_profile
 
 from ..core import fsutil, onnx_io
-from ..core.errors import BuildError, InputError
+from ..core.errors import BuildError, InputError, ModelError
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
 from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
 from .quantized import check_fp8_allowed
@@ -332,7 +332,9 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
         first = parser.get_error(0) if parser.num_errors else None
         detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
                   if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
-        raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}")
+        # Bad input (exit 2), not a failed check: the model uses something this TensorRT does not support.
+        raise ModelError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}; export it "
+                         "with ops this TensorRT supports")
     with _Timer(timings, "configure"):
         del onnx_bytes  # parsed (the parser keeps what it needs); the writing worker holds its own reference
         config = _configure(chosen, builder, network, prof, plans, cc)

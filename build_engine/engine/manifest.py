@@ -30,6 +30,10 @@ PLAN_NAME = "model.plan"
 MANIFEST_NAME = "manifest.json"
 ONNX_NAME = "model.onnx"
 _REBUILD = "rebuild the engine with 'trtforge build'"
+#: Bounds of what a manifest may say, checked on reading so no consumer allocates from a hand-edited number: a dim
+#: is int32 (TensorRT shapes, Triton's max_batch_size); trtforge builds a handful of optimization profiles.
+MAX_DIM = 2**31 - 1
+MAX_PROFILES = 1024
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,7 @@ class Manifest:
         # Read in the order the Triton writer needs them, so a hand-made file gets the most useful error first.
         plan = r.text(data, "plan")
         inputs, outputs = r.tensors(data, "inputs"), r.tensors(data, "outputs")
-        n_profiles = r.integer(data, "optimization_profiles", low=1)
+        n_profiles = r.integer(data, "optimization_profiles", low=1, high=MAX_PROFILES)
         plugins = tuple(r.plugin(p, i) for i, p in enumerate(r.lst(data, "plugins")))
         backend = r.obj(data, "backend", "")
         man = cls(
@@ -276,10 +280,11 @@ class _Reader:
             raise self.fail("", f"key '{prefix}{key}' must be a non-empty string, got {value!r}; {_REBUILD}")
         return value
 
-    def integer(self, data: Mapping[str, Any], key: str, low: int) -> int:
+    def integer(self, data: Mapping[str, Any], key: str, low: int, high: int | None = None) -> int:
         value = self.get(data, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise self.fail("", f"key '{key}' must be an integer >= {low}, got {value!r}; {_REBUILD}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f">= {low} and <= {high}"
+            raise self.fail("", f"key '{key}' must be an integer {bound}, got {value!r}; {_REBUILD}")
         return value
 
     def number(self, data: Mapping[str, Any], key: str) -> float:
@@ -307,9 +312,10 @@ class _Reader:
         return value
 
     def shape(self, value: Any, key: str) -> tuple[int, ...]:
-        if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1
+        if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and -1 <= d <= MAX_DIM
                                                   for d in value):
-            raise self.fail(key, f"expected a list of integers >= -1, got {value!r}; rebuild the engine")
+            raise self.fail(key, f"expected a list of integers >= -1 and <= {MAX_DIM}, got {value!r}; rebuild the "
+                                 "engine")
         return tuple(value)
 
     def tensors(self, data: Mapping[str, Any], kind: str) -> tuple[ManifestTensor, ...]:

@@ -88,12 +88,18 @@ def is_cached(cell: Cell, outdir: Path) -> bool:
 
 def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     """OUTROOT resolved; refused when it is (or holds) an input or is not a folder we may create."""
+    from ..core import paths
+
     root = outroot.resolve()
-    inputs = [spec.source, *(m.path for m in spec.models)]
-    for inp in inputs:
-        if inp == root or root in inp.parents:
-            raise InputError(f"output folder {outroot} contains the input {inp}; choose an output folder outside "
-                             "the inputs")
+    # OUTROOT's cell folders are replaced as wholes: OUTROOT itself must hold no input (the one rule, core.paths).
+    from .triton_assembly import entry_name
+
+    # [triton] entries REPO/<model>_<profile> are replaced (force) too: none may hold an input either.
+    entries = [] if spec.triton_repo is None else [
+        (f"[triton] repo entry {entry_name(m.name, Path(p).stem)}", spec.triton_repo / entry_name(m.name, Path(p).stem))
+        for m in spec.models for p in m.profiles]
+    paths.check(inputs=[("MATRIX.toml", spec.source), *((f"model {m.name}", m.path) for m in spec.models)],
+                folders=[("-o", outroot), *entries])
     if root.exists() and not root.is_dir():
         raise InputError(f"{outroot} exists and is not a folder; choose another output folder")
     if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):

@@ -97,6 +97,10 @@ class _Reader:
 def _calibrator_class(method: str) -> tuple[type, dict[str, Any]]:
     from onnxruntime.quantization import calibrate as c
 
+    from ..verify.sessions import quiet_onnxruntime
+
+    quiet_onnxruntime()  # the calibrators create their own sessions
+
     if method == "max":
         return c.MinMaxCalibrater, {"symmetric": True}
     if method == "percentile":

@@ -122,6 +122,12 @@ def _preferred(manifest: Manifest, max_batch: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
+#: instance_group count is int32 in Triton's ModelConfig; far fewer instances fit on any GPU. Stated limit.
+MAX_INSTANCES = 1024
+#: Triton parses version folder names as int64; a larger number is refused by the server at load time.
+MAX_VERSION = 2**63 - 1
+
+
 def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
                 instances: int = 1, queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> TritonConfig:
     """Pure planning: the Triton config for an engine manifest. Raises InputError for impossible requests."""
@@ -133,8 +139,9 @@ def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
             f"the engine uses Python plugin(s) {', '.join(bad)}, which Triton's TensorRT backend cannot load; "
             "rebuild with full TensorRT's AOT plugin ('trtforge build --backend tensorrt'), or decompose the LoRA "
             "nodes first ('trtforge lora decompose') and rebuild, or serve it through Triton's Python backend")
-    if instances < 1:
-        raise InputError(f"--instances {instances}: must be at least 1")
+    if not 1 <= instances <= MAX_INSTANCES:
+        raise InputError(f"--instances {instances}: give a whole number from 1 to {MAX_INSTANCES} (GPU instances of "
+                         "one model on one server)")
     engine_max = engine_max_batch(manifest)
     if max_batch is None:
         mbs = engine_max

@@ -49,8 +49,11 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
 
     engine = Path(engine_dir)
     check_model_name(name)
-    if version < 1:
-        raise InputError(f"--version {version}: Triton version folders are integers >= 1")
+    from .config import MAX_VERSION
+
+    if not 1 <= version <= MAX_VERSION:
+        raise InputError(f"--version {version}: Triton version folders are integers from 1 to {MAX_VERSION} "
+                         "(int64)")
     manifest = load_for_triton(engine)
     plan_src = _plan_path(engine, manifest)
     cfg = plan_config(manifest, name, max_batch=max_batch, instances=instances)
@@ -108,8 +111,11 @@ def check_entry(model_dir: str | Path) -> EntryReport:
         text = cfg_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckFailed(f"{cfg_path}: unreadable ({exc})") from exc
+    from .config import MAX_VERSION
+
     versions = _versions(mdir)
-    problems: list[str] = []
+    problems: list[str] = [f"{mdir}/{v}: version {v} is above int64 ({MAX_VERSION}); tritonserver refuses it"
+                           for v in versions if v > MAX_VERSION]
     manifest: Manifest | None = None
     if not versions:
         problems.append(f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); Triton will load nothing")

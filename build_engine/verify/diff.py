@@ -320,13 +320,15 @@ def quiet_polygraphy() -> Iterator[None]:
 def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path]:
     """The files ``save_results(result, path)`` writes, each checked writable (and not one of ``models``) first."""
     from ..core import fsutil
+    from ..core import paths as guard
+
     dest = Path(path)
     paths = [dest, dest.with_name(dest.stem + ".accuracy.json"), dest.with_name(dest.stem + ".summary.json")]
-    inputs = {Path(m).resolve() for m in models}
+    if models:
+        guard.check(inputs=[(f"model {'AB'[i] if i < 2 else i}", m) for i, m in enumerate(models)],
+                    files=[("--save", p) for p in paths])
     for p in paths:
         fsutil.check_output_file(p)
-        if p.resolve() in inputs:
-            raise InputError(f"{p}: --save would overwrite a compared model; choose another --save path")
     return paths
 
 

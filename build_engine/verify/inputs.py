@@ -15,6 +15,7 @@ ones ``polygraphy run`` would generate for that seed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,10 @@ def parse_value_args(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
+#: Elements of one generated input (--shape): 2**28 float32 values are 1 GiB, and each runner holds a copy.
+MAX_SHAPE_ELEMENTS = 2**28
+
+
 def parse_shape_args(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """``["input_ids:2,16", "mask:2x16"]`` -> ``{"input_ids": (2, 16), ...}``."""
     out: dict[str, tuple[int, ...]] = {}
@@ -65,8 +70,12 @@ def parse_shape_args(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
         except ValueError:
             shape = ()
-        if not sep or not name or not shape or any(d < 0 for d in shape):
-            raise InputError(f"--shape {item!r}: expected NAME:D0,D1,... with non-negative integers")
+        if not sep or not name or not shape or any(d < 1 for d in shape):
+            # 0 would make an empty tensor: a comparison of no values, which passes whatever the models compute
+            raise InputError(f"--shape {item!r}: expected NAME:D0,D1,... with positive integers")
+        if math.prod(shape) > MAX_SHAPE_ELEMENTS:
+            raise InputError(f"--shape {item!r}: {math.prod(shape)} elements, above the limit of "
+                             f"{MAX_SHAPE_ELEMENTS} per input; give a smaller shape")
         out[name] = shape
     return out
 

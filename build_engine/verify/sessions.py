@@ -24,10 +24,19 @@ from onnx import ModelProto
 _LOG_ERROR = 3  # onnxruntime severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
 
 
+def quiet_onnxruntime() -> None:
+    """onnxruntime's process-wide logger at "error" too: it logs (in colour, on stderr) before a session's own
+    severity applies and for sessions trtforge does not create (onnxruntime.quantization's calibrators)."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(_LOG_ERROR)
+
+
 def session_options(*, optimize: bool = False, threads: int = 1) -> Any:
     """``onnxruntime.SessionOptions`` as described in the module docstring."""
     import onnxruntime as ort
 
+    quiet_onnxruntime()
     opts = ort.SessionOptions()
     if optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

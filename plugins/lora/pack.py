@@ -61,6 +61,8 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     try:
         n = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + n])
+        if not isinstance(header, dict):
+            raise TypeError(f"the header is a JSON {type(header).__name__}, not an object")
         body = memoryview(data)[8 + n:]
         out = {}
         for name, info in header.items():
@@ -71,7 +73,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             lo, hi = info["data_offsets"]
             out[name] = np.frombuffer(body[lo:hi], dtype=dt).reshape(info["shape"]).copy()
         return out
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}); re-save it "
                          "with safetensors") from exc
 
@@ -82,18 +84,8 @@ def load_adapter(folder: Path) -> Adapter:
         if not p.is_file():
             raise InputError(f"{folder}: {p.name} is missing; an adapter folder holds adapter_config.json and "
                              "adapter_model.safetensors (PEFT save_pretrained)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-        r, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{cfg_path}: needs integer 'r' and number 'lora_alpha' ({exc})") from exc
-    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
-        raise InputError(f"{cfg_path}: rank_pattern/alpha_pattern are not supported; use one r and lora_alpha")
-    if r < 1:
-        raise InputError(f"{cfg_path}: r is {r}; it must be positive")
-    tm = cfg.get("target_modules") or []
-    targets = (tm,) if isinstance(tm, str) else tuple(tm)
-    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    r, alpha, targets, rslora = _read_config(cfg_path)
+    scale = alpha / math.sqrt(r) if rslora else alpha / r
     a: dict[str, np.ndarray] = {}
     b: dict[str, np.ndarray] = {}
     for key, t in read_safetensors(w_path).items():
@@ -115,6 +107,34 @@ def load_adapter(folder: Path) -> Adapter:
             raise InputError(f"{folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a[path].shape)} "
                              f"and {list(b[path].shape)} do not match [r, H] and [O, r] with r = {r}")
     return Adapter(folder, r, scale, targets, a, b)
+
+
+def _read_config(cfg_path: Path) -> tuple[int, float, tuple[str, ...], bool]:
+    """r (a whole number, never truncated), lora_alpha (finite) and target_modules (a name or a list of names)."""
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InputError(f"{cfg_path}: not a readable JSON file ({exc}); re-save the adapter") from exc
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: the top level must be a JSON object (PEFT's adapter_config.json)")
+    raw = cfg.get("r")
+    whole = isinstance(raw, int) or (isinstance(raw, float) and math.isfinite(raw) and raw.is_integer())
+    if isinstance(raw, bool) or not whole:
+        raise InputError(f"{cfg_path}: 'r' is {raw!r}; it must be a whole number (the adapter's rank)")
+    r = int(raw)  # type: ignore[arg-type]
+    alpha = cfg.get("lora_alpha", r)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise InputError(f"{cfg_path}: 'lora_alpha' is {alpha!r}; it must be a finite number")
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        raise InputError(f"{cfg_path}: rank_pattern/alpha_pattern are not supported; use one r and lora_alpha")
+    if not 1 <= r <= spec.MAX_RANK:
+        raise InputError(f"{cfg_path}: 'r' is {r}; it must be from 1 to {spec.MAX_RANK}")
+    tm = cfg.get("target_modules") or []
+    if isinstance(tm, str):
+        tm = [tm]
+    if not isinstance(tm, list) or not all(isinstance(t, str) for t in tm):
+        raise InputError(f"{cfg_path}: 'target_modules' is {tm!r}; it must be a module name or a list of names")
+    return r, float(alpha), tuple(tm), bool(cfg.get("use_rslora"))
 
 
 def _targeted(path: str, targets: Sequence[str]) -> bool:
@@ -172,6 +192,12 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
     n, r = layout.num_slots, layout.max_rank
     if not 1 <= r <= spec.MAX_RANK:
         raise InputError(f"max rank {r} is outside 1..{spec.MAX_RANK}")
+    if not 1 <= n <= spec.MAX_SLOTS:  # checked before allocating n x H x R per module
+        raise InputError(f"--slots {n}: give a whole number from 1 to {spec.MAX_SLOTS} (the kernel's slot limit)")
+    per_slot = sum((h * r + r * o) * np.dtype(dt).itemsize + 4 for h, o in layout.modules.values())
+    if n * per_slot > _memory_limit():
+        raise InputError(f"--slots {n}: the pool would take {n * per_slot / 2**30:.1f} GiB, more than this "
+                         f"machine's {_memory_limit() / 2**30:.1f} GiB of free memory; pass fewer --slots")
     if len(adapters) > n:
         raise InputError(f"{len(adapters)} adapters do not fit in {n} slots; pass fewer adapters or more --slots")
     out: dict[str, np.ndarray] = {}
@@ -196,6 +222,16 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
             out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = b.T.astype(dt)
             out[spec.input_name("lora_scales", path)][slot] = ad.scale
     return out
+
+
+def _memory_limit() -> int:
+    """Free physical memory (Linux sysconf), or 16 GiB where the platform does not say."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
 
 
 def write_pool(tensors: Mapping[str, np.ndarray], adapters: Sequence[Adapter], path: Path) -> None:

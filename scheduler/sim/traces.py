@@ -28,6 +28,10 @@ from trtforge.build_engine.core.errors import InputError
 from ..request import Request
 
 MOONCAKE_BLOCK_TOKENS = 512
+#: Largest token count of one request a trace may hold (int32: what serving engines size a sequence with).
+MAX_REQUEST_TOKENS = 2**31 - 1
+#: Largest synthetic trace (``synthetic:N``): about 1 KiB of Python objects per request, so 1 GiB at the limit.
+MAX_SYNTHETIC_REQUESTS = 1_000_000
 
 
 def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> int:
@@ -35,10 +39,11 @@ def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> in
         raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}")
     try:
         n = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: Infinity
         raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}") from exc
-    if n < minimum or (isinstance(value, float) and value != n):
-        raise InputError(f"{path}:{line}: {key} must be an integer >= {minimum}, got {value!r}")
+    if n < minimum or n > MAX_REQUEST_TOKENS or (isinstance(value, float) and value != n):
+        raise InputError(f"{path}:{line}: {key} must be an integer from {minimum} to {MAX_REQUEST_TOKENS}, "
+                         f"got {value!r}")
     return n
 
 
@@ -60,6 +65,8 @@ def _reading(path: Path, kind: str) -> Iterator[None]:
         raise InputError(f"{path}: cannot read trace ({exc.strerror or exc}); check the path") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a text {kind} file ({exc.reason})") from exc
+    except csv.Error as exc:  # a NUL byte, an over-long field
+        raise InputError(f"{path}: not a readable {kind} file ({exc})") from exc
 
 
 def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Request]:
@@ -101,6 +108,8 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
+            except RecursionError as exc:
+                raise InputError(f"{p}:{line_no}: JSON nested too deeply; each line is one flat object") from exc
             if not isinstance(obj, dict):
                 raise InputError(f"{p}:{line_no}: each line must be a JSON object")
             for key in ("timestamp", "input_length", "output_length"):
@@ -175,6 +184,9 @@ def load_trace(spec: str, max_requests: int | None = None, seed: int = 0) -> lis
                 n = int(spec.split(":", 1)[1])
             except ValueError as exc:
                 raise InputError(f"--trace {spec!r}: write synthetic:N with N a number of requests") from exc
+        if not 1 <= min(n, max_requests or n) <= MAX_SYNTHETIC_REQUESTS:
+            raise InputError(f"--trace {spec}: N must be from 1 to {MAX_SYNTHETIC_REQUESTS} requests (the limit keeps "
+                             "the simulator's memory bounded)")
         return synthetic_trace(min(n, max_requests or n), seed=seed)
     p = Path(spec)
     if p.suffix.lower() == ".csv":

@@ -191,7 +191,7 @@ def test_h100_needs_full_tensorrt(cli, models: dict, tmp_path: Path) -> None:
 
 
 def test_parse_failure_is_one_line_and_leaves_nothing(cli, tmp_path: Path) -> None:
-    """An op TensorRT has no importer for: BuildError (exit 1) with the parser's first error."""
+    """An op TensorRT has no importer for: bad input (ModelError, exit 2; issue 11) with the parser's first error."""
     h = onnx.helper
     graph = h.make_graph([h.make_node("Mystery", ["x"], ["y"], domain="example.unknown")], "g",
                          [h.make_tensor_value_info("x", T.FLOAT, ["batch", 8])],
@@ -200,7 +200,7 @@ def test_parse_failure_is_one_line_and_leaves_nothing(cli, tmp_path: Path) -> No
     path = tmp_path / "mystery.onnx"
     onnx.save(model, path)
     res = cli("build", path, "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
-    assert_one_line_error(res, 1, "cannot parse", "Mystery")
+    assert_one_line_error(res, 2, "cannot parse", "Mystery")
     assert not (tmp_path / "e").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mystery.onnx"]
 

@@ -14,6 +14,8 @@ def test_demo_runs_every_step_and_keeps_outputs(cli, tmp_path: Path) -> None:
     steps = json.loads((work / "summary.json").read_text())
     status = {s["name"]: s["status"] for s in steps}
     assert status.pop("triton (LoRA engine)") == "refused (expected)"
+    # The expected refusal is shown as such, not as an error line (issue 11).
+    assert "refused (expected)" in res.out and "error:" not in res.err, res.err[-2000:]
     assert set(status.values()) == {"ok"}, status
     # The two exactness claims of the demo, read back from the diff summaries it saved.
     for name in ("fold", "lora_off"):
