@@ -267,4 +267,4 @@ def prepare_plugin_loading(backend: Backend, libs_dir: Path | None = None) -> No
         raise BackendError(f"cannot create {link} ({exc.strerror}); run: {command}") from exc
     if not _notice_printed:
         _notice_printed = True
-        _log.info("created %s -> %s so TensorRT-RTX's ONNX parser can load plugins", link, _SONAME)
+        _log.debug("created %s -> %s so TensorRT-RTX's ONNX parser can load plugins", link, _SONAME)
