@@ -118,21 +118,22 @@ def test_plan_simple():
     assert values[7:] == (4096, 4096, 16, 8, 5, 1024) and len(types) == 13
 
 
-def test_aot_launch_spec(tmp_path, monkeypatch):
-    _compiler_or_skip()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_aot_launch_spec():
+    """The AOT recipe embeds the Triton small-batch kernel: extra args T, H, O, R, N, tokens_per_slot (issue 17)."""
+    pytest.importorskip("triton")
     from trtforge.plugins.lora.aot_plugin import aot_launch_spec
 
     f = spec.LoraFields(16, 8, 4096, 1024, 128)
     tok = aot_launch_spec(f, 3, 2, "bfloat16", "sm_90")
-    assert tok.kernel == "lora_simple_bf16" and f".entry {tok.kernel}(".encode() in tok.ptx
-    assert tok.grid_y == 4 and tok.grid_x == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 256
-    assert tok.extra_args == (("const", 4096), ("const", 1024), ("const", 16), ("const", 8), ("const", 1),
-                              ("const", 256))
+    assert tok.kernel == "lora_small" and f".entry {tok.kernel}(".encode() in tok.ptx
+    assert tok.grid_y == 8 and tok.grid_x == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 128
+    assert tok.extra_args == (("tokens", 0), ("const", 4096), ("const", 1024), ("const", 16), ("const", 8),
+                              ("const", 1))
+    assert 0 < tok.shared_mem <= 48 * 1024
     seq = aot_launch_spec(f, 3, 1, "float16", "sm_90")
-    assert seq.extra_args[4] == ("x_dim", 1)  # per sequence: S tokens share a slot id
+    assert seq.extra_args[5] == ("x_dim", 1)  # per sequence: S tokens share a slot id
     flat = aot_launch_spec(f, 2, 1, "float32", "sm_80")
-    assert flat.grid_x == (("x_dim", 0),) and flat.extra_args[4] == ("const", 1)
+    assert flat.grid_x == (("x_dim", 0),) and flat.extra_args[5] == ("const", 1)
     with pytest.raises(ValueError):
         aot_launch_spec(f, 2, 2, "float32", "sm_80")
 
