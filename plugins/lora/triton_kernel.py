@@ -54,7 +54,7 @@ class TritonConfig:
     def constexprs(self, rank: int, dtype: str) -> dict[str, Any]:
         e = self.effective(rank, dtype)
         return {"BLOCK_T": e.block_t, "BLOCK_K": e.block_k, "BLOCK_O": e.block_o, "BLOCK_R": block_rank(rank),
-                "DOT_F32": int(dtype == "float32"), "PRECISION": DOT_PRECISION}
+                "DOT_F32": int(dtype == "float32"), "UPCAST_BF16": int(dtype == "bfloat16"), "PRECISION": DOT_PRECISION}
 
 
 SMALL_CONFIGS: tuple[TritonConfig, ...] = (
@@ -81,15 +81,34 @@ def signature(dtype: str) -> dict[str, str]:
 
 
 @functools.cache
-def kernel() -> Any:
-    """The ``@triton.jit`` function (built on first use so importing this module needs no Triton)."""
+def kernel(interpret: bool = False) -> Any:
+    """The ``@triton.jit`` function (built on first use so importing this module needs no Triton).
+
+    ``interpret=True``: the same source decorated under ``TRITON_INTERPRET=1`` (Triton reads it at decoration
+    time), so one process can both compile the kernel for GPUs and run it on the CPU in Triton's interpreter.
+    """
+    import os
+
     import triton
     import triton.language as tl
 
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        return _define(triton, tl)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _define(triton: Any, tl: Any) -> Any:
     @triton.jit  # type: ignore[misc]
     def lora_small(x, y, lora_a, lora_b, slot_ids, scales, num_tokens, in_features, out_features, rank, num_slots,
                    tokens_per_slot, out, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_O: tl.constexpr,
-                   BLOCK_R: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_R: tl.constexpr, DOT_F32: tl.constexpr, UPCAST_BF16: tl.constexpr,
+                   PRECISION: tl.constexpr):
         t = tl.program_id(0)
         ob = tl.program_id(1)
         s = tl.load(slot_ids + t // tokens_per_slot)
@@ -126,6 +145,10 @@ def kernel() -> Any:
                                      mask=kmask[:, None] & rmask[None, :], other=0.0)
                         if DOT_F32:
                             acc += tl.dot(xt, at, input_precision=PRECISION)
+                        elif UPCAST_BF16:
+                            # bf16 -> fp32 is exact in TF32 (8 <= 10 mantissa bits), so a TF32 dot is exact here;
+                            # Triton's interpreter (3.9) computes bf16 x bf16 dots wrongly, this path it runs right
+                            acc = tl.dot(xt.to(tl.float32), at.to(tl.float32), acc, input_precision="tf32")
                         else:
                             acc = tl.dot(xt, at, acc)
                     # B and y after the shrink: fewer live registers across the H loop (B[s] tile stays in L1/L2)
