@@ -17,8 +17,9 @@ signatures and calls ``issubclass`` on each annotation, which fails on the strin
 Annotations use the ``typing`` forms its docs show (``Tuple[TensorDesc]``, ``List[...]``, ``Union[str, bytes]``).
 """
 
+# ruff: noqa: UP006, UP007, UP035  (typing.Tuple/List/Union: the forms tensorrt.plugin documents and inspects)
 from dataclasses import dataclass
-from typing import Any, Callable, List, Tuple, Union  # noqa: UP035  tensorrt.plugin's documented forms
+from typing import Any, Callable, List, Tuple, Union
 
 from . import spec
 from .triton_build import compile_image

@@ -95,7 +95,8 @@ def assemble(ptx: str, target: str) -> tuple[bytes, int, int]:
         proc = subprocess.run([_ptxas(), f"-arch={target}", "-v", "-O3", "-o", str(out), str(src)],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
-            raise BuildError(f"ptxas failed for the Triton LoRA kernel ({target}): {' '.join(proc.stderr.split())[:400]}")
+            detail = " ".join(proc.stderr.split())[:400]
+            raise BuildError(f"ptxas failed for the Triton LoRA kernel ({target}): {detail}")
         log = proc.stdout + proc.stderr
         regs = re.search(r"Used (\d+) registers", log)
         spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
@@ -110,8 +111,8 @@ def compile_image(cc: int, dtype: str, rank: int, config: TritonConfig = SMALL_C
 
     src = triton.compiler.ASTSource(fn=kernel(), signature=signature(dtype), constexprs=config.constexprs(rank, dtype))
     try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                                  options={"num_warps": config.effective(rank, dtype).num_warps, "ptx_version": PTX_ISA})
+        options = {"num_warps": config.effective(rank, dtype).num_warps, "ptx_version": PTX_ISA}
+        compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     except Exception as exc:
         raise BuildError(f"triton.compile failed for the LoRA kernel (sm_{cc}, {dtype}, rank {rank}): {exc}") from exc
     meta = compiled.metadata

@@ -12,7 +12,7 @@ import inspect
 import types
 import typing
 from pathlib import Path
-from typing import Any, Tuple
+from typing import Any
 
 import numpy as np
 import pytest
@@ -141,7 +141,7 @@ def test_restated_checks_reject_the_old_forms():
     with pytest.raises(TypeError):  # issubclass(Ellipsis, TensorDesc)
         check_autotune(ellipsis, ["x"], {})
 
-    def good(x: TensorDesc, outputs: Tuple[TensorDesc]) -> list[AutoTuneCombination]:
+    def good(x: TensorDesc, outputs: tuple[TensorDesc]) -> list[AutoTuneCombination]:
         return []
 
     check_autotune(good, ["x"], {})
