@@ -76,10 +76,10 @@ __device__ __forceinline__ LoraScratch lora_scratch(int* base, int max_chunks, i
 
 __device__ __forceinline__ int lora_load_volatile(const int* p) { return *((volatile const int*)p); }
 
-// Release: every thread's global writes, then the flag. The per-thread fence + barrier + fence-then-atomic by one
-// thread is cooperative groups' grid.sync() pattern. Must be called by all threads of the block.
+// Release: every thread's global writes, then the flag. The barrier orders the block's writes before thread 0's
+// fence, and a GPU-scope fence is cumulative (PTX memory model), so one fence by thread 0 before the atomic
+// publishes them all: cooperative groups' grid.sync() pattern. Must be called by all threads of the block.
 __device__ __forceinline__ void lora_release_add(int* flag, int value) {
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -87,7 +87,6 @@ __device__ __forceinline__ void lora_release_add(int* flag, int value) {
     }
 }
 __device__ __forceinline__ void lora_release(int* flag, int value) {
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -255,13 +254,14 @@ __device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, con
             for (int g = 0; g < LORA_TOKENS; ++g)
                 if (g < count) acc[g] += v[g * LORA_MAX_RANK + rr] * b;
         }
+        // the chunk's y loads all in flight together (one memory latency per column, not a load/store chain per
+        // token): y is not __restrict__-proven apart from itself across tokens, so the loads are batched by hand
 #pragma unroll
-        for (int g = 0; g < LORA_TOKENS; ++g) {
-            if (g < count) {
-                T* yp = y + (size_t)tok[g] * out_features + o;
-                *yp = lora_from_f<T>(lora_to_f(*yp) + acc[g]);
-            }
-        }
+        for (int g = 0; g < LORA_TOKENS; ++g)
+            if (g < count) acc[g] += lora_to_f(y[(size_t)tok[g] * out_features + o]);
+#pragma unroll
+        for (int g = 0; g < LORA_TOKENS; ++g)
+            if (g < count) y[(size_t)tok[g] * out_features + o] = lora_from_f<T>(acc[g]);
     }
 }
 
