@@ -117,24 +117,23 @@ def _define(triton: Any, tl: Any) -> Any:
         dup = 0
         for t0 in range(0, t, BLOCK_T):
             offs = t0 + tl.arange(0, BLOCK_T)
-            ids = tl.load(slot_ids + offs // tokens_per_slot, mask=offs < t, other=-2)
-            ids = tl.where((ids >= 0) & (ids < num_slots), ids, tl.where(ids == -2, -2, -1))
+            ids = tl.load(slot_ids + offs // tokens_per_slot, mask=offs < t, other=-1)
+            # -2 marks lanes past the range (never equal to s >= -1); any invalid id counts as -1 (no adapter)
+            ids = tl.where(offs < t, tl.where((ids >= 0) & (ids < num_slots), ids, -1), -2)
             dup += tl.sum((ids == s).to(tl.int32), axis=0)
         if dup == 0:
-            cols = ob * BLOCK_O + tl.arange(0, BLOCK_O)
-            cmask = cols < out_features
-            rr = tl.arange(0, BLOCK_R)
-            rmask = rr < rank
-            kk = tl.arange(0, BLOCK_K)
+            cols, rr, kk = ob * BLOCK_O + tl.arange(0, BLOCK_O), tl.arange(0, BLOCK_R), tl.arange(0, BLOCK_K)
+            cmask, rmask = cols < out_features, rr < rank
             s64 = tl.maximum(s, 0).to(tl.int64)
             scale = tl.load(scales + s64)
             a_base = lora_a + s64 * in_features * rank
             for t0 in range((t // BLOCK_T) * BLOCK_T, num_tokens, BLOCK_T):
                 toks = t0 + tl.arange(0, BLOCK_T)
-                ids = tl.load(slot_ids + toks // tokens_per_slot, mask=toks < num_tokens, other=-2)
-                ids = tl.where((ids >= 0) & (ids < num_slots), ids, tl.where(ids == -2, -2, -1))
+                ids = tl.load(slot_ids + toks // tokens_per_slot, mask=toks < num_tokens, other=-1)
+                ids = tl.where(toks < num_tokens, tl.where((ids >= 0) & (ids < num_slots), ids, -1), -2)
                 mine = ids == s
                 rows = toks.to(tl.int64)
+                y_off, y_mask = rows[:, None] * out_features + cols[None, :], mine[:, None] & cmask[None, :]
                 if s >= 0:
                     acc = tl.zeros((BLOCK_T, BLOCK_R), dtype=tl.float32)
                     for k0 in range(0, in_features, BLOCK_K):
@@ -155,13 +154,11 @@ def _define(triton: Any, tl: Any) -> Any:
                     b_tile = tl.load(lora_b + s64 * rank * out_features + rr[:, None] * out_features + cols[None, :],
                                      mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
                     delta = tl.dot(acc * scale, b_tile, input_precision=PRECISION)
-                    y_tile = tl.load(y + rows[:, None] * out_features + cols[None, :],
-                                     mask=mine[:, None] & cmask[None, :], other=0.0)
+                    y_tile = tl.load(y + y_off, mask=y_mask, other=0.0)
                     res = (y_tile.to(tl.float32) + delta).to(out.dtype.element_ty)
                 else:
-                    res = tl.load(y + rows[:, None] * out_features + cols[None, :], mask=mine[:, None] & cmask[None, :],
-                                  other=0.0)
-                tl.store(out + rows[:, None] * out_features + cols[None, :], res, mask=mine[:, None] & cmask[None, :])
+                    res = tl.load(y + y_off, mask=y_mask, other=0.0)
+                tl.store(out + y_off, res, mask=y_mask)
 
     return lora_small
 

@@ -88,8 +88,8 @@ def interpreted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, dict
 def make_case(g: np.random.Generator, t: int, h: int, o: int, r: int, n: int, dtype: str) -> dict:
     d = NP[dtype]
     ids = g.integers(-1, n, size=t).astype(np.int32)
-    if t >= 3:
-        ids[0], ids[1], ids[2] = -1, n - 1, n + 3  # no adapter, the last slot, an out-of-range slot (no adapter)
+    if t >= 4:
+        ids[:4] = -1, n - 1, n + 3, -2  # no adapter, the last slot, out of range above and below (no adapter)
     else:
         ids[0] = n - 1
     return {"x": g.standard_normal((t, h)).astype(d), "y": g.standard_normal((t, o)).astype(d),
@@ -144,7 +144,7 @@ def test_interpreted_kernel_matches_float64(interpreted):
         assert np.isfinite(got).all() and err.max() <= TOL[dtype], (name, err.max())
         none = ids < 0
         assert np.array_equal(got[none], case["y"][none].astype(np.float64)), name
-        assert none.any() or ids.size < 3, name
+        assert none.any() or ids.size < 4, name
         assert (~none).any() and not np.array_equal(got[~none], case["y"][~none].astype(np.float64)), name
 
 
