@@ -6,18 +6,20 @@ registers one creator instance with that module's plugin registry (idempotent).
 
 Build time (no GPU needed; covered by the TensorRT-RTX engine-build tests): output dtype = y's, output shape =
 x.shape[:-1] + [out_features] through the expression builder (2-D and 3-D x), formats = linear only with all float
-tensors in one dtype among fp16/bf16/fp32, slot_ids int32 and scales fp32, tactics = ``spec.TILE_CHOICES``, fields
-serialized as int32 plugin fields (the chosen tactic replaces ``tile``).
+tensors in one dtype among fp16/bf16/fp32, slot_ids int32 and scales fp32, tactics = ``variants.valid_tactics()``
+(AUTO, the fused kernel's tiles, the Triton configs), ``configure_plugin`` records the profile's maximum token
+count; fields serialized as int32 plugin fields plus ``variant`` and ``max_tokens``.
 
 Output aliasing: with ``TRTFORGE_LORA_ALIAS=1`` in the environment (read when TensorRT asks, i.e. at build time)
-and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y`` and the kernel touches only adapted
-tokens. TensorRT and TensorRT-RTX then refuse to build unless the builder config enables the preview feature
-``ALIASED_PLUGIN_IO_10_03`` (``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec
-do not do by default; so aliasing is opt-in and by default ``enqueue`` first copies y to the output (one extra
-T x O read and write). Run time (needs a GPU; tests/gpu exercises ``LoraLauncher.run_op``, the exact call
-``enqueue`` makes, without TensorRT): ``enqueue`` launches the kernel through ``launch.LoraLauncher`` on TensorRT's
-stream, with a scratch buffer the plugin owns (TensorRT's workspace is not preserved between enqueues, and the
-kernel's control words must be). One launcher per plugin clone, i.e. per layer and execution context.
+and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y``. TensorRT and TensorRT-RTX then refuse
+to build unless the builder config enables the preview feature ``ALIASED_PLUGIN_IO_10_03``
+(``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec do not do by default; so
+aliasing is opt-in. By default the Triton kernel (AUTO up to 128 tokens) writes ``out = y + delta`` itself; the
+fused kernel (above) copies y to the output first. Run time (needs a GPU; tests/gpu exercises
+``small_launch.run_variant``, the exact call ``enqueue`` makes, without TensorRT): ``attach_to_context`` loads the
+kernel module (shared per CUDA context) and reserves the fused kernel's scratch for the profile's maximum, outside
+any capture; ``enqueue`` launches on TensorRT's stream. One scratch per plugin clone (layer and execution context):
+TensorRT may run parallel LoRA layers on auxiliary streams, so they must not share one.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ SERIALIZABLE = (int, float, bytes, bool, str)
 def parse_register(fn: Any) -> tuple[list[str], dict[str, Any], int]:
     """_parse_register_inputs + _parse_register_return: tensors first, serializable attrs, TensorDesc return."""
     sig = inspect.signature(fn)
-    tensors, attrs = [], {}
+    tensors: list[str] = []
+    attrs: dict[str, Any] = {}
     for name, p in sig.parameters.items():
         assert p.annotation is not inspect.Parameter.empty
         if issubclass(p.annotation, TensorDesc):  # raises TypeError on a string annotation, as TensorRT does

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -25,13 +26,13 @@ NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float
 TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-5}
 
 
-def _torch(a: np.ndarray) -> object:
+def _torch(a: np.ndarray) -> Any:
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _numpy(t: object, dtype: str) -> np.ndarray:
+def _numpy(t: Any, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
