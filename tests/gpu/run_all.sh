@@ -65,8 +65,9 @@ if "$PY" -c "import pytest" 2>/dev/null; then
     -p no:cacheprovider --import-mode=importlib 2>&1 | log gpu_tests.txt
   status=${PIPESTATUS[0]}
 else
-  { timeout "${GPU_TEST_TIMEOUT:-230}" "$PY" tests/gpu/test_lora_kernel.py; a=$?
-    timeout "${GPU_TEST_TIMEOUT:-230}" "$PY" tests/gpu/test_lora_triton_gpu.py; b=$?
+  HALF=$(( ${GPU_TEST_TIMEOUT:-230} / 2 ))  # two files in turn share the stage's limit
+  { timeout "$HALF" "$PY" tests/gpu/test_lora_kernel.py; a=$?
+    timeout "$HALF" "$PY" tests/gpu/test_lora_triton_gpu.py; b=$?
     exit $(( a != 0 ? a : b )); } 2>&1 | log gpu_tests.txt
   status=${PIPESTATUS[0]}
 fi
