@@ -31,6 +31,7 @@
 
 struct lora_f16 { unsigned short bits; };
 struct lora_bf16 { unsigned short bits; };
+template <typename T> struct alignas(4 * sizeof(T)) lora_vec4 { T v[4]; };  // one 8- or 16-byte load
 
 __device__ __forceinline__ float lora_to_f(float v) { return v; }
 __device__ __forceinline__ float lora_to_f(lora_f16 v) {
@@ -186,11 +187,31 @@ __device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_
     const int h_begin = k * h_per_slice, h_end = min(in_features, h_begin + h_per_slice);
     float* xs = smem;  // [LORA_TOKENS][tile]
     __syncthreads();
+    // x staging: 4 elements per load (8 or 16 bytes) when every row start is 4-aligned (H % 4 == 0, x aligned);
+    // tile is a power of two (32..256), so row/column come from shifts, not an integer division per element
+    const int tile_shift = __ffs(tile) - 1;
+    const bool vec4 = (in_features & 3) == 0 && (reinterpret_cast<size_t>(x) & (4 * sizeof(T) - 1)) == 0;
     for (int h0 = h_begin; h0 < h_end; h0 += tile) {
         const int hn = min(tile, h_end - h0);
-        for (int i = tid; i < count * tile; i += LORA_THREADS) {
-            const int g = i / tile, h = i - g * tile;
-            xs[i] = h < hn ? lora_to_f(x[(size_t)tok[g] * in_features + h0 + h]) : 0.f;
+        if (vec4) {  // hn is a multiple of 4 here: h0, h_end and H are
+            for (int i = tid; i < count * (tile >> 2); i += LORA_THREADS) {
+                const int g = i >> (tile_shift - 2), h = (i - (g << (tile_shift - 2))) << 2;
+                float* dst = xs + (g << tile_shift) + h;
+                if (h < hn) {
+                    const lora_vec4<T> v =
+                        *reinterpret_cast<const lora_vec4<T>*>(x + (size_t)tok[g] * in_features + h0 + h);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dst[e] = lora_to_f(v.v[e]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dst[e] = 0.f;
+                }
+            }
+        } else {
+            for (int i = tid; i < count * tile; i += LORA_THREADS) {
+                const int g = i >> tile_shift, h = i - (g << tile_shift);
+                xs[i] = h < hn ? lora_to_f(x[(size_t)tok[g] * in_features + h0 + h]) : 0.f;
+            }
         }
         __syncthreads();
         if (r < rank) {

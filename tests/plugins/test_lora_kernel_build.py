@@ -205,3 +205,14 @@ def test_static_shared_memory_fits_the_plan(arch, tmp_path, monkeypatch):
         assert size - reserved <= FUSED_STATIC_SHARED
     big = plan_launch(spec.LoraFields(64, spec.MAX_SLOTS, 4096, 4096, 256), 2048, "float16")
     assert big.shared_bytes + FUSED_STATIC_SHARED <= DEFAULT_SHARED_LIMIT
+
+
+def test_fused_kernel_stages_x_with_vector_loads(tmp_path, monkeypatch):
+    """Issue 17 item 6: the shrink stages x 4 elements per load (8 bytes fp16/bf16, 16 bytes fp32) when aligned."""
+    _compiler_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ptx = compile_ptx("sm_90").text
+    for name, vector_load in (("lora_fused_f16", b"ld.global.v4.u16"), ("lora_fused_bf16", b"ld.global.v4.u16"),
+                              ("lora_fused_f32", b"ld.global.v4.f32")):
+        body = ptx.split(f".entry {name}(".encode(), 1)[1].split(b".entry", 1)[0]
+        assert vector_load in body, name
