@@ -215,8 +215,20 @@ __device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_
         }
         __syncthreads();
         if (r < rank) {
-#pragma unroll 4
-            for (int h = hsub; h < hn; h += nsub) {
+            // 4 A loads in flight before their FMAs (one memory latency per 4 rows, not per row); same summation
+            // order as the one-row loop, so results are unchanged
+            int h = hsub;
+            for (; h + 3 * nsub < hn; h += 4 * nsub) {
+                float a4[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) a4[u] = lora_to_f(a_s[(size_t)(h0 + h + u * nsub) * rank + r]);
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+#pragma unroll
+                    for (int g = 0; g < LORA_TOKENS; ++g)
+                        if (g < count) acc[g] += xs[g * tile + h + u * nsub] * a4[u];
+            }
+            for (; h < hn; h += nsub) {
                 const float a = lora_to_f(a_s[(size_t)(h0 + h) * rank + r]);
 #pragma unroll
                 for (int g = 0; g < LORA_TOKENS; ++g)
@@ -361,8 +373,10 @@ __device__ void lora_simple(const T* __restrict__ x, const T* y, const T* __rest
     const T* xr = x + (size_t)t * in_features;
     const T* a_s = lora_a + (size_t)slot * in_features * rank;
     float acc = 0.f;
-    if (r < rank)
+    if (r < rank) {
+#pragma unroll 8
         for (int h = hsub; h < in_features; h += nsub) acc += lora_to_f(xr[h]) * lora_to_f(a_s[(size_t)h * rank + r]);
+    }
     red[tid] = acc;
     __syncthreads();
     if (tid < rank) {

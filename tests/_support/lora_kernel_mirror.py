@@ -155,6 +155,8 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
                 h = i - (g << tile_shift)
                 xv = ld(x, np.where(h < hn, tok[g] * H + h0 + np.minimum(h, hn - 1), 0)).astype(f32)
                 st(smem, i, np.where(h < hn, xv, f32(0)))
+            # kernel.cu batches these rows 4 at a time (4 A loads, then their FMAs in row order) with a one-row
+            # tail: per accumulator the same sequence of FMAs as this row-by-row loop
             for m in range(-(-p.tile // nsub)):
                 hh = hsub + m * nsub
                 on = (r < R) & (hh < hn)
