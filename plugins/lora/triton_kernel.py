@@ -23,6 +23,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from trtforge.build_engine.core import env
+
 # Scalars after the 6 input pointers, in the kernel's order (the AOT plugin passes them as extra args).
 SCALAR_ARGS: tuple[str, ...] = ("num_tokens", "in_features", "out_features", "rank", "num_slots", "tokens_per_slot")
 TRITON_DTYPES: dict[str, str] = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -85,22 +87,14 @@ def kernel(interpret: bool = False) -> Any:
     """The ``@triton.jit`` function (built on first use so importing this module needs no Triton).
 
     ``interpret=True``: the same source decorated under ``TRITON_INTERPRET=1`` (Triton reads it at decoration
-    time), so one process can both compile the kernel for GPUs and run it on the CPU in Triton's interpreter.
+    time), to run in Triton's interpreter on the CPU. Triton 3.9 also needs the variable set when it is first
+    imported for the interpreter to work, so the CPU tests run it in a child process started with it.
     """
-    import os
-
     import triton
     import triton.language as tl
 
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
+    with env.override(env.TRITON_INTERPRET, "1" if interpret else "0"):
         return _define(triton, tl)
-    finally:
-        if saved is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
 
 
 def _define(triton: Any, tl: Any) -> Any:
