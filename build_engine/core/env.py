@@ -38,9 +38,12 @@ XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "", "cache root (the compiled LoRA kerne
                       "default ~/.cache)", owner="XDG base directories")
 CUDA_HOME = Knob("CUDA_HOME", "", "CUDA toolkit folder searched for nvcc when it is not on PATH", owner="CUDA")
 CUDA_PATH = Knob("CUDA_PATH", "", "CUDA toolkit folder searched for nvcc after CUDA_HOME", owner="CUDA")
+TRITON_INTERPRET = Knob("TRITON_INTERPRET", "0", "1: Triton runs kernels in its CPU interpreter (set around the LoRA "
+                        "Triton kernel's decoration; Triton reads it when it is imported and decorates)",
+                        owner="Triton")
 
 KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, POLYGRAPHY_USE_TENSORRT_RTX,
-                           XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH)
+                           XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH, TRITON_INTERPRET)
 
 
 def get(knob: Knob) -> str:

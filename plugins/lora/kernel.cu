@@ -31,6 +31,7 @@
 
 struct lora_f16 { unsigned short bits; };
 struct lora_bf16 { unsigned short bits; };
+template <typename T> struct alignas(4 * sizeof(T)) lora_vec4 { T v[4]; };  // one 8- or 16-byte load
 
 __device__ __forceinline__ float lora_to_f(float v) { return v; }
 __device__ __forceinline__ float lora_to_f(lora_f16 v) {
@@ -76,10 +77,10 @@ __device__ __forceinline__ LoraScratch lora_scratch(int* base, int max_chunks, i
 
 __device__ __forceinline__ int lora_load_volatile(const int* p) { return *((volatile const int*)p); }
 
-// Release: every thread's global writes, then the flag. The per-thread fence + barrier + fence-then-atomic by one
-// thread is cooperative groups' grid.sync() pattern. Must be called by all threads of the block.
+// Release: every thread's global writes, then the flag. The barrier orders the block's writes before thread 0's
+// fence, and a GPU-scope fence is cumulative (PTX memory model), so one fence by thread 0 before the atomic
+// publishes them all: cooperative groups' grid.sync() pattern. Must be called by all threads of the block.
 __device__ __forceinline__ void lora_release_add(int* flag, int value) {
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -87,7 +88,6 @@ __device__ __forceinline__ void lora_release_add(int* flag, int value) {
     }
 }
 __device__ __forceinline__ void lora_release(int* flag, int value) {
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -187,16 +187,48 @@ __device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_
     const int h_begin = k * h_per_slice, h_end = min(in_features, h_begin + h_per_slice);
     float* xs = smem;  // [LORA_TOKENS][tile]
     __syncthreads();
+    // x staging: 4 elements per load (8 or 16 bytes) when every row start is 4-aligned (H % 4 == 0, x aligned);
+    // tile is a power of two (32..256), so row/column come from shifts, not an integer division per element
+    const int tile_shift = __ffs(tile) - 1;
+    const bool vec4 = (in_features & 3) == 0 && (reinterpret_cast<size_t>(x) & (4 * sizeof(T) - 1)) == 0;
     for (int h0 = h_begin; h0 < h_end; h0 += tile) {
         const int hn = min(tile, h_end - h0);
-        for (int i = tid; i < count * tile; i += LORA_THREADS) {
-            const int g = i / tile, h = i - g * tile;
-            xs[i] = h < hn ? lora_to_f(x[(size_t)tok[g] * in_features + h0 + h]) : 0.f;
+        if (vec4) {  // hn is a multiple of 4 here: h0, h_end and H are
+            for (int i = tid; i < count * (tile >> 2); i += LORA_THREADS) {
+                const int g = i >> (tile_shift - 2), h = (i - (g << (tile_shift - 2))) << 2;
+                float* dst = xs + (g << tile_shift) + h;
+                if (h < hn) {
+                    const lora_vec4<T> v =
+                        *reinterpret_cast<const lora_vec4<T>*>(x + (size_t)tok[g] * in_features + h0 + h);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dst[e] = lora_to_f(v.v[e]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dst[e] = 0.f;
+                }
+            }
+        } else {
+            for (int i = tid; i < count * tile; i += LORA_THREADS) {
+                const int g = i >> tile_shift, h = i - (g << tile_shift);
+                xs[i] = h < hn ? lora_to_f(x[(size_t)tok[g] * in_features + h0 + h]) : 0.f;
+            }
         }
         __syncthreads();
         if (r < rank) {
-#pragma unroll 4
-            for (int h = hsub; h < hn; h += nsub) {
+            // 4 A loads in flight before their FMAs (one memory latency per 4 rows, not per row); same summation
+            // order as the one-row loop, so results are unchanged
+            int h = hsub;
+            for (; h + 3 * nsub < hn; h += 4 * nsub) {
+                float a4[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) a4[u] = lora_to_f(a_s[(size_t)(h0 + h + u * nsub) * rank + r]);
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+#pragma unroll
+                    for (int g = 0; g < LORA_TOKENS; ++g)
+                        if (g < count) acc[g] += xs[g * tile + h + u * nsub] * a4[u];
+            }
+            for (; h < hn; h += nsub) {
                 const float a = lora_to_f(a_s[(size_t)(h0 + h) * rank + r]);
 #pragma unroll
                 for (int g = 0; g < LORA_TOKENS; ++g)
@@ -255,13 +287,14 @@ __device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, con
             for (int g = 0; g < LORA_TOKENS; ++g)
                 if (g < count) acc[g] += v[g * LORA_MAX_RANK + rr] * b;
         }
+        // the chunk's y loads all in flight together (one memory latency per column, not a load/store chain per
+        // token): y is not __restrict__-proven apart from itself across tokens, so the loads are batched by hand
 #pragma unroll
-        for (int g = 0; g < LORA_TOKENS; ++g) {
-            if (g < count) {
-                T* yp = y + (size_t)tok[g] * out_features + o;
-                *yp = lora_from_f<T>(lora_to_f(*yp) + acc[g]);
-            }
-        }
+        for (int g = 0; g < LORA_TOKENS; ++g)
+            if (g < count) acc[g] += lora_to_f(y[(size_t)tok[g] * out_features + o]);
+#pragma unroll
+        for (int g = 0; g < LORA_TOKENS; ++g)
+            if (g < count) y[(size_t)tok[g] * out_features + o] = lora_from_f<T>(acc[g]);
     }
 }
 
@@ -340,8 +373,10 @@ __device__ void lora_simple(const T* __restrict__ x, const T* y, const T* __rest
     const T* xr = x + (size_t)t * in_features;
     const T* a_s = lora_a + (size_t)slot * in_features * rank;
     float acc = 0.f;
-    if (r < rank)
+    if (r < rank) {
+#pragma unroll 8
         for (int h = hsub; h < in_features; h += nsub) acc += lora_to_f(xr[h]) * lora_to_f(a_s[(size_t)h * rank + r]);
+    }
     red[tid] = acc;
     __syncthreads();
     if (tid < rank) {

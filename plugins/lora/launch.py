@@ -103,6 +103,8 @@ def simple_o_tile(out_features: int) -> int:
 
 
 MAX_GRID_X = 2**31 - 1
+_MODULES: dict[tuple[int, str], tuple[Any, Ptx, str]] = {}  # (CUDA context, arch) -> loaded kernel.cu module
+_SMALL: dict[tuple[int, str, int, int], tuple[Any, Any, Any]] = {}  # (ctx, dtype, rank, config) -> Triton kernel
 SIMPLE_MAX_TOKENS_ENV = "TRTFORGE_LORA_SIMPLE_MAX_TOKENS"
 MAX_GRID_YZ = 65535
 
@@ -175,7 +177,13 @@ class LoraLauncher:
         self.sm_count = int(_check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
                                    "multiprocessor count"))
         self.arch = f"sm_{int(major)}{int(minor)}"
-        self._module, self.image, self.image_kind = self._load_module()
+        self.cc = 10 * int(major) + int(minor)
+        self._retired: list[int] = []  # outgrown scratch buffers: kept until close (captured graphs may use them)
+        self.fixed_scratch = False
+        key = (int(ctx), self.arch)
+        if key not in _MODULES:  # one module per CUDA context, shared by every layer and execution context
+            _MODULES[key] = self._load_module()
+        self._module, self.image, self.image_kind = _MODULES[key]
         self._functions = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
                            for dt, name in ENTRY_NAMES.items()}
         self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
@@ -204,16 +212,31 @@ class LoraLauncher:
             tried.append(f"{kind} from {image.compiler}: {getattr(err, 'name', err)}")
         raise BackendError(f"LoRA launcher: cannot load the kernel for {self.arch}: {'; '.join(tried)}")
 
+    def reserve_scratch(self, nbytes: int) -> None:
+        """Allocate the scratch for every later launch now (outside any capture) and never grow it afterwards."""
+        if nbytes > self._scratch_size:
+            self._grow_scratch(nbytes, 0)
+            _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize after zeroing the scratch")
+        self.fixed_scratch = True
+
     def _ensure_scratch(self, nbytes: int, stream: int) -> int:
         if nbytes <= self._scratch_size:
             return self._scratch
+        if self.fixed_scratch:
+            raise BackendError(f"LoRA launcher: a launch needs {nbytes} bytes of scratch but {self._scratch_size} were "
+                               "reserved from the optimization profile's maximum; rebuild the engine with a profile "
+                               "that covers this batch")
+        status = _check(self._drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+        if int(status) != 0:
+            raise BackendError("LoRA launcher: the first launch of this size happens inside a CUDA graph capture; "
+                               "launch once eagerly first (warm up) or reserve_scratch() before capturing")
+        return self._grow_scratch(nbytes, stream)
+
+    def _grow_scratch(self, nbytes: int, stream: int) -> int:
         drv = self._drv
         if self._scratch:
-            # a launch still queued on any stream may use the old scratch: wait for the whole context (rare: sizes
-            # only grow, doubling)
-            _check(drv.cuCtxSynchronize(), "cuCtxSynchronize before growing the scratch")
-            _check(drv.cuMemFree(self._scratch), "cuMemFree(scratch)")
-            self._scratch, self._scratch_size = 0, 0
+            # never freed while the launcher lives: graphs captured earlier keep pointing at the old buffer
+            self._retired.append(self._scratch)
         size = max(nbytes, 2 * self._scratch_size, 4096)
         ptr = int(_check(drv.cuMemAlloc(size), f"cuMemAlloc({size}) for the scratch"))
         # ordered before the first launch that uses it (same stream); the kernel keeps it reset afterwards
@@ -268,15 +291,13 @@ class LoraLauncher:
                f"cuLaunchKernel({p.kernel}, grid {p.grid})")
 
     def close(self) -> None:
-        """Free the scratch and unload the module (waits for this context's queued work first)."""
-        if self._scratch or self._module is not None:
+        """Free the scratch buffers (waits for this context's queued work first). The module stays loaded: it is
+        shared by every launcher of this CUDA context and lives as long as the context."""
+        if self._scratch or self._retired:
             _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize before closing")
-        if self._scratch:
-            _check(self._drv.cuMemFree(self._scratch), "cuMemFree(scratch)")
-            self._scratch, self._scratch_size = 0, 0
-        if self._module is not None:
-            _check(self._drv.cuModuleUnload(self._module), "cuModuleUnload")
-            self._module = None
+        for ptr in [*self._retired, self._scratch] if self._scratch else self._retired:
+            _check(self._drv.cuMemFree(ptr), "cuMemFree(scratch)")
+        self._retired, self._scratch, self._scratch_size = [], 0, 0
 
 
 def spec_itemsize(dtype: str) -> int:

@@ -6,18 +6,20 @@ registers one creator instance with that module's plugin registry (idempotent).
 
 Build time (no GPU needed; covered by the TensorRT-RTX engine-build tests): output dtype = y's, output shape =
 x.shape[:-1] + [out_features] through the expression builder (2-D and 3-D x), formats = linear only with all float
-tensors in one dtype among fp16/bf16/fp32, slot_ids int32 and scales fp32, tactics = ``spec.TILE_CHOICES``, fields
-serialized as int32 plugin fields (the chosen tactic replaces ``tile``).
+tensors in one dtype among fp16/bf16/fp32, slot_ids int32 and scales fp32, tactics = ``variants.valid_tactics()``
+(AUTO, the fused kernel's tiles, the Triton configs), ``configure_plugin`` records the profile's maximum token
+count; fields serialized as int32 plugin fields plus ``variant`` and ``max_tokens``.
 
 Output aliasing: with ``TRTFORGE_LORA_ALIAS=1`` in the environment (read when TensorRT asks, i.e. at build time)
-and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y`` and the kernel touches only adapted
-tokens. TensorRT and TensorRT-RTX then refuse to build unless the builder config enables the preview feature
-``ALIASED_PLUGIN_IO_10_03`` (``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec
-do not do by default; so aliasing is opt-in and by default ``enqueue`` first copies y to the output (one extra
-T x O read and write). Run time (needs a GPU; tests/gpu exercises ``LoraLauncher.run_op``, the exact call
-``enqueue`` makes, without TensorRT): ``enqueue`` launches the kernel through ``launch.LoraLauncher`` on TensorRT's
-stream, with a scratch buffer the plugin owns (TensorRT's workspace is not preserved between enqueues, and the
-kernel's control words must be). One launcher per plugin clone, i.e. per layer and execution context.
+and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y``. TensorRT and TensorRT-RTX then refuse
+to build unless the builder config enables the preview feature ``ALIASED_PLUGIN_IO_10_03``
+(``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec do not do by default; so
+aliasing is opt-in. By default the Triton kernel (AUTO up to 128 tokens) writes ``out = y + delta`` itself; the
+fused kernel (above) copies y to the output first. Run time (needs a GPU; tests/gpu exercises
+``small_launch.run_variant``, the exact call ``enqueue`` makes, without TensorRT): ``attach_to_context`` loads the
+kernel module (shared per CUDA context) and reserves the fused kernel's scratch for the profile's maximum, outside
+any capture; ``enqueue`` launches on TensorRT's stream. One scratch per plugin clone (layer and execution context):
+TensorRT may run parallel LoRA layers on auxiliary streams, so they must not share one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from trtforge.build_engine.core import env
 
 from . import spec
+from .variants import AUTO, EXTRA_FIELDS, profile_max_tokens, reserved_scratch_bytes, valid_tactics
 
 ALIAS_ENV = env.LORA_ALIAS.name
 _CLASSES: dict[str, tuple[type, type]] = {}
@@ -48,17 +51,23 @@ def _dtype_name(trt: ModuleType, dt: Any) -> str | None:
     return {trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16", trt.DataType.FLOAT: "float32"}.get(dt)
 
 
-def fields_to_collection(trt: ModuleType, fields: spec.LoraFields) -> Any:
+def fields_to_collection(trt: ModuleType, fields: spec.LoraFields, variant: int | None = None,
+                         max_tokens: int | None = None) -> Any:
+    """The op's fields, plus the chosen tactic and the profile's maximum token count when given."""
     import numpy as np
 
+    values = {**fields.as_dict(), **({} if variant is None else {"variant": variant, "max_tokens": max_tokens or 0})}
     return trt.PluginFieldCollection([
         trt.PluginField(name, np.array([value], dtype=np.int32), trt.PluginFieldType.INT32)
-        for name, value in fields.as_dict().items()
+        for name, value in values.items()
     ])
 
 
-def fields_from_collection(fc: Any) -> spec.LoraFields:
-    return spec.LoraFields.from_mapping({f.name: f.data for f in fc})
+def fields_from_collection(fc: Any) -> tuple[spec.LoraFields, int, int]:
+    """(fields, variant, max_tokens); a collection without the extras (an ONNX node) gives AUTO and 0."""
+    values = {f.name: f.data for f in fc}
+    extra = {name: int(values.pop(name)[0]) for name in EXTRA_FIELDS if name in values}
+    return spec.LoraFields.from_mapping(values), extra.get("variant", AUTO), extra.get("max_tokens", 0)
 
 
 def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
@@ -71,7 +80,7 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
     class LoraPlugin(trt.IPluginV3, trt.IPluginV3OneCore, build_base, trt.IPluginV3OneRuntime):  # type: ignore
         """One plugin instance per network layer (clones per execution context at runtime)."""
 
-        def __init__(self, fields: spec.LoraFields) -> None:
+        def __init__(self, fields: spec.LoraFields, variant: int = AUTO, max_tokens: int = 0) -> None:
             trt.IPluginV3.__init__(self)
             trt.IPluginV3OneCore.__init__(self)
             build_base.__init__(self)
@@ -81,6 +90,8 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             self.plugin_version = spec.PLUGIN_VERSION
             self.num_outputs = 1
             self.fields = fields
+            self.variant = variant  # the tactic (variants.py)
+            self.max_tokens = max_tokens  # the profile's maximum tokens (configure_plugin), sizes the scratch
             self.num_tokens = 0
             self.tokens_per_slot = 1
             self._launcher: Any = None
@@ -90,7 +101,7 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             return self
 
         def clone(self) -> Any:
-            other = LoraPlugin(self.fields)
+            other = LoraPlugin(self.fields, self.variant, self.max_tokens)
             other.num_tokens, other.tokens_per_slot = self.num_tokens, self.tokens_per_slot
             return other
 
@@ -130,21 +141,24 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             return desc.type == in_out[spec.X].desc.type  # y, lora_a, lora_b and the output share x's dtype
 
         def configure_plugin(self, inputs: list[Any], outputs: list[Any]) -> None:
-            pass
+            # build time: the profile's maximum, serialized so the runtime can reserve the scratch up front
+            self.max_tokens = max(self.max_tokens, profile_max_tokens(tuple(inputs[spec.X].max)))
 
         def get_workspace_size(self, inputs: list[Any], outputs: list[Any]) -> int:
             return 0  # the kernel's scratch must persist across enqueues: the launcher owns it
 
         def get_valid_tactics(self) -> list[int]:
-            return list(spec.TILE_CHOICES)
+            return valid_tactics()
 
         # --- runtime ------------------------------------------------------------------------------------
         def set_tactic(self, tactic: int) -> None:
+            if int(tactic) in valid_tactics():
+                self.variant = int(tactic)
             if tactic in spec.TILE_CHOICES:
                 self.fields = spec.LoraFields(**{**self.fields.as_dict(), "tile": int(tactic)})
 
         def get_fields_to_serialize(self) -> Any:
-            return fields_to_collection(trt, self.fields)
+            return fields_to_collection(trt, self.fields, self.variant, self.max_tokens)
 
         def on_shape_change(self, inputs: list[Any], outputs: list[Any]) -> None:
             x = tuple(inputs[spec.X].dims)
@@ -153,20 +167,30 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             self.tokens_per_slot = spec.tokens_per_slot(x, slots)
 
         def attach_to_context(self, context: Any) -> Any:
-            return self.clone()
+            """Per execution context: load the (shared) module and reserve the scratch now, outside any capture."""
+            other = self.clone()
+            if self.max_tokens > 0:
+                from .launch import LoraLauncher
+
+                other._launcher = LoraLauncher()
+                other._launcher.reserve_scratch(
+                    reserved_scratch_bytes(self.fields, self.max_tokens, other._launcher.sm_count))
+            return other
 
         def enqueue(self, input_desc: list[Any], output_desc: list[Any], inputs: list[int], outputs: list[int],
                     workspace: int, stream: int) -> None:
             from .launch import LoraLauncher
+            from .small_launch import run_variant
 
             dtype = _dtype_name(trt, input_desc[spec.X].type)
             if dtype is None:
                 raise ValueError(f"{spec.PLUGIN_NAME}: unsupported dtype {input_desc[spec.X].type}")
             if self._launcher is None:
                 self._launcher = LoraLauncher()
-            # aliased output (out == y): update y in place; else copy y to out on the stream, then update out
-            self._launcher.run_op(
-                int(stream), self.fields, dtype, x=int(inputs[spec.X]), y=int(inputs[spec.Y]), out=int(outputs[0]),
+            # Triton kernel: out = y + delta in one launch; fused kernel: in place when aliased, else copy then update
+            run_variant(
+                self._launcher, int(stream), self.fields, dtype, self.variant, x=int(inputs[spec.X]),
+                y=int(inputs[spec.Y]), out=int(outputs[0]),
                 lora_a=int(inputs[spec.LORA_A]), lora_b=int(inputs[spec.LORA_B]),
                 slot_ids=int(inputs[spec.SLOT_IDS]), scales=int(inputs[spec.SCALES]),
                 num_tokens=self.num_tokens, tokens_per_slot=self.tokens_per_slot)
@@ -180,7 +204,7 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             self.field_names = fields_to_collection(trt, spec.LoraFields(1, 1, 1, 1))
 
         def create_plugin(self, name: str, fc: Any, phase: Any) -> Any:
-            return LoraPlugin(fields_from_collection(fc))
+            return LoraPlugin(*fields_from_collection(fc))
 
     _CLASSES[trt.__name__] = (LoraPlugin, LoraPluginCreator)
     return LoraPlugin, LoraPluginCreator

@@ -134,12 +134,29 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
         acc = np.zeros((THREADS, G), np.float32)
         a_s = slot * H * R
         h_begin, h_end = k * h_per_slice, min(H, k * h_per_slice + h_per_slice)
+        tile_shift = p.tile.bit_length() - 1  # __ffs(tile) - 1: tile is a power of two
+        assert 1 << tile_shift == p.tile
+        vec4 = H % 4 == 0  # NumPy buffers are aligned: the address test of kernel.cu holds
         for h0 in range(h_begin, h_end, p.tile):
             hn = min(p.tile, h_end - h0)
-            i = np.arange(count * p.tile)
-            g, h = i // p.tile, i % p.tile
-            xv = ld(x, np.where(h < hn, tok[g] * H + h0 + np.minimum(h, hn - 1), 0)).astype(f32)
-            st(smem, i, np.where(h < hn, xv, f32(0)))
+            if vec4:  # 4 elements per load; row and column by shifts
+                i = np.arange(count * (p.tile >> 2))
+                g = i >> (tile_shift - 2)
+                h = (i - (g << (tile_shift - 2))) << 2
+                base = tok[g] * H + h0 + h
+                inb = h < hn
+                assert hn % 4 == 0 and (base[inb] % 4 == 0).all() and (h[inb] + 3 < hn).all(), "unaligned vec4 load"
+                for e in range(4):
+                    xv = ld(x, np.where(inb, base + e, 0)).astype(f32)
+                    st(smem, (g << tile_shift) + h + e, np.where(inb, xv, f32(0)))
+            else:
+                i = np.arange(count * p.tile)
+                g = i >> tile_shift
+                h = i - (g << tile_shift)
+                xv = ld(x, np.where(h < hn, tok[g] * H + h0 + np.minimum(h, hn - 1), 0)).astype(f32)
+                st(smem, i, np.where(h < hn, xv, f32(0)))
+            # kernel.cu batches these rows 4 at a time (4 A loads, then their FMAs in row order) with a one-row
+            # tail: per accumulator the same sequence of FMAs as this row-by-row loop
             for m in range(-(-p.tile // nsub)):
                 hh = hsub + m * nsub
                 on = (r < R) & (hh < hn)

@@ -3,8 +3,9 @@
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_lora.py
 
 Covers the fused kernel (sort, shrink, expand; tail tiles; slot -1 and out-of-range ids; per-sequence; a launch
-sequence on one scratch), the scratch-free kernel (in place and out of place) and run_op's copy path, on sizes
-small enough for the sanitizer's slowdown. Exits 1 if a result is wrong (the sanitizer reports memory errors).
+sequence on one scratch), the scratch-free kernel (in place and out of place), run_op's copy path, the Triton
+kernel (three configs) and the plugin's default path, on sizes small enough for the sanitizer's slowdown. Exits 1
+if a result is wrong (the sanitizer reports memory errors).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def main() -> int:
         ("simple T37 bf16", t.make_case(37, 1000, 700, 16, 8, seed=6), "bfloat16", "simple"),
         ("simple in place T9 fp16", t.make_case(9, 300, 2100, 16, 8, seed=7), "float16", "simple_inplace"),
         ("run_op T20 fp16", t.make_case(20, 300, 200, 8, 8, seed=8), "float16", "op"),
+        ("triton0 T7 bf16 r16", t.make_case(7, 300, 200, 16, 8, seed=9), "bfloat16", "triton0"),
+        ("triton1 T40 fp32 r64", t.make_case(40, 257, 130, 64, 3, seed=10), "float32", "triton1"),
+        ("triton3 T70 fp16 r8", t.make_case(70, 130, 300, 8, 5, seed=11), "float16", "triton3"),
+        ("plugin T129 fp16", t.make_case(129, 200, 100, 16, 8, seed=12), "float16", "plugin"),
     ]
     cases[1][1]["ids"][:3] = 8  # out of range: no adapter
     failures = 0

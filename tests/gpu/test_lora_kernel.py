@@ -169,7 +169,8 @@ def _nan_like(y: np.ndarray) -> np.ndarray:
 
 def run_kernel(dev: Device, case: dict, dtype: str, mode: str = "fused") -> tuple[np.ndarray, np.ndarray]:
     """(output as float64, y as the kernel saw it, as float64). mode: fused (in place), simple (out of place),
-    simple_inplace, op (run_op out of place: y copied to out, then updated; y itself must stay unchanged)."""
+    simple_inplace, op (run_op out of place: y copied to out, then updated; y itself must stay unchanged),
+    triton0..3 (the Triton kernel, out of place), plugin (run_variant under tactic AUTO, out of place)."""
     fields, y, ptr, common = _upload(dev, case, dtype)
     if mode == "fused":
         out_ptr = ptr["y"]
@@ -180,6 +181,18 @@ def run_kernel(dev: Device, case: dict, dtype: str, mode: str = "fused") -> tupl
     elif mode == "simple_inplace":
         out_ptr = ptr["y"]
         dev.launcher.launch_simple(0, fields, dtype, y=ptr["y"], out=out_ptr, **common)
+    elif mode.startswith("triton") or mode == "plugin":
+        # the Triton small-batch kernel (config i) or the plugin's default path (tactic AUTO), out of place, as
+        # enqueue calls them; y must stay unchanged and every output element be written
+        from trtforge.plugins.lora.small_launch import launch_small, run_variant
+        from trtforge.plugins.lora.variants import AUTO
+
+        out_ptr = dev.put(_nan_like(y))
+        if mode == "plugin":
+            run_variant(dev.launcher, 0, fields, dtype, AUTO, y=ptr["y"], out=out_ptr, **common)
+        else:
+            launch_small(dev.launcher, 0, fields, dtype, int(mode[6:]), y=ptr["y"], out=out_ptr, **common)
+        assert np.array_equal(dev.get(ptr["y"], y), y), f"{mode} must not modify y"
     else:
         out_ptr = dev.put(_nan_like(y))
         dev.launcher.run_op(0, fields, dtype, y=ptr["y"], out=out_ptr, **common)

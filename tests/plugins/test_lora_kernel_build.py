@@ -118,21 +118,22 @@ def test_plan_simple():
     assert values[7:] == (4096, 4096, 16, 8, 5, 1024) and len(types) == 13
 
 
-def test_aot_launch_spec(tmp_path, monkeypatch):
-    _compiler_or_skip()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_aot_launch_spec():
+    """The AOT recipe embeds the Triton small-batch kernel: extra args T, H, O, R, N, tokens_per_slot (issue 17)."""
+    pytest.importorskip("triton")
     from trtforge.plugins.lora.aot_plugin import aot_launch_spec
 
     f = spec.LoraFields(16, 8, 4096, 1024, 128)
     tok = aot_launch_spec(f, 3, 2, "bfloat16", "sm_90")
-    assert tok.kernel == "lora_simple_bf16" and f".entry {tok.kernel}(".encode() in tok.ptx
-    assert tok.grid_y == 4 and tok.grid_x == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 256
-    assert tok.extra_args == (("const", 4096), ("const", 1024), ("const", 16), ("const", 8), ("const", 1),
-                              ("const", 256))
+    assert tok.kernel == "lora_small" and f".entry {tok.kernel}(".encode() in tok.ptx
+    assert tok.grid_y == 8 and tok.grid_x == (("x_dim", 0), ("x_dim", 1)) and tok.block_x == 128
+    assert tok.extra_args == (("tokens", 0), ("const", 4096), ("const", 1024), ("const", 16), ("const", 8),
+                              ("const", 1))
+    assert 0 < tok.shared_mem <= 48 * 1024
     seq = aot_launch_spec(f, 3, 1, "float16", "sm_90")
-    assert seq.extra_args[4] == ("x_dim", 1)  # per sequence: S tokens share a slot id
-    flat = aot_launch_spec(f, 2, 1, "float32", "sm_80")
-    assert flat.grid_x == (("x_dim", 0),) and flat.extra_args[4] == ("const", 1)
+    assert seq.extra_args[5] == ("x_dim", 1)  # per sequence: S tokens share a slot id
+    flat = aot_launch_spec(f, 2, 1, "float16", "sm_80")  # same image as test_lora_triton compiles (cached)
+    assert flat.grid_x == (("x_dim", 0),) and flat.extra_args[5] == ("const", 1)
     with pytest.raises(ValueError):
         aot_launch_spec(f, 2, 2, "float32", "sm_80")
 
@@ -204,3 +205,14 @@ def test_static_shared_memory_fits_the_plan(arch, tmp_path, monkeypatch):
         assert size - reserved <= FUSED_STATIC_SHARED
     big = plan_launch(spec.LoraFields(64, spec.MAX_SLOTS, 4096, 4096, 256), 2048, "float16")
     assert big.shared_bytes + FUSED_STATIC_SHARED <= DEFAULT_SHARED_LIMIT
+
+
+def test_fused_kernel_stages_x_with_vector_loads(tmp_path, monkeypatch):
+    """Issue 17 item 6: the shrink stages x 4 elements per load (8 bytes fp16/bf16, 16 bytes fp32) when aligned."""
+    _compiler_or_skip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ptx = compile_ptx("sm_90").text
+    for name, vector_load in (("lora_fused_f16", b"ld.global.v4.u16"), ("lora_fused_bf16", b"ld.global.v4.u16"),
+                              ("lora_fused_f32", b"ld.global.v4.f32")):
+        body = ptx.split(f".entry {name}(".encode(), 1)[1].split(b".entry", 1)[0]
+        assert vector_load in body, name

@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
 
 from trtforge.plugins import configure_builder, register_all
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.inject import inject
+from trtforge.plugins.lora.variants import AUTO, EXTRA_FIELDS, TRITON_BASE, valid_tactics
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +65,14 @@ def test_fields_survive_serialization_round_trip(rtx, lora_network):
     plugin = layers[0].plugin
     plugin.set_tactic(256)  # the builder's tactic choice replaces the tile field
     fc = plugin.get_fields_to_serialize()
-    assert {f.name for f in fc} == set(spec.FIELD_NAMES)
+    assert {f.name for f in fc} == set(spec.FIELD_NAMES) | set(EXTRA_FIELDS)
     creator = rtx.get_plugin_registry().get_creator(spec.PLUGIN_NAME, spec.PLUGIN_VERSION, spec.PLUGIN_NAMESPACE)
     again = creator.create_plugin(spec.PLUGIN_NAME, fc, rtx.TensorRTPhase.RUNTIME)
-    assert again.fields == spec.LoraFields(16, 8, 256, 256, 256)
-    assert again.get_valid_tactics() == list(spec.TILE_CHOICES)
+    assert again.fields == spec.LoraFields(16, 8, 256, 256, 256) and again.variant == 256
+    assert again.get_valid_tactics() == valid_tactics()
+    plugin.set_tactic(TRITON_BASE + 1)  # a Triton variant keeps the tile field
+    again = creator.create_plugin(spec.PLUGIN_NAME, plugin.get_fields_to_serialize(), rtx.TensorRTPhase.RUNTIME)
+    assert (again.variant, again.fields.tile) == (TRITON_BASE + 1, 256)
     assert again.get_aliased_input(0) == -1  # aliasing is opt-in (needs a builder preview feature)
 
 
@@ -145,4 +148,4 @@ def test_supports_format_combination_rules(rtx):
     assert not ok([rtx.int32] * 7)
     io = [desc(rtx.float16, rtx.TensorFormat.CHW2)] + [desc(rtx.float16)] * 6
     assert not plugin.supports_format_combination(0, io, 6)
-    assert np.array_equal(plugin.get_valid_tactics(), spec.TILE_CHOICES)
+    assert plugin.get_valid_tactics() == [AUTO, *spec.TILE_CHOICES, *(TRITON_BASE + i for i in range(4))]
