@@ -44,7 +44,9 @@ def fault_point(name: str) -> None:
     spec = os.environ.get(KILL_AT_ENV)
     if not spec:
         return
-    point, _, sig = spec.partition(":")
+    point, _, sig = spec.rpartition(":")
+    if not sig.startswith("SIG"):  # no signal given: the whole spec is the point (points contain ':')
+        point, sig = spec, ""
     if point == name:
         os.kill(os.getpid(), getattr(signal, sig or "SIGKILL"))
 
