@@ -126,7 +126,7 @@ def sweep(root: Path) -> list[str]:
         shutil.rmtree(entry, ignore_errors=True)
         done.append(f"removed {entry} (left by an interrupted run)")
     for line in done:
-        _log.warning("%s", line)
+        _log.warning("note: %s", line)
     with contextlib.suppress(OSError):
         (root / STAGING).rmdir()  # only when empty
     return done
