@@ -52,6 +52,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
+        staging.fault_point("file:staged")
         interrupt.check()  # a signal during the write: commit nothing
         with interrupt.deferred():
             staging.fault_point("file:before-rename")
@@ -93,6 +94,7 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
         tmp = entry / "new"
         tmp.mkdir(mode=0o777)  # mode from the umask, as a plain mkdir() gives
         yield tmp
+        staging.fault_point("dir:staged")
         interrupt.check()
         with interrupt.deferred():
             staging.commit_dir(tmp, dest, entry)

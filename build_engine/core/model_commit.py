@@ -45,6 +45,7 @@ def commit_model(staged: Path, dest: Path, data_name: str | None) -> None:
     data = staged.with_name(data_name) if data_name else None
     if data is not None and data.exists():
         os.chmod(data, os.stat(staged).st_mode & 0o7777)  # the same permissions as the model file that needs it
+    staging.fault_point("model:staged")
     interrupt.check()  # a signal while saving: commit nothing
     with interrupt.deferred():
         if data is not None and data.exists():
