@@ -157,48 +157,49 @@ def test_lora_pack_interrupted(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------------- build
 _BUILD = [  # (point, two-rename fallback, expected OUTDIR afterwards)
-    ("dir:staged", False, "old"), ("dir:before-swap", False, "old"), ("dir:swapped", False, "new"),
+    ("dir:before-swap", False, "old"), ("dir:swapped", False, "new"),
     ("dir:between-renames", True, "missing"),  # completed by the next run writing beside it (asserted below)
     ("build:step:SIGINT", False, "old"), ("build:step:SIGTERM", False, "old"),
     ("dir:before-swap:SIGINT", False, "new"),  # the commit had started: it completes, then exit 130
 ]
 
 
-def _outdir_state(out: Path, old_manifest: bytes, new_sha: str) -> str:
+def _outdir_state(out: Path, sources: dict[str, str]) -> str:
+    """"missing", or which source (by its sha256) the complete, self-consistent OUTDIR was built from."""
     if not out.exists():
         return "missing"
-    manifest = (out / "manifest.json").read_bytes()
-    meta = json.loads(manifest)
+    meta = json.loads((out / "manifest.json").read_bytes())
     assert hashlib.sha256((out / "model.plan").read_bytes()).hexdigest() == meta["plan_sha256"]
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.onnx", "model.plan"]
-    if manifest == old_manifest:
-        return "old"
-    assert meta["onnx_sha256"] == new_sha
-    return "new"
+    return next(k for k, sha in sources.items() if sha == meta["onnx_sha256"])
 
 
 def test_build_interrupted(tmp_path: Path) -> None:
+    """Each run builds the other source over OUTDIR (so a completed run needs no rebuild to get back)."""
     pytest.importorskip("tensorrt_rtx")
     from trtforge.examples.llama import LlamaConfig, make_llama
 
     cfg = LlamaConfig(layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=128)
+    sha = {}
     for seed in (1, 2):
         onnx.save(make_llama(cfg, seed=seed), str(tmp_path / f"m{seed}.onnx"))
-    new_sha = hashlib.sha256((tmp_path / "m2.onnx").read_bytes()).hexdigest()
+        sha[f"m{seed}"] = hashlib.sha256((tmp_path / f"m{seed}.onnx").read_bytes()).hexdigest()
     out = tmp_path / "out" / "engine"
     out.parent.mkdir()
     build = ("--profile", "a100", "-o", out, "--force", "--no-progress")
     assert _run("build", tmp_path / "m1.onnx", *build).code == 0
-    old_manifest = (out / "manifest.json").read_bytes()
+    current = "m1"
     for point, no_exchange, want in _BUILD:
-        res = _run("build", tmp_path / "m2.onnx", *build, point=point, no_exchange=no_exchange)
+        other = "m2" if current == "m1" else "m1"
+        res = _run("build", tmp_path / f"{other}.onnx", *build, point=point, no_exchange=no_exchange)
         _expect_exit(res, point)
-        assert _outdir_state(out, old_manifest, new_sha) == want, point
+        got = _outdir_state(out, sha)
+        assert got == {"old": current, "new": other, "missing": "missing"}[want], point
         if want == "missing":  # the next command writing in OUTDIR's folder completes the swap first
             assert _run("fold", tmp_path / "m1.onnx", "-o", out.parent / "x.onnx").code == 0
-            assert _outdir_state(out, old_manifest, new_sha) == "new"
+            assert _outdir_state(out, sha) == other
             (out.parent / "x.onnx").unlink()
         assert [p.name for p in out.parent.iterdir() if p.name != STAGING] == [out.name], point
-        if out.exists() and _outdir_state(out, old_manifest, new_sha) == "new":
-            assert _run("build", tmp_path / "m1.onnx", *build).code == 0
+        if want != "old":
+            current = other
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no staging left by the last run
