@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tritonserver_testing import SKIP_REASON, run_server, server_dir
 
 from trtforge_testing import run_console
-from tritonserver_testing import SKIP_REASON, run_server, server_dir
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 pytestmark = pytest.mark.skipif(server_dir() is None, reason=SKIP_REASON)
