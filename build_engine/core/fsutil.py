@@ -82,12 +82,13 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
     repository's parent, not the repository)."""
     dest = Path(path)
     _check_parent(dest)
+    parent = dest.parent if str(dest.parent) else Path(".")
+    root = Path(staging_root) if staging_root is not None else parent
+    staging.sweep(root)  # first: an interrupted swap puts ``dest`` back, and then it needs ``force`` like any other
     if os.path.lexists(dest) and not force:
         raise InputError(f"{dest} already exists; pass --force to replace it or choose another output folder")
     if os.path.lexists(dest) and not dest.is_dir():
         raise InputError(f"{dest} exists and is not a folder; remove it or choose another output folder")
-    parent = dest.parent if str(dest.parent) else Path(".")
-    root = Path(staging_root) if staging_root is not None else parent
     if os.stat(root).st_dev != os.stat(parent).st_dev:
         root = parent  # a rename cannot cross filesystems (e.g. a repository that is a mount point)
     with staging.staging_dir(root, dest.name) as entry:

@@ -25,6 +25,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -77,9 +78,14 @@ def _locked_by_someone(entry: Path) -> bool:
     return False
 
 
+# LABEL.PID.RANDOM, as ``staging_dir`` names its folders; anything else under .trtforge-staging (build-matrix's cell
+# folders) belongs to another writer and is never touched here.
+_ENTRY = re.compile(r".+\.([0-9]+)\.[A-Za-z0-9_]{8}")
+
+
 def _pid_alive(name: str) -> bool:
-    parts = name.split(".")
-    pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else 0
+    m = _ENTRY.fullmatch(name)
+    pid = int(m.group(1)) if m else 0
     if pid <= 0:
         return False
     try:
@@ -113,7 +119,8 @@ def stale_entries(root: Path) -> list[Path]:
     base = root / STAGING
     if not base.is_dir():
         return []
-    return sorted(e for e in base.iterdir() if e.is_dir() and not _locked_by_someone(e))
+    return sorted(e for e in base.iterdir()
+                  if e.is_dir() and _ENTRY.fullmatch(e.name) and not _locked_by_someone(e))
 
 
 def sweep(root: Path) -> list[str]:
