@@ -25,6 +25,18 @@ def recover_repository(repo: Path) -> list[str]:
     return done + staging.sweep(repo)
 
 
+def warn_leftovers(repo: Path) -> None:
+    """For writers: name each hidden folder in ``repo`` (tritonserver would fail on it) with the command to remove it;
+    never removed here, since no lock tells whether it is still being written (trtforge < 0.2 staged there)."""
+    import logging
+
+    log = logging.getLogger("trtforge.triton.layout")
+    for p in staging.legacy_temporaries(repo):
+        if p.is_dir():
+            log.warning("note: %s looks like a leftover of an interrupted write; tritonserver fails to load the "
+                        "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
+
+
 def entry_problems(mdir: Path) -> list[str]:
     """The layout problems of one folder under a repository (config and version folders present)."""
     rm = f"rm -rf {shlex.quote(str(mdir))}"

@@ -18,7 +18,7 @@ from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
 from ..engine.manifest import MANIFEST_NAME, Manifest
 from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
-from .layout import is_repository, recover_repository, repository_problems
+from .layout import is_repository, recover_repository, repository_problems, warn_leftovers
 from .validate import Problem, validate_text
 
 
@@ -76,6 +76,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     want_sha = manifest.plan_sha256
     try:
         recover_repository(repo_path)  # leftovers of killed runs, an interrupted --force swap
+        warn_leftovers(repo_path)
         with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             vdir = tmp / str(version)
