@@ -32,6 +32,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import InputError
+
 STAGING = ".trtforge-staging"
 KILL_AT_ENV = "TRTFORGE_TEST_KILL_AT"
 NO_EXCHANGE_ENV = "TRTFORGE_TEST_NO_EXCHANGE"
@@ -146,9 +148,13 @@ def staging_dir(root: Path, label: str) -> Iterator[Path]:
 
     sweep(root)
     base = root / STAGING
-    base.mkdir(exist_ok=True)
-    entry = Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
-    fd = os.open(entry / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        base.mkdir(exist_ok=True)
+        entry = Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
+        fd = os.open(entry / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you can "
+                         "write to") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield entry
