@@ -31,6 +31,11 @@ LORA_SIMPLE_MAX_TOKENS = Knob("TRTFORGE_LORA_SIMPLE_MAX_TOKENS", "0",
                               "batches of at most this many tokens run the scratch-free LoRA kernel (0: never)")
 TEST_KILL_ONCE_DIR = Knob("TRTFORGE_TEST_KILL_ONCE_DIR", "",
                           "tests only: a build-matrix worker SIGKILLs itself once, leaving a marker in this folder")
+TEST_KILL_AT = Knob("TRTFORGE_TEST_KILL_AT", "",
+                    "tests only: POINT[:SIGNAL] makes a command signal itself (default SIGKILL) at that commit step "
+                    "(core/staging.py fault_point)")
+TEST_NO_EXCHANGE = Knob("TRTFORGE_TEST_NO_EXCHANGE", "",
+                        "tests only: 1 replaces folders by the two-rename swap instead of renameat2(RENAME_EXCHANGE)")
 POLYGRAPHY_USE_TENSORRT_RTX = Knob("POLYGRAPHY_USE_TENSORRT_RTX", "0",
                                    "1: Polygraphy builds and runs with tensorrt_rtx instead of tensorrt",
                                    owner="polygraphy")
@@ -39,8 +44,8 @@ XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "", "cache root (the compiled LoRA kerne
 CUDA_HOME = Knob("CUDA_HOME", "", "CUDA toolkit folder searched for nvcc when it is not on PATH", owner="CUDA")
 CUDA_PATH = Knob("CUDA_PATH", "", "CUDA toolkit folder searched for nvcc after CUDA_HOME", owner="CUDA")
 
-KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, POLYGRAPHY_USE_TENSORRT_RTX,
-                           XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH)
+KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, TEST_KILL_AT, TEST_NO_EXCHANGE,
+                           POLYGRAPHY_USE_TENSORRT_RTX, XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH)
 
 
 def get(knob: Knob) -> str:

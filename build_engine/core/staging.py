@@ -32,11 +32,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import env
 from .errors import InputError
 
 STAGING = ".trtforge-staging"
-KILL_AT_ENV = "TRTFORGE_TEST_KILL_AT"
-NO_EXCHANGE_ENV = "TRTFORGE_TEST_NO_EXCHANGE"
+KILL_AT_ENV = env.TEST_KILL_AT.name
+NO_EXCHANGE_ENV = env.TEST_NO_EXCHANGE.name
 RECORD = "record.json"
 _LOCK = ".lock"
 _log = logging.getLogger("trtforge.core.staging")
@@ -44,7 +45,7 @@ _log = logging.getLogger("trtforge.core.staging")
 
 def fault_point(name: str) -> None:
     """Test hook (see module docstring): signal this process when ``TRTFORGE_TEST_KILL_AT`` names ``name``."""
-    spec = os.environ.get(KILL_AT_ENV)
+    spec = env.get(env.TEST_KILL_AT)
     if not spec:
         return
     point, _, sig = spec.rpartition(":")
@@ -135,7 +136,7 @@ def sweep(root: Path) -> list[str]:
         shutil.rmtree(entry, ignore_errors=True)
         done.append(f"removed {entry} (left by an interrupted run)")
     for line in done:
-        _log.warning("note: %s", line)
+        _log.info("%s", line)
     with contextlib.suppress(OSError):
         (root / STAGING).rmdir()  # only when empty
     return done
@@ -167,7 +168,7 @@ def staging_dir(root: Path, label: str) -> Iterator[Path]:
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
-    if os.environ.get(NO_EXCHANGE_ENV):
+    if env.get(env.TEST_NO_EXCHANGE):
         return False
     try:
         fn = ctypes.CDLL(None, use_errno=True).renameat2

@@ -33,7 +33,7 @@ def warn_leftovers(repo: Path) -> None:
     log = logging.getLogger("trtforge.triton.layout")
     for p in staging.legacy_temporaries(repo):
         if p.is_dir():
-            log.warning("note: %s looks like a leftover of an interrupted write; tritonserver fails to load the "
+            log.warning("%s looks like a leftover of an interrupted write; tritonserver fails to load the "
                         "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
 
 
