@@ -64,7 +64,7 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
-        from ..core import log, steps
+        from ..core import interrupt, log, steps
 
         log.configure(log.VERBOSE if getattr(args, "verbose", False) else
                       log.QUIET if getattr(args, "quiet", False) else log.NORMAL)
@@ -73,17 +73,20 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
         # (build) turns them off with TensorRT's bars.
         steps.start(steps.should_show(bool(getattr(args, "progress", False)))
                     and not getattr(args, "no_progress", False))
-        return int(handler(args) or 0)
+        with interrupt.handling():  # SIGINT/SIGTERM -> Interrupted at a safe point, never inside a commit
+            return int(handler(args) or 0)
     except TrtforgeError as exc:
         if debug:
             traceback.print_exc()
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # the reader of stdout left (| head): not an error of the command
         raise
+    except KeyboardInterrupt as exc:  # core.interrupt.Interrupted (SIGINT 130, SIGTERM 143) or a plain Ctrl-C
+        name = getattr(exc, "signum", None)
+        how = f" by {signal_name(name)}" if name else ""
+        print(f"error: interrupted{how}; no partial output was left", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
     except Exception as exc:  # a bug in trtforge or a library: one line unless --debug
         if debug:
             traceback.print_exc()
@@ -91,6 +94,12 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
         print(f"error: internal error: {type(exc).__name__}: {text} (a bug: rerun with --debug and report the "
               "traceback at the trtforge issue tracker)", file=sys.stderr)
         return INTERNAL_ERROR
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
 
 
 def stdout_console() -> Any:

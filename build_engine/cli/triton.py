@@ -1,7 +1,7 @@
 """``trtforge triton``: write or check a Triton model repository entry from an engine folder's manifest.json.
 
     trtforge triton OUTDIR --repo REPO --name NAME [--version N] [--max-batch B] [--instances K] [--force]
-    trtforge triton --check REPO/NAME
+    trtforge triton --check REPO/NAME    (or --check REPO: every entry)
 
 Exit codes: 0 written / valid; 1 ``--check`` found problems; 2 bad input (missing or invalid manifest, unsafe name,
 Python-only plugin, ``--max-batch`` above the engine's range).
@@ -26,22 +26,28 @@ def build_parser() -> ArgumentParser:
                    help="max_batch_size (default: the engine's largest batch; 0 disables Triton batching)")
     p.add_argument("--instances", type=int, default=1, help="GPU instances (instance_group count; default 1)")
     p.add_argument("--force", action="store_true", help="replace an existing REPO/NAME (atomically)")
-    p.add_argument("--check", metavar="REPO/NAME", help="validate an existing entry instead of writing one")
+    p.add_argument("--check", metavar="REPO/NAME",
+                   help="validate an existing entry (and that nothing else in REPO stops tritonserver), or every entry "
+                        "of REPO, instead of writing")
     return p
 
 
 def _run(args: Namespace) -> int:
-    from ..triton.repo import check_entry, write_entry
+    from pathlib import Path
+
+    from ..triton.repo import check_entry, check_repository, is_repository, write_entry
 
     if args.check:
         if args.engine_dir or args.repo or args.name:
             raise UsageError("trtforge triton: --check REPO/NAME takes no OUTDIR, --repo or --name")
-        report = check_entry(args.check)
-        cfg = report.config
-        assert cfg is not None
-        print(f"ok: {report.model_dir} is a valid Triton entry (versions {list(report.versions)}, max_batch_size "
-              f"{cfg.max_batch_size}, {len(cfg.inputs)} inputs, {len(cfg.outputs)} outputs, profiles "
-              f"{list(cfg.profiles)})")
+        # REPO/NAME: that entry in full, and the rest of REPO for what would stop tritonserver; REPO: every entry.
+        reports = check_repository(args.check) if is_repository(Path(args.check)) else [check_entry(args.check)]
+        for report in reports:
+            cfg = report.config
+            assert cfg is not None
+            print(f"ok: {report.model_dir} is a valid Triton entry (versions {list(report.versions)}, max_batch_size "
+                  f"{cfg.max_batch_size}, {len(cfg.inputs)} inputs, {len(cfg.outputs)} outputs, profiles "
+                  f"{list(cfg.profiles)})")
         return 0
     if not args.engine_dir or not args.repo or args.name is None:
         raise UsageError("trtforge triton: give OUTDIR --repo REPO --name NAME (or --check REPO/NAME); "

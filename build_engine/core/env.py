@@ -31,6 +31,11 @@ LORA_SIMPLE_MAX_TOKENS = Knob("TRTFORGE_LORA_SIMPLE_MAX_TOKENS", "0",
                               "batches of at most this many tokens run the scratch-free LoRA kernel (0: never)")
 TEST_KILL_ONCE_DIR = Knob("TRTFORGE_TEST_KILL_ONCE_DIR", "",
                           "tests only: a build-matrix worker SIGKILLs itself once, leaving a marker in this folder")
+TEST_KILL_AT = Knob("TRTFORGE_TEST_KILL_AT", "",
+                    "tests only: POINT[:SIGNAL] makes a command signal itself (default SIGKILL) at that commit step "
+                    "(core/staging.py fault_point)")
+TEST_NO_EXCHANGE = Knob("TRTFORGE_TEST_NO_EXCHANGE", "",
+                        "tests only: 1 replaces folders by the two-rename swap instead of renameat2(RENAME_EXCHANGE)")
 POLYGRAPHY_USE_TENSORRT_RTX = Knob("POLYGRAPHY_USE_TENSORRT_RTX", "0",
                                    "1: Polygraphy builds and runs with tensorrt_rtx instead of tensorrt",
                                    owner="polygraphy")
@@ -42,8 +47,8 @@ TRITON_INTERPRET = Knob("TRITON_INTERPRET", "0", "1: Triton runs kernels in its 
                         "Triton kernel's decoration; Triton reads it when it is imported and decorates)",
                         owner="Triton")
 
-KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, POLYGRAPHY_USE_TENSORRT_RTX,
-                           XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH, TRITON_INTERPRET)
+KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, TEST_KILL_AT, TEST_NO_EXCHANGE,
+                           POLYGRAPHY_USE_TENSORRT_RTX, XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH, TRITON_INTERPRET)
 
 
 def get(knob: Knob) -> str:

@@ -1,27 +1,21 @@
 """Atomic file and directory writes: nothing half-written is ever left at the final path.
 
-Write to a temporary sibling (same filesystem, so ``os.replace`` is atomic), fsync, then rename. On any error the
-temporary is removed and the destination is untouched.
+Outputs are staged in a private folder under ``.trtforge-staging`` beside the output (same filesystem; see
+``staging``), never beside the output under a name a consumer might scan, then committed by one rename (a file) or
+one exchange (a folder replacing an existing one). On any error or interrupt the staging folder is removed and the
+destination is untouched; after a kill -9 the next writing run removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import interrupt, staging
 from .errors import InputError
-
-
-def _default_mode(base: int) -> int:
-    """The mode a plain ``open()``/``mkdir()`` would give under the current umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return base & ~umask
 
 
 def _check_parent(path: Path) -> None:
@@ -50,20 +44,22 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it."""
+    """Yield a temporary path (in ``.trtforge-staging`` beside ``path``); on success rename it onto ``path``, on
+    failure delete it."""
     dest = check_output_file(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or ".")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, _default_mode(0o666))  # mkstemp makes 0600; outputs are read by Triton and colleagues
-    try:
+    parent = dest.parent if str(dest.parent) else Path(".")
+    with staging.staging_dir(parent, dest.name) as entry:
+        tmp = entry / dest.name
+        tmp.touch(mode=0o666)  # mode from the umask, as a plain open() gives: outputs are read by Triton and colleagues
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        staging.fault_point("file:staged")
+        interrupt.check()  # a signal during the write: commit nothing
+        with interrupt.deferred():
+            staging.fault_point("file:before-rename")
+            os.replace(tmp, dest)
+            staging.fault_point("file:renamed")
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -82,29 +78,28 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside ``path``; on success it replaces ``path`` (only if ``force`` when it exists).
-
-    The old folder, if any, is moved aside and deleted only after the new one is in place.
-    """
+def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
+               staging_root: str | os.PathLike[str] | None = None) -> Iterator[Path]:
+    """Yield a new empty folder (staged in ``STAGING_ROOT/.trtforge-staging``, default: ``path``'s folder); on success
+    it becomes ``path`` in one step (only with ``force`` when ``path`` exists: then old and new are exchanged and the
+    old tree deleted). ``staging_root`` must be on ``path``'s filesystem and is where no consumer scans (a Triton
+    repository's parent, not the repository)."""
     dest = Path(path)
     _check_parent(dest)
-    if dest.exists() and not force:
+    parent = dest.parent if str(dest.parent) else Path(".")
+    root = Path(staging_root) if staging_root is not None else parent
+    staging.sweep(root)  # first: an interrupted swap puts ``dest`` back, and then it needs ``force`` like any other
+    if os.path.lexists(dest) and not force:
         raise InputError(f"{dest} already exists; pass --force to replace it or choose another output folder")
-    if dest.exists() and not dest.is_dir():
+    if os.path.lexists(dest) and not dest.is_dir():
         raise InputError(f"{dest} exists and is not a folder; remove it or choose another output folder")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent or "."))
-    os.chmod(tmp, _default_mode(0o777))  # mkdtemp makes 0700
-    try:
+    if os.stat(root).st_dev != os.stat(parent).st_dev:
+        root = parent  # a rename cannot cross filesystems (e.g. a repository that is a mount point)
+    with staging.staging_dir(root, dest.name) as entry:
+        tmp = entry / "new"
+        tmp.mkdir(mode=0o777)  # mode from the umask, as a plain mkdir() gives
         yield tmp
-        old: Path | None = None
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent or "."))
-            os.rmdir(old)
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        staging.fault_point("dir:staged")
+        interrupt.check()
+        with interrupt.deferred():
+            staging.commit_dir(tmp, dest, entry)

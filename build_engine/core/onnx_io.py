@@ -5,9 +5,10 @@ ONNX model, a truncated model, external data that is missing, short, or whose lo
 (absolute path, ``..``, or a symlink pointing outside), and graphs with a dangling input or a cycle. Nothing outside
 the model's folder is ever opened.
 
-``save_model`` writes to temporary names in the output's folder and renames, so a crash leaves no half-written model.
+``save_model`` stages in ``.trtforge-staging`` beside the output and renames, so a crash leaves no half-written model.
 Models that came with external data (or are too big for one protobuf) are written with external data beside the
-output, in ``<output name>.data``.
+output, in ``<output name>.data`` (or ``<output name>.<hex>.data`` while that name is taken: the model file's rename
+is the commit point, see ``model_commit``).
 
 ``skeleton`` and ``check_model``: onnx's checker and shape inference serialise the whole model (weights included)
 and parse it again in C++; for a model of tens of MB that costs more than everything else trtforge does. They run
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,7 +455,9 @@ def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data
 
 
 def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
-    """Atomically save ``model`` to ``path``; external data goes to ``<name>.data`` beside it."""
+    """Atomically save ``model`` to ``path``; external data goes to a data file beside it (``model_commit``)."""
+    from . import model_commit, staging
+
     dest = Path(path)
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
@@ -464,48 +466,53 @@ def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_dat
         raise InputError(f"{dest} is a folder; give a file path for the output model")
     if external_data is None:
         external_data = model.ByteSize() >= _EXTERNAL_THRESHOLD
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=parent))
-    try:
-        tmp_model = tmpdir / dest.name
-        if external_data:
-            data_name = f"{dest.name}.data"
-            _save_external(model, tmp_model, data_name)
-            if (tmpdir / data_name).exists():
-                os.replace(tmpdir / data_name, parent / data_name)
-        else:
-            onnx.save_model(model, str(tmp_model))
-        os.replace(tmp_model, dest)
-    finally:
-        import shutil
+    final = _STAGED_FOR.get(dest, dest)  # a staged_model path: its data is named for the final folder
+    data_name = model_commit.fresh_data_name(final.parent, final.name) if external_data else None
+    if dest in _STAGED_FOR:  # promote_model commits it
+        _write_model(model, dest, data_name)
+        return
+    with staging.staging_dir(parent, dest.name) as entry:
+        _write_model(model, entry / dest.name, data_name)
+        model_commit.commit_model(entry / dest.name, dest, data_name)
 
-        shutil.rmtree(tmpdir, ignore_errors=True)
+
+def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None) -> None:
+    if data_name is not None:
+        _save_external(model, tmp_model, data_name)
+    else:
+        onnx.save_model(model, str(tmp_model))
+
+
+# staged_model path -> the destination it will be promoted onto
+_STAGED_FOR: dict[Path, Path] = {}
 
 
 @contextlib.contextmanager
 def staged_model(dest: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary path with ``dest``'s file name in a hidden folder beside ``dest`` (same filesystem), removed on
-    exit. Save a model there (``save_model``), run it by path, then ``promote_model`` it onto ``dest``: so a model
-    over 2 GiB can be checked from its file before it replaces anything at ``dest``."""
-    import shutil
+    """A temporary path with ``dest``'s file name in a private staging folder beside ``dest`` (same filesystem),
+    removed on exit. Save a model there (``save_model``), run it by path, then ``promote_model`` it onto ``dest``: so
+    a model over 2 GiB can be checked from its file before it replaces anything at ``dest``."""
+    from . import staging
 
     out = Path(dest)
     parent = out.parent if str(out.parent) else Path(".")
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=parent))
-    try:
-        yield tmpdir / out.name
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    with staging.staging_dir(parent, out.name) as entry:
+        staged = entry / out.name
+        _STAGED_FOR[staged] = out
+        try:
+            yield staged
+        finally:
+            _STAGED_FOR.pop(staged, None)
 
 
 def promote_model(staged: Path, dest: str | os.PathLike[str]) -> None:
-    """Move a model saved by ``save_model`` at a ``staged_model`` path onto ``dest`` by renames (no copy): its data
-    file first, then the model, as ``save_model`` itself commits."""
+    """Move a model saved by ``save_model`` at a ``staged_model`` path onto ``dest`` by renames (no copy); the
+    model file's rename is the commit point (``model_commit``)."""
+    from . import model_commit
+
     out = Path(dest)
-    parent = out.parent if str(out.parent) else Path(".")
-    data = staged.with_name(f"{staged.name}.data")
-    if data.exists():
-        os.replace(data, parent / data.name)
-    os.replace(staged, out)
+    names = [n for n in os.listdir(staged.parent) if n != staged.name and n.endswith(".data")]
+    model_commit.commit_model(staged, out, names[0] if names else None)
 
 
 def load_structure(path: str | os.PathLike[str]) -> LoadedModel:
@@ -563,7 +570,9 @@ def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLi
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{dest}: folder {parent} does not exist; create it first or choose another output path")
-    data_name = f"{dest.name}.data"
+    from .model_commit import fresh_data_name
+
+    data_name = fresh_data_name(parent, dest.name)
     with steps.step(f"save {dest.name} (copying the weights)"), staged_model(dest) as staged:
         out = without_initializers(model)
         base: dict[str, int] = {}
@@ -592,18 +601,11 @@ def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLi
                 e = moved.external_data.add()
                 e.key, e.value = key, value
         _append_raw(out, staged, data_name)
-        os.chmod(staged.with_name(data_name), 0o666 & ~_umask())
         promote_model(staged, dest)
 
 
 def _location(t: TensorProto) -> str:
     return next(e.value for e in t.external_data if e.key == "location")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _append_raw(out: ModelProto, staged: Path, data_name: str, size_threshold: int = 1024) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from trtforge.profiles.loader import Profile, load_profile
 
-from ..core import fsutil, onnx_io
+from ..core import fsutil, interrupt, onnx_io
 from ..core.errors import BuildError, InputError, ModelError
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
 from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
@@ -344,16 +344,14 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             configure_builder(trt, config)  # aliased plugin I/O preview feature
         inputs = [_tensor_info(network.get_input(i)) for i in range(network.num_inputs)]
         outputs = [_tensor_info(network.get_output(i)) for i in range(network.num_outputs)]
-        monitor = make_monitor(trt) if progress else None
-    with _Timer(timings, "build"):
-        if monitor is not None:
-            config.progress_monitor = monitor
-            monitor.start()
+        monitor = make_monitor(trt, progress)  # always: it is how SIGINT/SIGTERM cancel the build
+    with _Timer(timings, "build"), interrupt.deferred():  # raised after TensorRT returns, not inside its callbacks
+        config.progress_monitor = monitor
+        monitor.start()
         try:
             serialized = builder.build_serialized_network(network, config)
         finally:
-            if monitor is not None:
-                monitor.stop()
+            monitor.stop()
     if serialized is None:
         detail = logger.errors[0] if logger.errors else "no error message"
         raise BuildError(f"{onnx_path}: {chosen.name} {chosen.version} failed to build for profile "
@@ -393,7 +391,7 @@ def _built_ccs(backend: Backend, cc: str) -> list[str]:
     return [normalize_cc(cc)]
 
 
-def make_monitor(trt: ModuleType) -> Any:
+def make_monitor(trt: ModuleType, show: bool = True) -> Any:
     from .progress import make_progress_monitor
 
-    return make_progress_monitor(trt)
+    return make_progress_monitor(trt, show)

@@ -2,8 +2,9 @@
 
 The class must derive from the backend module's own ``IProgressMonitor`` (tensorrt and tensorrt_rtx each have one),
 so it is created per module inside ``make_progress_monitor``; nothing here imports TensorRT at module import.
-TensorRT calls the monitor from its build thread; rich's Progress is thread-safe. Returning False from
-``step_complete`` would cancel the build, so the monitor always returns True.
+TensorRT calls the monitor from its build thread; rich's Progress is thread-safe. ``step_complete`` returns False,
+which cancels the build, once SIGINT or SIGTERM arrived (``core.interrupt.pending``, readable from any thread); the
+builder then raises ``Interrupted``. Without ``show`` the monitor draws nothing and is only there to cancel.
 """
 
 from __future__ import annotations
@@ -12,17 +13,20 @@ from types import ModuleType
 from typing import Any
 
 
-def make_progress_monitor(trt: ModuleType) -> Any:
-    """An ``IProgressMonitor`` for ``trt`` with ``start()`` / ``stop()`` around the build."""
+def make_progress_monitor(trt: ModuleType, show: bool = True) -> Any:
+    """An ``IProgressMonitor`` for ``trt`` with ``start()`` / ``stop()`` around the build; bars only with ``show``."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..core import interrupt
+    from ..core.staging import fault_point
 
     class RichProgressMonitor(trt.IProgressMonitor):  # type: ignore[name-defined,misc]
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=True,
+                console=Console(stderr=True), transient=True, disable=not show,
             )
             self._tasks: dict[str, Any] = {}
             self._depth: dict[str, int] = {}
@@ -39,10 +43,11 @@ def make_progress_monitor(trt: ModuleType) -> Any:
             self._tasks[phase_name] = self._progress.add_task("  " * depth + phase_name, total=max(num_steps, 1))
 
         def step_complete(self, phase_name: str, step: int) -> bool:
+            fault_point("build:step")  # test hook (core.staging): a signal in the middle of TensorRT's build
             task = self._tasks.get(phase_name)
             if task is not None:
                 self._progress.update(task, completed=step + 1)
-            return True
+            return interrupt.pending() is None
 
         def phase_finish(self, phase_name: str) -> None:
             task = self._tasks.pop(phase_name, None)

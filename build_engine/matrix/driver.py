@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import fsutil
+from ..core import fsutil, staging
 from ..core.errors import InputError
 from ..engine.manifest import Manifest
 from .cells import Cell, describe, plan_cells, trtforge_version
@@ -131,15 +131,12 @@ def _clean_staging(root: Path) -> None:
 
 
 def _publish(staged: Path, dest: Path) -> None:
-    """Rename ``staged`` onto ``dest``; an existing folder is moved aside first and deleted after."""
+    """Make ``staged`` the folder ``dest`` in one step (an existing one is exchanged with it, then deleted; see
+    ``core.staging``: a kill leaves the old or the new cell, never none)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    old = None
-    if dest.exists():
-        old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
-        os.replace(dest, old)
-    os.replace(staged, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    with staging.staging_dir(dest.parent, dest.name) as entry:
+        os.rename(staged, entry / "new")  # both under OUTROOT: same filesystem
+        staging.commit_dir(entry / "new", dest, entry)
 
 
 def _cell_record(st: CellStatus, result: CellResult) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Write and check Triton model repository entries (``REPO/NAME/config.pbtxt`` + ``REPO/NAME/N/model.plan``).
 
-Writing is atomic: the whole model folder is assembled in a temporary folder inside ``REPO`` (same filesystem),
-validated, and renamed into place, so Triton polling the repository never sees a half-written model and a failure
-leaves nothing behind (an existing entry replaced with ``force`` stays intact until the rename). The engine's
-``manifest.json`` is copied beside the plan (``N/manifest.json``; Triton ignores it) so that ``check_entry`` can
-verify dims and profiles later without reading the plan.
+Writing is atomic: the whole model folder is assembled in a staging folder beside ``REPO`` (``REPO/../
+.trtforge-staging``, same filesystem; never inside ``REPO``, where tritonserver would try to load it), validated,
+and renamed into place (an existing entry, with ``force``, is exchanged with the new one in one step), so Triton
+polling the repository never sees a half-written model and a failure or a kill leaves nothing it would load.
+The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; Triton ignores it) so that
+``check_entry`` can verify dims and profiles later without reading the plan.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
 from ..engine.manifest import MANIFEST_NAME, Manifest
 from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
+from .layout import is_repository, recover_repository, repository_problems, warn_leftovers
 from .validate import Problem, validate_text
 
 
@@ -76,7 +78,9 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     dest = repo_path / name
     want_sha = manifest.plan_sha256
     try:
-        with fsutil.atomic_dir(dest, force=force) as tmp:
+        recover_repository(repo_path)  # leftovers of killed runs, an interrupted --force swap
+        warn_leftovers(repo_path)
+        with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             vdir = tmp / str(version)
             vdir.mkdir()
@@ -96,13 +100,34 @@ def _versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def check_entry(model_dir: str | Path) -> EntryReport:
-    """Validate an existing ``REPO/NAME``. Raises InputError if it is not a model folder, CheckFailed if broken."""
+def check_repository(repo: str | Path) -> list[EntryReport]:
+    """Validate every entry of repository ``repo`` and its layout; CheckFailed lists every problem."""
+    path = Path(repo)
+    notes = tuple(recover_repository(path))
+    problems = repository_problems(path)
+    reports: list[EntryReport] = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and (child / "config.pbtxt").is_file() and not child.name.startswith("."):
+            try:
+                reports.append(check_entry(child, siblings=False))
+            except (CheckFailed, InputError) as exc:
+                problems.append(str(exc))
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return [EntryReport(r.model_dir, r.config, r.versions, notes=notes) for r in reports]
+
+
+def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
+    """Validate an existing ``REPO/NAME`` (and, with ``siblings``, that nothing else in ``REPO`` stops tritonserver
+    from loading the repository). Raises InputError if it is not a model folder, CheckFailed if broken."""
     from ..core.onnx_io import sha256_file
 
     mdir = Path(model_dir)
+    repo = mdir.absolute().parent
+    # First: an interrupted --force swap of this very entry is completed (the entry may be missing until then).
+    notes = tuple(recover_repository(repo)) if siblings and repo.is_dir() else ()
     if not mdir.is_dir():
-        raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model")
+        raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model (or REPO)")
     check_model_name(mdir.resolve().name)
     cfg_path = mdir / "config.pbtxt"
     if not cfg_path.is_file():
@@ -114,8 +139,9 @@ def check_entry(model_dir: str | Path) -> EntryReport:
     from .config import MAX_VERSION
 
     versions = _versions(mdir)
-    problems: list[str] = [f"{mdir}/{v}: version {v} is above int64 ({MAX_VERSION}); tritonserver refuses it"
-                           for v in versions if v > MAX_VERSION]
+    problems: list[str] = repository_problems(mdir.resolve().parent, skip=mdir.resolve().name) if siblings else []
+    problems += [f"{mdir}/{v}: version {v} is above int64 ({MAX_VERSION}); tritonserver refuses it"
+                 for v in versions if v > MAX_VERSION]
     manifest: Manifest | None = None
     if not versions:
         problems.append(f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); Triton will load nothing")
@@ -140,7 +166,7 @@ def check_entry(model_dir: str | Path) -> EntryReport:
         raise CheckFailed("; ".join(problems))
     from .config import config_from_proto
 
-    return EntryReport(mdir, config_from_proto(proto), tuple(versions))
+    return EntryReport(mdir, config_from_proto(proto), tuple(versions), notes=notes)
 
 
-__all__ = ["EntryReport", "Problem", "check_entry", "write_entry"]
+__all__ = ["EntryReport", "Problem", "check_entry", "check_repository", "is_repository", "write_entry"]

@@ -1,0 +1,95 @@
+"""SIGINT / SIGTERM: cancel a command at a safe point, never in the middle of a commit.
+
+``handling()`` (entered by the CLI around every command) installs handlers for SIGINT and SIGTERM. Outside a
+``deferred()`` block a signal raises ``Interrupted`` at once (Python runs handlers between bytecodes of the main
+thread), so every ``with`` block on the way out removes its staging folder. Inside ``deferred()`` (a commit's
+renames; TensorRT's build, whose callbacks would swallow an exception: "Exception caught in log()") the signal is
+only recorded and raised when the block ends.
+
+TensorRT runs its build in C++ and may call the progress monitor from another thread, where Python signal handlers
+never run; so the handlers also arm ``signal.set_wakeup_fd``, whose byte the C-level handler writes at once, and
+``pending()`` (what the monitor's ``step_complete`` asks) reads it from any thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_state: dict[str, Any] = {"depth": 0, "signum": None, "rfd": None}
+_lock = threading.Lock()
+
+
+class Interrupted(KeyboardInterrupt):
+    """The command was asked to stop by a signal; ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = EXIT_CODES.get(signal.Signals(signum), 128 + signum)
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    _state["signum"] = signum
+    if _state["depth"] == 0:
+        raise Interrupted(signum)
+
+
+def pending() -> int | None:
+    """The signal received so far (from any thread, also while the main thread is inside C++), or None."""
+    rfd = _state["rfd"]
+    if rfd is not None:
+        with _lock, contextlib.suppress(OSError):
+            for byte in os.read(rfd, 64):
+                if byte in EXIT_CODES:  # the pipe also carries any other signal that has a Python handler
+                    _state["signum"] = byte
+    signum: int | None = _state["signum"]
+    return signum
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold signals until the block ends (then raise ``Interrupted``); for steps that must not stop half-way."""
+    _state["depth"] += 1
+    try:
+        yield
+    finally:
+        _state["depth"] -= 1
+    if _state["depth"] == 0 and _state["rfd"] is not None and pending() is not None:
+        raise Interrupted(int(_state["signum"]))
+
+
+def check() -> None:
+    """Raise ``Interrupted`` if a signal arrived (for loops in C-heavy code where handlers run late)."""
+    signum = pending()
+    if signum is not None and _state["depth"] == 0:
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def handling() -> Iterator[None]:
+    """Install the SIGINT/SIGTERM handlers for the block (main thread only; elsewhere a no-op), then restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    rfd, wfd = os.pipe()
+    os.set_blocking(rfd, False)
+    os.set_blocking(wfd, False)
+    old = {s: signal.signal(s, _handler) for s in EXIT_CODES}
+    old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    _state.update(depth=0, signum=None, rfd=rfd)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        for s, h in old.items():
+            signal.signal(s, h)
+        _state.update(depth=0, signum=None, rfd=None)
+        os.close(rfd)
+        os.close(wfd)

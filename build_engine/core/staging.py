@@ -1,0 +1,211 @@
+"""Crash-safe commits: stage outside where consumers scan, then commit by one rename (or one exchange).
+
+Every output is assembled in a private folder ``ROOT/.trtforge-staging/<label>.<pid>.<random>/`` on the same
+filesystem as the output (``ROOT`` is the output's folder, or a Triton repository's parent, so that nothing
+half-made ever sits inside a repository tritonserver scans or inside an engine folder). The owning process holds an
+``flock`` on ``.lock`` inside it for its whole life, so a later run can tell a leftover of a killed run (lock free)
+from a folder another run is still using (lock held), without guessing from pids or ages.
+
+A folder output replaces an existing one with ``renameat2(RENAME_EXCHANGE)`` (Linux, glibc >= 2.28): old and new
+swap in one step, then the old tree (now in the staging folder) is deleted. Where the filesystem or libc cannot
+exchange, the swap is two renames with a record (``record.json``) written first; ``sweep`` (run by every writing
+command and by ``trtforge triton --check``) completes it from the record after a kill: the output is never left
+missing or mixed.
+
+Test hook: ``TRTFORGE_TEST_KILL_AT=POINT[:SIGNAL]`` makes the process send itself SIGNAL (default SIGKILL) when it
+reaches the commit step named POINT (see ``fault_point`` calls); ``TRTFORGE_TEST_NO_EXCHANGE=1`` forces the
+two-rename swap. Both exist only for the interrupt tests (tests/reliability) and do nothing unless set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import env
+from .errors import InputError
+
+STAGING = ".trtforge-staging"
+KILL_AT_ENV = env.TEST_KILL_AT.name
+NO_EXCHANGE_ENV = env.TEST_NO_EXCHANGE.name
+RECORD = "record.json"
+_LOCK = ".lock"
+_log = logging.getLogger("trtforge.core.staging")
+
+
+def fault_point(name: str) -> None:
+    """Test hook (see module docstring): signal this process when ``TRTFORGE_TEST_KILL_AT`` names ``name``."""
+    spec = env.get(env.TEST_KILL_AT)
+    if not spec:
+        return
+    point, _, sig = spec.rpartition(":")
+    if not sig.startswith("SIG"):  # no signal given: the whole spec is the point (points contain ':')
+        point, sig = spec, ""
+    if point == name:
+        os.kill(os.getpid(), getattr(signal, sig or "SIGKILL"))
+
+
+def default_mode(base: int) -> int:
+    """The mode a plain ``open()``/``mkdir()`` would give under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return base & ~umask
+
+
+def _locked_by_someone(entry: Path) -> bool:
+    """Whether a live process holds ``entry``'s lock; an entry with no lock file yet is judged by its pid."""
+    import fcntl
+
+    try:
+        fd = os.open(entry / _LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return _pid_alive(entry.name)
+    except OSError:
+        return True  # unreadable: not ours to remove
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock we may just have taken
+    return False
+
+
+# LABEL.PID.RANDOM, as ``staging_dir`` names its folders; anything else under .trtforge-staging (build-matrix's cell
+# folders) belongs to another writer and is never touched here.
+_ENTRY = re.compile(r".+\.([0-9]+)\.[A-Za-z0-9_]{8}")
+
+
+def _pid_alive(name: str) -> bool:
+    m = _ENTRY.fullmatch(name)
+    pid = int(m.group(1)) if m else 0
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover(entry: Path) -> str | None:
+    """Finish an interrupted two-rename swap recorded in ``entry``: if the output is missing, put back the new tree
+    (complete, it was staged before the record was written) or else the old one. Returns what was done."""
+    try:
+        record = json.loads((entry / RECORD).read_text(encoding="utf-8"))
+        dest = Path(record["dest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if os.path.lexists(dest):
+        return None
+    for part, what in (("new", "completed"), ("old", "rolled back")):
+        if (entry / part).is_dir():
+            os.rename(entry / part, dest)
+            return f"{what} the interrupted replacement of {dest}"
+    return None
+
+
+def stale_entries(root: Path) -> list[Path]:
+    """Staging folders under ``root/.trtforge-staging`` left by killed runs (no live process holds their lock)."""
+    base = root / STAGING
+    if not base.is_dir():
+        return []
+    return sorted(e for e in base.iterdir()
+                  if e.is_dir() and _ENTRY.fullmatch(e.name) and not _locked_by_someone(e))
+
+
+def sweep(root: Path) -> list[str]:
+    """Recover and remove leftovers of killed runs under ``root``; returns one line per thing done."""
+    done: list[str] = []
+    for entry in stale_entries(root):
+        action = recover(entry)
+        if action:
+            done.append(action)
+        shutil.rmtree(entry, ignore_errors=True)
+        done.append(f"removed {entry} (left by an interrupted run)")
+    for line in done:
+        _log.info("%s", line)
+    with contextlib.suppress(OSError):
+        (root / STAGING).rmdir()  # only when empty
+    return done
+
+
+@contextlib.contextmanager
+def staging_dir(root: Path, label: str) -> Iterator[Path]:
+    """A new private, locked folder in ``root/.trtforge-staging`` (leftovers swept first); removed on exit."""
+    import fcntl
+
+    sweep(root)
+    base = root / STAGING
+    try:
+        base.mkdir(exist_ok=True)
+        entry = Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
+        fd = os.open(entry / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you can "
+                         "write to") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield entry
+    finally:
+        shutil.rmtree(entry, ignore_errors=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            base.rmdir()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    if env.get(env.TEST_NO_EXCHANGE):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False  # glibc < 2.28 or not Linux
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def commit_dir(new: Path, dest: Path, entry: Path) -> None:
+    """Make the complete folder ``new`` (inside staging folder ``entry``) the folder ``dest``, in one step."""
+    if not os.path.lexists(dest):
+        fault_point("dir:before-rename")
+        os.rename(new, dest)
+        fault_point("dir:renamed")
+        return
+    (entry / RECORD).write_text(json.dumps({"dest": str(dest.absolute())}), encoding="utf-8")
+    fault_point("dir:before-swap")
+    if _exchange(new, dest):
+        fault_point("dir:swapped")
+        shutil.rmtree(new, ignore_errors=True)  # it holds the old tree now
+        return
+    os.rename(dest, entry / "old")
+    fault_point("dir:between-renames")
+    os.rename(new, dest)
+    fault_point("dir:renamed")
+    shutil.rmtree(entry / "old", ignore_errors=True)
+
+
+def legacy_temporaries(folder: Path) -> list[Path]:
+    """Hidden ``.NAME.*.tmp`` / ``.NAME.*.old`` leftovers of trtforge before 0.2 (no lock to tell whether a run
+    still uses them, so they are reported with the command to remove them, never removed)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith((".tmp", ".old")))

@@ -1,0 +1,68 @@
+"""What in a Triton model repository would stop tritonserver from loading it, beyond one entry's config.
+
+tritonserver 2.51 (``--strict-model-config=true``, checked by tests/build_engine/triton_server) treats every folder
+directly under the repository as a model, hidden ones included: a folder without ``config.pbtxt`` ("Poll failed for
+model directory ... failed to open text file"), or a config with no numeric version folder ("at least one version
+must be available"), makes it report "failed to load all models" and, with the default ``--exit-on-error``, exit.
+Plain files directly under the repository are ignored. ``repository_problems`` lists those folders, each with the
+fix (for a leftover of an interrupted write, the exact command to remove it).
+
+Before looking, ``recover_repository`` finishes or rolls back an interrupted ``trtforge triton --force`` (its
+staging folder, beside the repository, records the swap) and removes trtforge's own leftovers of killed runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..core import staging
+
+
+def recover_repository(repo: Path) -> list[str]:
+    """Complete interrupted swaps and remove stale staging folders beside and inside ``repo``; what was done."""
+    done = staging.sweep(repo.resolve().parent) if repo.resolve().parent != repo.resolve() else []
+    return done + staging.sweep(repo)
+
+
+def warn_leftovers(repo: Path) -> None:
+    """For writers: name each hidden folder in ``repo`` (tritonserver would fail on it) with the command to remove it;
+    never removed here, since no lock tells whether it is still being written (trtforge < 0.2 staged there)."""
+    import logging
+
+    log = logging.getLogger("trtforge.triton.layout")
+    for p in staging.legacy_temporaries(repo):
+        if p.is_dir():
+            log.warning("%s looks like a leftover of an interrupted write; tritonserver fails to load the "
+                        "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
+
+
+def entry_problems(mdir: Path) -> list[str]:
+    """The layout problems of one folder under a repository (config and version folders present)."""
+    rm = f"rm -rf {shlex.quote(str(mdir))}"
+    if mdir.name.startswith("."):
+        return [f"{mdir}: hidden folder in the model repository (a leftover of an interrupted write?); "
+                f"tritonserver tries to load it as a model and fails: remove it ({rm})"]
+    if not (mdir / "config.pbtxt").is_file():
+        return [f"{mdir}: no config.pbtxt; tritonserver cannot load this folder and fails to load the repository: "
+                f"write it with 'trtforge triton ENGINE --repo {shlex.quote(str(mdir.parent))} --name {mdir.name} "
+                f"--force' or remove it ({rm})"]
+    if not any(p.is_dir() and p.name.isdigit() and int(p.name) > 0 for p in mdir.iterdir()):
+        return [f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); tritonserver finds no version to "
+                "load"]
+    return []
+
+
+def repository_problems(repo: Path, skip: str | None = None) -> list[str]:
+    """Layout problems of every folder directly under ``repo`` except ``skip`` (the entry checked in full)."""
+    problems: list[str] = []
+    for child in sorted(repo.iterdir()):
+        if child.is_dir() and child.name != skip:
+            problems += entry_problems(child)
+    return problems
+
+
+def is_repository(path: Path) -> bool:
+    """Whether ``path`` looks like a repository (not an entry): no config.pbtxt, and some folder under it has one."""
+    return (path.is_dir() and not (path / "config.pbtxt").exists()
+            and any((c / "config.pbtxt").is_file() for c in path.iterdir() if c.is_dir()))
