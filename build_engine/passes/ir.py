@@ -235,9 +235,11 @@ class GraphCtx:
 
     def constant_tensor(self, name: str) -> TensorProto | None:
         """The value of a constant this graph defines: an initializer that is not also a graph input (those can be
-        overridden at run time), or a Constant node's tensor."""
+        overridden at run time), or a Constant node's tensor. Not a tensor whose data is still on disk (a lazy
+        load): its bytes are not here, and reading them relative to the working folder would be wrong."""
         if name in self.initializers and name not in self.inputs:
-            return self.initializers[name]
+            t = self.initializers[name]
+            return None if t.data_location == TensorProto.EXTERNAL else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None
