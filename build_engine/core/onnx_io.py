@@ -343,6 +343,11 @@ def check_model(model: ModelProto) -> None:
         onnx.checker.check_model(model)
         return
     onnx.checker.check_model(skeleton(model))
+    check_weights(model)
+
+
+def check_weights(model: ModelProto) -> None:
+    """The part of ``check_model`` that the skeleton leaves out: each stood-in weight, as ``check_tensor`` checks it."""
     ctx = onnx.checker.C.CheckerContext()
     ctx.ir_version = model.ir_version
     ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
