@@ -3,9 +3,10 @@
 ``build_serialized_network`` returns the whole plan in one host buffer (``IHostMemory``) beside the builder's own
 copy of the weights, and only then can it be hashed and written: for a model with 1 GiB of weights that is 1 GiB
 more peak memory and a 1 GiB write nothing overlaps. With a stream writer TensorRT hands the plan over in chunks
-(64 MiB with TensorRT-RTX 1.7) as it serialises; each chunk is copied once and queued to two worker threads, one
-writing the file and one hashing (both release the GIL), so the write and the hash run alongside the rest of the
-serialisation and at most ``_QUEUED`` chunks per worker are held. ``PlanStream.callback_seconds`` is the time spent
+(64 MiB with TensorRT-RTX 1.7) as it serialises; each chunk is copied once, into one of ``_BUFFERS`` reused
+buffers (fresh memory costs page faults that make a copy several times slower here), and handed to two worker
+threads, one writing the file and one hashing (both release the GIL), so the write and the hash run alongside the
+rest of the serialisation and at most ``_BUFFERS`` chunks are held. ``PlanStream.callback_seconds`` is the time spent
 inside TensorRT's calls to ``write`` (trtforge's share of the build step); ``finish`` waits for the workers.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 from ..core.errors import BuildError
 from .timings import BuildTimings
 
-_QUEUED = 2  # chunks waiting per worker: bounds the extra memory to a few chunks
+_BUFFERS = 3  # chunk buffers in use at once: bounds the extra memory to a few chunks
 _STOP: Any = object()  # tells a worker that the plan is complete
 
 
@@ -41,7 +42,12 @@ class PlanStream:
         self.error: BaseException | None = None
         self._sha = hashlib.sha256()
         self._fh = open(path, "wb")  # noqa: SIM115 - closed by the writing worker
-        self._queues: list[queue.Queue[Any]] = [queue.Queue(_QUEUED), queue.Queue(_QUEUED)]
+        self._queues: list[queue.Queue[Any]] = [queue.Queue(), queue.Queue()]
+        self._free: queue.Queue[bytearray | None] = queue.Queue()
+        for _ in range(_BUFFERS):
+            self._free.put(None)  # allocated on first use, at the size of the chunk
+        self._lock = threading.Lock()
+        self._pending: dict[int, int] = {}  # id(buffer) -> workers still reading it
         self._threads = [threading.Thread(target=self._run, args=(q, f), name=f"trtforge-plan-{n}", daemon=True)
                          for q, f, n in ((self._queues[0], self._fh.write, "write"),
                                          (self._queues[1], self._sha.update, "hash"))]
@@ -51,26 +57,41 @@ class PlanStream:
 
     def _run(self, q: queue.Queue[Any], fn: Any) -> None:
         while True:
-            chunk = q.get()
-            if chunk is _STOP:
+            item = q.get()
+            if item is _STOP:
                 return
+            buf, view = item
             if self.error is None:
                 try:
-                    fn(chunk)
+                    fn(view)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
                     self.error = exc
+            del view
+            with self._lock:
+                self._pending[id(buf)] -= 1
+                done = self._pending[id(buf)] == 0
+            if done:
+                self._free.put(buf)  # both workers are done with it: reusable
 
     def accept(self, data: Any) -> int:
         """TensorRT's ``write``: queue a copy of the chunk (its buffer is only valid during the call)."""
         t0 = time.perf_counter()
         if self.error is not None:
             return 0  # TensorRT then fails the build; finish() raises the cause
-        chunk = bytes(memoryview(data))
+        src = memoryview(data).cast("B")
+        n = src.nbytes
+        buf = self._free.get()  # waits while every buffer is still being written or hashed
+        if buf is None or len(buf) < n:
+            buf = bytearray(n)
+        view = memoryview(buf)[:n]
+        view[:] = src
+        with self._lock:
+            self._pending[id(buf)] = len(self._queues)
         for q in self._queues:
-            q.put(chunk)
-        self.size += len(chunk)
+            q.put((buf, view))
+        self.size += n
         self.callback_seconds += time.perf_counter() - t0
-        return len(chunk)
+        return n
 
     def finish(self) -> str:
         """Wait for the workers and close the file; the plan's sha256 (raises what a worker raised)."""
