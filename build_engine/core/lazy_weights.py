@@ -13,7 +13,7 @@ output's data file.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,13 +43,11 @@ def span(tensor: TensorProto, base_dir: Path) -> tuple[Path, int, int]:
     return path, offset, length
 
 
-def load_small_external(model: ModelProto, base_dir: Path, min_bytes: int = LAZY_MIN_BYTES) -> int:
-    """Read the external tensors under ``min_bytes`` into ``model`` (as onnx's loader does); returns how many bytes
-    stay on disk."""
-    from .onnx_io import _model_tensors
-
+def load_small_external(tensors: Iterable[TensorProto], base_dir: Path, min_bytes: int = LAZY_MIN_BYTES) -> int:
+    """Read the external ones of ``tensors`` (a model's) under ``min_bytes`` into memory (as onnx's loader does);
+    returns how many bytes stay on disk. (This module does not import ``onnx_io``, which imports it.)"""
     left = 0
-    for t in _model_tensors(model):
+    for t in tensors:
         if not on_disk(t):
             continue
         _, _, length = span(t, base_dir)
@@ -103,21 +101,11 @@ def copy_span(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
         dst.flush()
 
 
-def copy_tensor(tensor: TensorProto, base_dir: Path, dst: BinaryIO, pos: int, data_name: str,
-                align: int) -> tuple[TensorProto, int]:
-    """Copy a lazy tensor's bytes to ``dst`` (at ``pos``, aligned to ``align``); returns its stand-in pointing at
-    ``data_name`` and the new end position."""
-    from .onnx_io import _copy_fields
-
+def copy_tensor(tensor: TensorProto, base_dir: Path, dst: BinaryIO, pos: int, align: int) -> tuple[int, int]:
+    """Copy a lazy tensor's bytes to ``dst`` at ``pos`` rounded up to ``align``; returns (offset written at,
+    length)."""
     path, offset, length = span(tensor, base_dir)
     gap = (-pos) % align
     dst.write(b"\0" * gap)
-    pos += gap
     copy_span(path, offset, length, dst)
-    stub = TensorProto()
-    _copy_fields(tensor, stub, "external_data")
-    for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
-        e = stub.external_data.add()
-        e.key, e.value = key, value
-    stub.data_location = TensorProto.EXTERNAL
-    return stub, pos + length
+    return pos + gap, length

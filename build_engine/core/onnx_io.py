@@ -233,7 +233,7 @@ def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | Non
             if lazy:
                 from .lazy_weights import load_small_external
 
-                load_small_external(model, p.parent)
+                load_small_external(_model_tensors(model), p.parent)
             else:
                 onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except Exception as exc:
@@ -429,8 +429,13 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
             if t.data_location == TensorProto.EXTERNAL and source_dir is not None:
                 from .lazy_weights import copy_tensor
 
-                stub, pos = copy_tensor(t, source_dir, fh, pos, data_name, _ALIGN)
-                out.graph.initializer.append(stub)
+                at, length = copy_tensor(t, source_dir, fh, pos, _ALIGN)
+                stub = out.graph.initializer.add()
+                _copy_fields(t, stub, "external_data")
+                for key, value in (("location", data_name), ("offset", str(at)), ("length", str(length))):
+                    e = stub.external_data.add()
+                    e.key, e.value = key, value
+                pos = at + length
                 continue
             if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
                 out.graph.initializer.append(t)
