@@ -74,6 +74,25 @@ def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
                 yield from _all_tensors(g)
 
 
+def _tensors_besides_initializers(model: ModelProto) -> Iterator[TensorProto]:
+    """``_model_tensors`` without the main graph's initializers: node attributes, subgraphs (initializers included),
+    functions."""
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for g in attr.graphs:
+                yield from _all_tensors(g)
+    for fn in model.functions:
+        for node in fn.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+
+
 def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
     yield from _all_tensors(model.graph)
     for fn in model.functions:
@@ -233,7 +252,9 @@ def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | Non
             if lazy:
                 from .lazy_weights import load_small_external
 
-                load_small_external(_model_tensors(model), p.parent)
+                load_small_external(model.graph.initializer, p.parent)
+                # Only main-graph initializers may stay on disk (the save copies those); every other tensor is read.
+                load_small_external(_tensors_besides_initializers(model), p.parent, min_bytes=1 << 62)
             else:
                 onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except Exception as exc:

@@ -111,3 +111,30 @@ def test_plan_stream_write_failure_is_raised(tmp_path: Path) -> None:
             break  # TensorRT would now fail the build
     with pytest.raises(OSError):
         stream.finish()
+
+
+def test_only_main_graph_initializers_stay_on_disk(tmp_path: Path) -> None:
+    """A big Constant node's tensor in external data is read: the save copies only initializers from the source, so
+    anything else left on disk would point into the wrong file."""
+    rng = np.random.default_rng(5)
+    value = rng.standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+    nodes = [h.make_node("Constant", [], ["k"], value=numpy_helper.from_array(value, "k")),
+             h.make_node("Add", ["x", "k"], ["a"]), h.make_node("Identity", ["a"], ["y"])]
+    g = h.make_graph(nodes, "const", [h.make_tensor_value_info("x", T.FLOAT, [512, 1024])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [512, 1024])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    src = tmp_path / "c.onnx"
+    onnx.save_model(m, str(src), save_as_external_data=True, location="c.onnx.data", size_threshold=0,
+                    convert_attribute=True)
+    assert onnx.load_model(str(src), load_external_data=False).graph.node[0].attribute[0].t.data_location == 1
+    out = tmp_path / "out.onnx"
+    assert main(["fold", str(src), "-o", str(out)]) == 0
+    src.with_name("c.onnx.data").unlink()  # the output must not need the source's data
+    import onnxruntime as ort
+
+    x = rng.standard_normal((512, 1024)).astype(np.float32)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (y,) = ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.array_equal(y, x + value)
