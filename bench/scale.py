@@ -71,8 +71,8 @@ def commands(w: Path, exe: str) -> list[tuple[str, list[str], dict[str, str] | N
                                "--extra-inputs"], None),
         ("build a100 (bf16 in)", [exe, "build", str(b16), "--profile", "a100", "-o", str(w / "eng"),
                                   "--backend", "tensorrt-rtx", "--no-progress", "--force"], None),
-        ("polygraphy convert (anchor for build)", ["polygraphy", "convert", str(b16), "-o", str(w / "poly.plan"),
-                                                  *shapes], poly_env),
+        ("polygraphy convert (anchor for build)", [str(Path(exe).with_name("polygraphy")), "convert", str(b16),
+                                                  "-o", str(w / "poly.plan"), *shapes], poly_env),
         ("triton", [exe, "triton", str(w / "eng"), "--repo", str(w / "repo"), "--name", "big", "--force"], None),
         ("kv-plan", [exe, "kv-plan", "--profile", "a100", "--model", str(w / "config.json")], None),
     ]

@@ -64,14 +64,19 @@ def _run(args: Any) -> int:
     check_seed(args.seed)
     # Before loading: a bad report path leaves no model behind, and no output may overwrite the input.
     check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report), inputs=[("IN.onnx", args.input)])
-    loaded = onnx_io.load(args.input)
-    model, external = loaded.model, loaded.external_data
+    # Big external weights stay on disk (fold reads no weight's values; the save copies their bytes file to file).
+    loaded = onnx_io.load(args.input, lazy=True)
+    model, external, source_dir = loaded.model, loaded.external_data, loaded.path.parent
     weight_bytes = sum(f.stat().st_size for f in loaded.data_files)
     del loaded
     # Weights near protobuf's 2 GiB limit cannot be handed to a runtime in memory (onnx.reference's evaluator and an
     # in-memory onnxruntime session both need the serialised model): onnxruntime (optimizations off, as the
     # fallback judge) then runs both models from their files.
     by_path = bool(args.check and weight_bytes >= PROTO_LIMIT)
+    if args.check and not by_path and external:
+        import onnx
+
+        onnx.external_data_helper.load_external_data_for_model(model, str(source_dir))  # the in-memory check
     # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
     reference = onnx_io.weightless(model) if by_path else model
     result = fold(model, inplace=by_path or not args.check)
@@ -82,7 +87,7 @@ def _run(args: Any) -> int:
         # The folded model is checked from a staged file and only then moved in place. Its weights are dropped
         # before onnxruntime loads both files, so they are not held twice.
         with onnx_io.staged_model(args.output) as staged:
-            onnx_io.save_model(folded, staged, external_data=True)
+            onnx_io.save_model(folded, staged, external_data=True, source_dir=source_dir)
             folded_view = onnx_io.weightless(folded)
             del folded
             chk = check_equivalent(reference, folded_view, seed=args.seed, runtime="onnxruntime",
@@ -97,7 +102,7 @@ def _run(args: Any) -> int:
             report["check"] = chk.as_dict()
             passed = chk.passed
         if passed:
-            onnx_io.save_model(folded, args.output, external_data=external or None)
+            onnx_io.save_model(folded, args.output, external_data=external or None, source_dir=source_dir)
     if args.report:
         fsutil.write_json(args.report, report)
     _summary(report, args.output, passed)

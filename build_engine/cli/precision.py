@@ -30,10 +30,14 @@ def _run(args: Any) -> int:
 
     # A bad report path leaves no model behind, and no output may overwrite the input.
     check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report), inputs=[("IN.onnx", args.input)])
-    loaded = onnx_io.load(args.input)
+    # Big external weights stay on disk: each is converted from its file, and those kept as they are are copied.
+    loaded = onnx_io.load(args.input, lazy=True)
     _refuse_plugin_conflicts(loaded.model, args.input, args.to)
-    result = convert_precision(loaded.model, args.to, fold=not args.no_fold)
-    onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+    source_dir = loaded.path.parent
+    result = convert_precision(loaded.model, args.to, fold=not args.no_fold, data_dir=source_dir)
+    external = loaded.external_data
+    del loaded
+    onnx_io.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir)
     if args.report:
         fsutil.write_json(args.report, result.report.to_json())
     from ..core import steps

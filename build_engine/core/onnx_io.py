@@ -84,6 +84,25 @@ def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
                 yield from _all_tensors(g)
 
 
+def _tensors_besides_initializers(model: ModelProto) -> Iterator[TensorProto]:
+    """``_model_tensors`` without the main graph's initializers: node attributes, subgraphs (initializers included),
+    functions."""
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for g in attr.graphs:
+                yield from _all_tensors(g)
+    for fn in model.functions:
+        for node in fn.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+
+
 def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
     yield from _all_tensors(model.graph)
     for fn in model.functions:
@@ -207,17 +226,23 @@ def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
-def load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None) -> LoadedModel:
+def load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None,
+         lazy: bool = False) -> LoadedModel:
     """Load and validate an ONNX model (see ``_load``), shown as the step "load"."""
     from . import steps
 
     with steps.step(f"load {Path(path).name}"):
-        return _load(path, check=check, data=data)
+        return _load(path, check=check, data=data, lazy=lazy)
 
 
-def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None) -> LoadedModel:
+def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | None = None,
+          lazy: bool = False) -> LoadedModel:
     """Load and validate an ONNX model (see module docstring for what is refused). ``data``: the file's bytes from
-    ``read_model_bytes(path)`` when the caller already has them (the builder hashes the same bytes it builds)."""
+    ``read_model_bytes(path)`` when the caller already has them (the builder hashes the same bytes it builds).
+
+    ``lazy``: external tensors of at least ``lazy_weights.LAZY_MIN_BYTES`` stay on disk (their entries still name
+    the source's data file; read them with ``lazy_weights``, save with ``save_model(..., source_dir=...)``), so the
+    weights are never held in memory; smaller ones are read as usual (inference reads small constants' values)."""
     p = Path(path)
     if data is None:
         data = read_model_bytes(p)
@@ -235,7 +260,14 @@ def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | Non
     external = bool(data_files)
     if external:
         try:
-            onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+            if lazy:
+                from .lazy_weights import load_small_external
+
+                load_small_external(model.graph.initializer, p.parent)
+                # Only main-graph initializers may stay on disk (the save copies those); every other tensor is read.
+                load_small_external(_tensors_besides_initializers(model), p.parent, min_bytes=1 << 62)
+            else:
+                onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except Exception as exc:
             raise ModelError(f"{p}: cannot read external data ({exc}); check the data file beside the model") from exc
     if check:
@@ -343,6 +375,11 @@ def check_model(model: ModelProto) -> None:
         onnx.checker.check_model(model)
         return
     onnx.checker.check_model(skeleton(model))
+    check_weights(model)
+
+
+def check_weights(model: ModelProto) -> None:
+    """The part of ``check_model`` that the skeleton leaves out: each stood-in weight, as ``check_tensor`` checks it."""
     ctx = onnx.checker.C.CheckerContext()
     ctx.ir_version = model.ir_version
     ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
@@ -409,16 +446,29 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ModelProt
 _ALIGN = 4096  # data offsets aligned like onnx.save_model's, so onnxruntime can map the file
 
 
-def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_threshold: int = 1024) -> None:
+def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_threshold: int = 1024,
+                   source_dir: Path | None = None) -> None:
     """Write ``model`` to ``tmp_model`` with each main-graph initializer of at least ``size_threshold`` bytes of
     ``raw_data`` in ``tmp_model``'s folder / ``data_name``, without copying the model: the weights are written one at
     a time (a transient copy of one tensor, which reading a protobuf bytes field makes) and the model file is the
     graph with data-free stand-ins pointing into the data file. ``model`` is not changed. Smaller and typed-field
-    tensors, and subgraph/attribute tensors, stay in the model file."""
+    tensors, and subgraph/attribute tensors, stay in the model file. Tensors still on disk (a lazy load of a model
+    in ``source_dir``) are copied byte for byte from their file."""
     out = without_initializers(model)
     pos = 0
     with open(tmp_model.parent / data_name, "wb") as fh:
         for t in model.graph.initializer:
+            if t.data_location == TensorProto.EXTERNAL and source_dir is not None:
+                from .lazy_weights import copy_tensor
+
+                at, length = copy_tensor(t, source_dir, fh, pos, _ALIGN)
+                stub = out.graph.initializer.add()
+                _copy_fields(t, stub, "external_data")
+                for key, value in (("location", data_name), ("offset", str(at)), ("length", str(length))):
+                    e = stub.external_data.add()
+                    e.key, e.value = key, value
+                pos = at + length
+                continue
             if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
                 out.graph.initializer.append(t)
                 continue
@@ -446,18 +496,27 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
         fh.write(out.SerializeToString())
 
 
-def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,
+               source_dir: Path | None = None) -> None:
     """``_save_model``, shown as the step "save"."""
     from . import steps
 
     with steps.step(f"save {Path(path).name}"):
-        _save_model(model, path, external_data=external_data)
+        _save_model(model, path, external_data=external_data, source_dir=source_dir)
 
 
-def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
-    """Atomically save ``model`` to ``path``; external data goes to a data file beside it (``model_commit``)."""
+def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,
+                source_dir: Path | None = None) -> None:
+    """Atomically save ``model`` to ``path``; external data goes to a data file beside it (``model_commit``).
+    ``source_dir``: the folder of the model that a lazy ``load`` read, whose weights still on disk are copied into
+    the output's data."""
     from . import model_commit, staging
 
+    if source_dir is not None:
+        from .lazy_weights import has_lazy
+
+        if has_lazy(model):
+            external_data = True  # its ByteSize does not count the weights still on disk
     dest = Path(path)
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
@@ -469,16 +528,16 @@ def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_dat
     final = _STAGED_FOR.get(dest, dest)  # a staged_model path: its data is named for the final folder
     data_name = model_commit.fresh_data_name(final.parent, final.name) if external_data else None
     if dest in _STAGED_FOR:  # promote_model commits it
-        _write_model(model, dest, data_name)
+        _write_model(model, dest, data_name, source_dir)
         return
     with staging.staging_dir(parent, dest.name) as entry:
-        _write_model(model, entry / dest.name, data_name)
+        _write_model(model, entry / dest.name, data_name, source_dir)
         model_commit.commit_model(entry / dest.name, dest, data_name)
 
 
-def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None) -> None:
+def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None, source_dir: Path | None = None) -> None:
     if data_name is not None:
-        _save_external(model, tmp_model, data_name)
+        _save_external(model, tmp_model, data_name, source_dir=source_dir)
     else:
         onnx.save_model(model, str(tmp_model))
 
@@ -544,6 +603,7 @@ def _copy_range(src: Path, dst: Any) -> int:
     import shutil
 
     size = src.stat().st_size
+    dst.flush()  # the alignment gap written before, so the kernel copy lands after it
     with open(src, "rb") as fs:
         if hasattr(os, "copy_file_range"):
             left = size

@@ -28,6 +28,11 @@ def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = 
     skel = skeleton(model)
     if edit is not None:
         edit(skel.graph)
-    if skel.ByteSize() >= PROTO_LIMIT:
+    try:  # serialised once (``ByteSize`` would serialise it once more under upb just to size it)
+        data = skel.SerializeToString()
+    except ValueError:
+        data = b""
+    if not data or len(data) >= PROTO_LIMIT:
         raise ValueError("the model's structure alone is too big for ONNX shape inference")
-    return onnx.shape_inference.infer_shapes(skel, check_type=check_type, strict_mode=strict, data_prop=data_prop)
+    del skel
+    return onnx.shape_inference.infer_shapes(data, check_type=check_type, strict_mode=strict, data_prop=data_prop)

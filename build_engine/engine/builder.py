@@ -31,6 +31,7 @@ from trtforge.profiles.loader import Profile, load_profile
 
 from ..core import fsutil, interrupt, onnx_io
 from ..core.errors import BuildError, InputError, ModelError
+from . import plan_stream
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
 from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
 from .quantized import check_fp8_allowed
@@ -120,6 +121,7 @@ class _Staged:
     plugins: list[PluginInfo]
     as_is: bool = False  # the source file is what is built (nothing converted or folded): parse it, copy it
     quantization: QuantizationInfo | None = None
+    source_dir: Path | None = None  # where the weights still on disk (lazy load) are
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
@@ -144,7 +146,7 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
         # file the model names (streamed, while conversion and TensorRT's build run), so changed weights show.
         head = timings.submit(io_pool, "hash_source", _hash_bytes, data)
         with _Timer(timings, "load"):
-            loaded = onnx_io.load(onnx_path, data=data)
+            loaded = onnx_io.load(onnx_path, data=data, lazy=True)  # big external weights stay on disk
             del data  # parsed; the hashing worker holds its own reference until it is done
             source_sha = timings.submit(io_pool, "hash_weights", _hash_files, head, loaded.data_files)
             check_fp8_allowed(loaded.model, prof, str(onnx_path))
@@ -192,7 +194,8 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         if quant is not None:
             converted = loaded.model
         else:
-            conversion = convert_precision(loaded.model, prof.precision.dtype, fold=False)
+            conversion = convert_precision(loaded.model, prof.precision.dtype, fold=False,
+                                           data_dir=loaded.path.parent)
             converted = conversion.model
             del conversion
     with _Timer(timings, "fold"):
@@ -216,7 +219,7 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         as_is = loaded.external_data and unchanged and _same_as_file(model, Path(onnx_path))
         return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
                        non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),
-                       as_is=as_is,
+                       as_is=as_is, source_dir=loaded.path.parent,
                        quantization=QuantizationInfo.from_json(quant, onnx_path) if quant is not None else None)
 
 
@@ -239,7 +242,7 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
             serialized, inputs, outputs = _tensorrt(onnx_path, staged, plans, prof, chosen, tmp, progress, timings,
                                                     io_pool, writes)
             with _Timer(timings, "write_plan"):
-                plan_sha = _write_plan(serialized, tmp / PLAN_NAME, io_pool, writes, timings)
+                plan_sha = plan_stream.write_plan(serialized, tmp / PLAN_NAME, io_pool, writes, timings)
                 del serialized
                 for w in writes:
                     w.result()  # model.onnx (written during the build) and the plan: re-raise a failed write
@@ -260,15 +263,6 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
     return manifest
 
 
-def _write_plan(serialized: Any, path: Path, io_pool: ThreadPoolExecutor, writes: list[Future[Any]],
-                timings: BuildTimings) -> str:
-    """Write the plan on a worker while this thread hashes it; returns the sha256. ``IHostMemory`` exposes the buffer
-    protocol, so neither side copies the plan."""
-    plan = memoryview(serialized)
-    writes.append(timings.submit(io_pool, "write_plan", _write_all, path, plan))
-    return _sha256(plan)
-
-
 def _copy_source(source: Path, dest: Path) -> None:
     """model.onnx as a copy of the source and its external data (``model.onnx.data``, offsets kept)."""
     onnx_io.save_with_source_data(onnx_io.load_structure(source).model, source, dest)
@@ -279,12 +273,6 @@ def _write_onnx(onnx_path: Path, onnx_bytes: bytes, timings: BuildTimings) -> No
     t0 = time.perf_counter()
     onnx_path.write_bytes(onnx_bytes)
     timings.add_background("write_onnx", time.perf_counter() - t0)
-
-
-def _write_all(path: Path, data: memoryview) -> None:
-    """Write ``data`` (the plan, through the buffer protocol: no copy) to a new file."""
-    with open(path, "wb") as fh:
-        fh.write(data)
 
 
 def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof: Profile, chosen: Backend,
@@ -305,7 +293,7 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             parse_path = Path(onnx_path)
             writes.append(timings.submit(io_pool, "copy_onnx", _copy_source, parse_path, onnx_path_built))
         elif staged.external:
-            onnx_io.save_model(staged.model, onnx_path_built, external_data=True)
+            onnx_io.save_model(staged.model, onnx_path_built, external_data=True, source_dir=staged.source_dir)
         else:
             # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
             onnx_bytes = staged.model.SerializeToString()
@@ -349,7 +337,7 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
         config.progress_monitor = monitor
         monitor.start()
         try:
-            serialized = builder.build_serialized_network(network, config)
+            serialized = plan_stream.run_build(trt, builder, network, config, tmp / PLAN_NAME)
         finally:
             monitor.stop()
     if serialized is None:

@@ -42,6 +42,7 @@ class Node:
     dirty: bool = False
     to: int | None = None  # a default-domain Cast's target type (None: not a Cast, or a function attr reference)
     subdefs: frozenset[str] | None = None  # names defined anywhere inside this node's subgraphs (lazy)
+    onnx_op: bool = False  # default domain (set by ``make_node``: read in every pass's inner loop)
 
     def attr(self, name: str) -> AttributeProto | None:
         for a in self.proto.attribute:
@@ -57,13 +58,17 @@ class Node:
         return a.i
 
     @property
-    def onnx_op(self) -> bool:
-        return self.domain == "" or self.domain == "ai.onnx"
-
-    @property
     def is_cast(self) -> bool:
         """A default-domain Cast with a known target type and a named input."""
         return self.to is not None and self.alive and bool(self.inputs) and bool(self.inputs[0])
+
+
+def make_node(p: NodeProto, free: frozenset[str]) -> Node:
+    n = Node(p, p.op_type, p.domain, list(p.input), list(p.output), free)
+    n.onnx_op = n.domain == "" or n.domain == "ai.onnx"
+    if n.op == "Cast" and n.onnx_op:
+        n.to = n.int_attr("to")
+    return n
 
 
 def defined_names(graph: GraphProto) -> set[str]:
@@ -115,6 +120,7 @@ class GraphCtx:
         self.retyped: set[str] = set()
         self.dropped_initializers: set[str] = set()
         self._pos: dict[int, int] | None = None
+        self._casts: list[Node] | None = None
         self.changed = False
         empty: frozenset[str] = frozenset()
         for p in nodes:
@@ -122,9 +128,7 @@ class GraphCtx:
             if may_have_subgraphs(p):
                 sub = list(subgraphs(p))
                 free = frozenset().union(*(free_names(g) for g in sub)) if sub else empty
-            n = Node(p, p.op_type, p.domain, list(p.input), list(p.output), free)
-            if n.op == "Cast" and n.onnx_op:
-                n.to = n.int_attr("to")
+            n = make_node(p, free)
             self.nodes.append(n)
             for o in n.outputs:
                 if o:
@@ -212,7 +216,9 @@ class GraphCtx:
 
     def casts(self) -> Iterator[Node]:
         """Each node that ``Node.is_cast`` when the walk reaches it (lazy: earlier rewrites are seen)."""
-        return (n for n in self.nodes if n.is_cast)
+        if self._casts is None:
+            self._casts = [n for n in self.nodes if n.to is not None]
+        return (n for n in self._casts if n.is_cast)
 
     def cast_pairs(self) -> Iterator[tuple[Node, Node]]:
         """``(outer, inner)``: each Cast whose input another Cast produces, in this graph or an enclosing one.
@@ -226,8 +232,9 @@ class GraphCtx:
 
     def num_uses(self, name: str) -> int:
         """Explicit reads + implicit reads by subgraphs + 1 if it is a protected output."""
-        return (sum(self.uses.get(name, {}).values()) + len(self.implicit.get(name, {}))
-                + (1 if name in self.output_set else 0))
+        d = self.uses.get(name)
+        e = self.implicit.get(name)
+        return (sum(d.values()) if d else 0) + (len(e) if e else 0) + (name in self.output_set)
 
     def is_local_value(self, name: str) -> bool:
         """Produced by a node of this graph (not a graph input, initializer or outer-scope value)."""
@@ -235,9 +242,11 @@ class GraphCtx:
 
     def constant_tensor(self, name: str) -> TensorProto | None:
         """The value of a constant this graph defines: an initializer that is not also a graph input (those can be
-        overridden at run time), or a Constant node's tensor."""
+        overridden at run time), or a Constant node's tensor. Not a tensor whose data is still on disk (a lazy
+        load): its bytes are not here, and reading them relative to the working folder would be wrong."""
         if name in self.initializers and name not in self.inputs:
-            return self.initializers[name]
+            t = self.initializers[name]
+            return None if t.data_location == TensorProto.EXTERNAL else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None
@@ -319,10 +328,9 @@ class GraphCtx:
     def replace_node(self, node: Node, proto: NodeProto) -> Node:
         """Swap ``node`` for a new single node with the same outputs (e.g. Cast of a constant -> Constant)."""
         self.remove_node(node)
-        new = Node(proto, proto.op_type, proto.domain, list(proto.input), list(proto.output), frozenset(),
-                   dirty=False)
-        if new.op == "Cast" and new.onnx_op:
-            new.to = new.int_attr("to")
+        new = make_node(proto, frozenset())
+        if new.to is not None:
+            self._casts = None  # a new Cast: the list of Casts is rebuilt, in node order, when next asked for
         if self._pos is None:
             self._pos = {id(n): k for k, n in enumerate(self.nodes)}
         idx = self._pos.pop(id(node))

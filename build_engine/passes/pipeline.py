@@ -157,20 +157,40 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
     inference needs only the skeleton). Folding never changes a graph input's declaration nor an existing weight, so
     what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
     """
-    if onnx_io.skeleton(result).ByteSize() >= PROTO_LIMIT:
+    try:  # the skeleton serialised once: the checker and strict inference both read these bytes
+        data = onnx_io.skeleton(result).SerializeToString()
+    except ValueError:
         return
-    for what, fn in (("onnx.checker", onnx_io.check_model),
-                     ("shape inference", lambda m: infer_shapes(m, check_type=True, strict=True))):
+    if len(data) >= PROTO_LIMIT:
+        return
+    checks = (("onnx.checker", lambda: _check_result(result, data), onnx_io.check_model),
+              ("shape inference", lambda: _strict_inference(data),
+               lambda m: infer_shapes(m, check_type=True, strict=True)))
+    for what, on_result, on_model in checks:
         try:
-            fn(result)
+            on_result()
         except Exception as exc:
             try:
-                fn(original)
+                on_model(original)
             except Exception:
                 continue  # the input already fails this check: folding did not cause it
             first = (str(exc).strip().splitlines() or ["invalid"])[0]
             raise CheckFailed(f"fold produced a model that {what} rejects ({first}); this is a trtforge bug, "
                               "please report it with the input model") from exc
+
+
+def _check_result(result: ModelProto, skeleton_bytes: bytes) -> None:
+    """``onnx_io.check_model(result)``, with the skeleton already serialised."""
+    if result.ir_version < 4:
+        onnx_io.check_model(result)
+        return
+    onnx.checker.check_model(skeleton_bytes)
+    onnx_io.check_weights(result)
+
+
+def _strict_inference(skeleton_bytes: bytes) -> None:
+    """Strict shape inference with type checks; the inferred model is not parsed back (only failures matter)."""
+    onnx.shape_inference.C.infer_shapes(skeleton_bytes, True, True, False)
 
 
 @steps.timed("fold")

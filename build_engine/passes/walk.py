@@ -90,10 +90,24 @@ def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequenc
 
 
 def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_point: bool) -> None:
+    """Rounds of every pass until a round rewrites nothing. A pass that found nothing, with no rewrite anywhere
+    since, is skipped: it would walk the same graph and find nothing again (passes are deterministic functions of
+    the view, which only rewrites change). So the last round, which proves the fixed point, walks the graph only
+    with the passes that ran before the last rewrite, not with every pass once more."""
+    done = 0  # rewrites so far in this view
+    found_nothing_at: dict[int, int] = {}  # pass index -> ``done`` when it last found nothing
     for _ in range(_MAX_LOCAL_ROUNDS if fixed_point else 1):
         n = 0
-        for p in passes:
-            n += p.rewrite(ctx)
+        for k, p in enumerate(passes):
+            if found_nothing_at.get(k) == done:
+                continue
+            r = p.rewrite(ctx)
+            if r:
+                n += r
+                done += r
+                found_nothing_at.pop(k, None)
+            else:
+                found_nothing_at[k] = done
         stats.rewrites += n
         if n == 0:
             break

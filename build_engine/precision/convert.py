@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -120,15 +121,48 @@ def _low_chunked(tensor: TensorProto, to: str) -> np.ndarray:
     return low.reshape(dims)
 
 
-def _low_tensor(tensor: TensorProto, name: str, to: str, out: TensorProto | None = None) -> TensorProto:
+def _low_from_disk(tensor: TensorProto, to: str, data_dir: Path) -> np.ndarray:
+    """``to_low_array`` of a float32 tensor still on disk (a lazy load), read and converted ``_CHUNK`` elements at a
+    time: the float32 weight is never in memory."""
+    from ..core.lazy_weights import read_chunks
+
+    first = to_low_array(np.zeros(1, np.float32), to)
+    n = _num_elements(tensor)
+    low = np.empty(n, dtype=first.dtype)
+    start = 0
+    for part in read_chunks(tensor, data_dir, "<f4", _CHUNK):
+        low[start:start + part.size] = to_low_array(part, to)
+        start += part.size
+    if start != n:
+        raise ModelError(f"initializer {tensor.name!r}: its external data holds {start} elements, not {n}")
+    return low.reshape(tuple(int(d) for d in tensor.dims))
+
+
+def _num_elements(tensor: TensorProto) -> int:
+    n = 1
+    for d in tensor.dims:
+        n *= int(d)
+    return n
+
+
+def _low_tensor(tensor: TensorProto, name: str, to: str, out: TensorProto | None = None,
+                data_dir: Path | None = None) -> TensorProto:
     """``tensor`` converted to ``to``, as ``numpy_helper.from_array`` would make it; written into ``out`` (a fresh
-    element of the destination's repeated field) when given, so a converted weight is not copied once more."""
-    low = _low_chunked(tensor, to) if _plain_raw_fp32(tensor) else to_low_array(numpy_helper.to_array(tensor), to)
+    element of the destination's repeated field) when given, so a converted weight is not copied once more.
+    ``data_dir``: where a tensor still on disk (lazy load) has its data."""
+    if tensor.data_location == TensorProto.EXTERNAL and data_dir is not None and tensor.data_type == FLOAT:
+        low = _low_from_disk(tensor, to, data_dir)
+    elif _plain_raw_fp32(tensor):
+        low = _low_chunked(tensor, to)
+    else:
+        low = to_low_array(numpy_helper.to_array(tensor), to)
     out = TensorProto() if out is None else out
     out.dims.extend(low.shape)
     if name:  # as from_array: an empty name stays unset
         out.name = name
-    out.raw_data = numpy_helper.tobytes_little_endian(low)
+    raw = numpy_helper.tobytes_little_endian(low)
+    del low  # the converted array is not held beside its bytes and the message's copy of them
+    out.raw_data = raw
     out.data_type = LOW_TYPES[to]
     return out
 
@@ -202,10 +236,12 @@ def node_decisions(model: ModelProto, to: str = "fp16",
 
 @steps.timed("convert")
 def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
-                      keep_ops: frozenset[str] = KEEP_OPS) -> PrecisionResult:
+                      keep_ops: frozenset[str] = KEEP_OPS, data_dir: Path | None = None) -> PrecisionResult:
     """Convert ``model`` to ``to`` ("fp16" / "bf16"); see the module docstring. Returns a new model and a report;
     ``model`` itself (folded into a new one if ``fold``) when nothing is float32 where the low type runs (report key
-    ``already``: true)."""
+    ``already``: true). ``data_dir``: the source model's folder when it was loaded lazily (``onnx_io.load(...,
+    lazy=True)``): weights still on disk are converted from their file, the others stay there (save the result with
+    ``save_model(..., source_dir=data_dir)``)."""
     if to not in LOW_TYPES:
         raise InputError(f"unknown precision {to!r}; choose one of {', '.join(PRECISIONS)}")
     start = time.perf_counter()
@@ -244,7 +280,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         if name not in down:
             new = namer(f"{name}__{to}")
             if name in consts:
-                _low_tensor(consts[name], new, to, out=src.graph.initializer.add())
+                _low_tensor(consts[name], new, to, out=src.graph.initializer.add(), data_dir=data_dir)
                 converted_inits += 1
             else:
                 nodes.append(helper.make_node("Cast", [name], [new], name=namer(f"{new}/Cast"), to=low))

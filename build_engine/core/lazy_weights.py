@@ -1,0 +1,111 @@
+"""Weights left on disk: a model loaded with ``onnx_io.load(..., lazy=True)`` keeps each big external tensor as its
+external-data entries (location, offset, length, relative to the source model's folder) instead of its bytes.
+
+Why: reading a weight into a protobuf message costs the weight twice for a moment (the bytes read, then the copy the
+message keeps), and every later read of ``raw_data`` hands out one more copy. Commands that change the graph but
+not (most of) the weights then peak near the weights' size plus the largest tensor, about 1.5x; with the weights on
+disk they peak at the graph's size. Code that needs a lazy weight's values reads it here, in chunks
+(``read_chunks``: plain reads, no memory map, so the pages read are not counted as the process's resident memory),
+and ``onnx_io.save_model(..., source_dir=...)`` copies each one byte for byte (``copy_file_range``) into the
+output's data file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto
+
+# External tensors smaller than this are read into memory by a lazy load: shape inference and folding read small
+# constants' values (Reshape targets, Slice bounds, Casts of constants), and their bytes cost nothing.
+LAZY_MIN_BYTES = 1 << 20
+
+
+def entries(tensor: TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def on_disk(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def span(tensor: TensorProto, base_dir: Path) -> tuple[Path, int, int]:
+    """(file, offset, length) of an external tensor's bytes (``load`` has checked them against the file)."""
+    info = entries(tensor)
+    path = base_dir / info["location"]
+    offset = int(info.get("offset") or 0)
+    length = int(info["length"]) if info.get("length") else path.stat().st_size - offset
+    return path, offset, length
+
+
+def load_small_external(tensors: Iterable[TensorProto], base_dir: Path, min_bytes: int = LAZY_MIN_BYTES) -> int:
+    """Read the external ones of ``tensors`` (a model's) under ``min_bytes`` into memory (as onnx's loader does);
+    returns how many bytes stay on disk. (This module does not import ``onnx_io``, which imports it.)"""
+    left = 0
+    for t in tensors:
+        if not on_disk(t):
+            continue
+        _, _, length = span(t, base_dir)
+        if length >= min_bytes:
+            left += length
+            continue
+        onnx.external_data_helper.load_external_data_for_tensor(t, str(base_dir))
+        t.data_location = TensorProto.DEFAULT
+        del t.external_data[:]
+    return left
+
+
+def has_lazy(model: ModelProto) -> bool:
+    return any(on_disk(t) for t in model.graph.initializer)
+
+
+def read_chunks(tensor: TensorProto, base_dir: Path, dtype: str, chunk: int) -> Iterator[np.ndarray]:
+    """The tensor's elements as ``dtype`` (little-endian numpy dtype string), ``chunk`` elements at a time."""
+    path, offset, length = span(tensor, base_dir)
+    item = np.dtype(dtype).itemsize
+    total = length // item
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        for start in range(0, total, chunk):
+            n = min(chunk, total - start)
+            part = np.fromfile(fh, dtype=dtype, count=n)
+            if part.size != n:
+                raise OSError(f"{path}: short read at element {start} of {tensor.name!r}")
+            yield part
+
+
+def copy_span(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
+    """Append ``length`` bytes of ``src`` from ``offset`` to the open file ``dst`` (a kernel copy where Linux offers
+    it: the bytes never enter this process)."""
+    dst.flush()  # buffered bytes first, so the kernel copy lands after them
+    with open(src, "rb") as fs:
+        left = length
+        if hasattr(os, "copy_file_range"):
+            while left:
+                n = os.copy_file_range(fs.fileno(), dst.fileno(), min(left, 1 << 30), offset + length - left)
+                if n == 0:
+                    break
+                left -= n
+        fs.seek(offset + length - left)
+        while left:
+            block = fs.read(min(left, 1 << 24))
+            if not block:
+                raise OSError(f"{src}: file ended {left} bytes early")
+            dst.write(block)
+            left -= len(block)
+        dst.flush()
+
+
+def copy_tensor(tensor: TensorProto, base_dir: Path, dst: BinaryIO, pos: int, align: int) -> tuple[int, int]:
+    """Copy a lazy tensor's bytes to ``dst`` at ``pos`` rounded up to ``align``; returns (offset written at,
+    length)."""
+    path, offset, length = span(tensor, base_dir)
+    gap = (-pos) % align
+    dst.write(b"\0" * gap)
+    copy_span(path, offset, length, dst)
+    return pos + gap, length
