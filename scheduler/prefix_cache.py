@@ -1,6 +1,6 @@
 """Prefix cache: full prompt blocks keyed by chained hashes, shared by reference count (vLLM v1's idea).
 
-A block's key is ``hash((parent_key, content))`` where content is the block's token ids or, for traces, the trace's
+A block's key is ``hash((parent_key, content))`` (the first parent is the request's adapter and cache salt) where content is the block's token ids or, for traces, the trace's
 block hash ids that cover it (``block_keys``). Equal keys therefore mean equal tokens *and* equal prefix.
 
 Safety conditions:
@@ -32,7 +32,10 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
     hb = request.hash_block_tokens
     covered = min(request.prompt_tokens, len(hashes) * hb)
     keys: list[int] = []
-    parent = 0
+    # vLLM's ``extra_keys``: the adapter and the salt seed the chain, so KV computed under one adapter (or salt)
+    # is never found by a request under another one or by the base model; equal (adapter, salt) share as before
+    parent = 0 if request.adapter is None and request.cache_salt is None else hash(
+        ("extra", request.adapter, request.cache_salt))
     for i in range(covered // tokens_per_block):
         start, end = i * tokens_per_block, (i + 1) * tokens_per_block
         ids = tuple(hashes[start // hb:(end - 1) // hb + 1])

@@ -29,7 +29,7 @@ from .policies import Policy, get_policy
 from .prefix_cache import PrefixCache, block_keys
 from .request import Request, Seq
 
-RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter"]
+RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter", "no-lora-slot"]
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,11 @@ class Scheduler:
             return RejectReason("unknown-adapter", need, cfg.num_blocks, cfg.max_seq_len,
                                 f"request {req.id}: LoRA adapter {req.adapter!r} is not registered; load it "
                                 f"(known: {', '.join(sorted(self.lora.known)) or 'none'}) or drop the adapter")
+        if req.adapter is not None and self.lora.num_slots == 0:
+            # it could never be admitted: without this it would sit at the head of the queue forever
+            return RejectReason("no-lora-slot", need, cfg.num_blocks, cfg.max_seq_len,
+                                f"request {req.id}: LoRA adapter {req.adapter!r} needs a LoRA slot but the engine "
+                                "has 0 slots; build the engine with --lora-slots >= 1 or drop the adapter")
         if req.total_tokens > cfg.max_seq_len:
             return RejectReason("prompt-too-long", need, cfg.num_blocks, cfg.max_seq_len,
                                 f"request {req.id}: prompt {req.prompt_tokens} + max_new_tokens "
@@ -286,9 +291,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------- max-utilization growth
     def _push_grow(self, seq: Seq) -> None:
-        # KV tokens after step s (a decode writes the previous token's K/V): prompt_len + generated(s - 1).
+        # KV tokens after step s (a decode writes the previous token's K/V): prompt + generated(s - 1), where
+        # prompt is the ORIGINAL prompt: after a recompute preemption prompt_len already holds the tokens generated
+        # before it, and generated() counts them again (gen_base), so prompt_len + generated would count them twice.
         # Allocated blocks hold len(blocks) * tpb tokens; the next block is needed at the first s exceeding that.
-        s = len(seq.blocks) * self.config.tokens_per_block - seq.prompt_len - seq.gen_base + seq.dec_base + 2
+        s = len(seq.blocks) * self.config.tokens_per_block - seq.req.prompt_tokens - seq.gen_base + seq.dec_base + 2
         if s <= seq.dec_base + seq.req.max_new_tokens - seq.gen_base:
             heapq.heappush(self._grow_heap, (s, seq.epoch, seq.req.id))
 
