@@ -45,6 +45,7 @@ class Policy:
     preempts: bool
     skip_window: int = 0
     max_skips: int = 0
+    alloc_per_step: bool = False  # blocks allocated per scheduled chunk / token (vLLM v1), not per prompt
 
     def select(self, queue: Iterable[S], try_admit: Callable[[S], bool], room: Callable[[], bool]) -> None:
         """Walk ``queue`` in order calling ``try_admit`` (which admits when it fits) while ``room()`` holds."""

@@ -71,7 +71,7 @@ class Seq:
     """
 
     __slots__ = ("req", "state", "blocks", "keys", "prompt_len", "computed", "gen_base", "dec_base", "skips",
-                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits")
+                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits", "slot_wait_since")
 
     def __init__(self, req: Request, keys: tuple[int, ...]) -> None:
         self.req = req
@@ -90,6 +90,7 @@ class Seq:
         self.queued_at = 0.0
         self.decoding = False
         self.hits = 0
+        self.slot_wait_since = -1.0
 
     def generated(self, step: int) -> int:
         """Tokens generated after step ``step`` completed."""

@@ -17,75 +17,18 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
 
 from trtforge.build_engine.core.errors import InputError
 
 from .block_pool import BlockPool
 from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
+from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult
 from .policies import Policy, get_policy
 from .prefix_cache import PrefixCache, block_keys
 from .request import Request, Seq
 
-RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter", "no-lora-slot"]
-
-
-@dataclass(frozen=True)
-class RejectReason:
-    kind: RejectKind
-    blocks_needed: int
-    capacity_blocks: int
-    max_seq_len: int
-    message: str
-
-
-@dataclass(frozen=True)
-class SubmitResult:
-    status: Literal["admitted", "queued", "rejected"]
-    reason: RejectReason | None = None
-
-
-@dataclass
-class StepPlan:
-    """One step's work. ``context`` holds (request id, first token index, tokens) prefill chunks."""
-
-    step: int
-    context: list[tuple[str, int, int]] = field(default_factory=list)
-    decode: list[str] = field(default_factory=list)
-    admitted: list[str] = field(default_factory=list)
-    first_token: list[str] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    context_tokens: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.context_tokens + len(self.decode)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int
-    tokens_per_block: int
-    policy: str = "cache-aware"
-    max_seq_len: int = 131072
-    token_budget: int = 8192
-    max_running: int = 256
-    lora_slots: int = 0
-    adapters: tuple[str, ...] = ()
-    skip_window: int | None = None
-    max_skips: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_blocks < 1 or self.tokens_per_block < 1:
-            raise InputError(f"num_blocks ({self.num_blocks}) and tokens_per_block ({self.tokens_per_block}) must be "
-                             ">= 1; give the KV cache at least one block")
-        if self.max_running < 1 or self.token_budget < self.max_running:
-            raise InputError(f"token_budget ({self.token_budget}) must be >= max_running ({self.max_running}) >= 1 "
-                             "so every decoding request gets its token each step")
-
+__all__ = ["RejectKind", "RejectReason", "Scheduler", "SchedulerConfig", "StepPlan", "SubmitResult"]
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, metrics: bool = False,
@@ -107,6 +50,11 @@ class Scheduler:
         self._finish_heap: list[tuple[int, int, str]] = []
         self._grow_heap: list[tuple[int, int, str]] = []  # max-utilization: step at which a block is needed
         self.counts = {"admitted": 0, "rejected": 0, "preempted": 0, "finished": 0, "cancelled": 0}
+        # blocks the executor holds outside this scheduler's accounting (the TensorRT-LLM adapter sets it from
+        # the KV cache manager's live free blocks); admission never spends them
+        self.outside_blocks = 0
+        self.slot_hits = 0  # admissions whose adapter was already resident in a slot (no load)
+        self.slot_wait_s = 0.0  # clock seconds requests waited with KV available but no LoRA slot
 
     # ----------------------------------------------------------------------------------------------- public API
     def submit(self, req: Request) -> SubmitResult:
@@ -129,41 +77,49 @@ class Scheduler:
         return SubmitResult("queued")
 
     def step(self) -> StepPlan:
+        """``schedule`` then ``update``: decide this step's work and apply it as if the executor ran it."""
+        return self.update(self.schedule())
+
+    def schedule(self) -> StepPlan:
+        """Decide one step: admit (KV capacity, then LoRA slot), grow or preempt (max-utilization), then fill
+        the token budget with every decode token and prefill chunks in admission order. Nothing is computed yet:
+        ``update(plan)`` applies the plan once the executor ran it."""
         self.step_no += 1
         t = self.step_no
         plan = StepPlan(t)
-        self._admit(plan)
+        plan.admitted = self.admit()
         if self.policy.preempts:
             self._grow(plan, t)
         plan.decode = list(self.decoding)
         budget = self.config.token_budget - len(plan.decode)
-        done_prefill: list[Seq] = []
         for seq in self.prefilling.values():
             if budget <= 0:
                 break
             n = min(seq.prompt_len - seq.computed, budget)
+            if self.policy.alloc_per_step and not self._cover(seq, seq.computed + n, plan, t):
+                break  # vLLM v1: the chunk's blocks do not fit even after preempting; the rest waits too
             plan.context.append((seq.req.id, seq.computed, n))
             budget -= n
+        if plan.preempted and self.policy.alloc_per_step:  # a chunk's allocation preempted planned work
+            plan.decode = [r for r in plan.decode if self.seqs[r].decoding]
+            kept = [c for c in plan.context if self.seqs[c[0]].state == "running"]
+            budget += sum(c[2] for c in plan.context) - sum(c[2] for c in kept)
+            plan.context = kept
+        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
+        return plan
+
+    def update(self, plan: StepPlan) -> StepPlan:
+        """Apply ``plan``: prefill chunks computed (their full blocks become findable), the last chunk's first
+        token, one token per decoding request; requests that reach their cap finish (``plan.finished``)."""
+        t = plan.step
+        for rid, _, n in plan.context:
+            seq = self.seqs[rid]
+            if seq.state != "running":
+                continue  # preempted after it was planned
             seq.computed += n
             self._register(seq)
             if seq.computed == seq.prompt_len:
-                done_prefill.append(seq)
-        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
-        for seq in done_prefill:  # the last prefill chunk produces the first (next) token
-            del self.prefilling[seq.req.id]
-            if seq.gen_base == 0:
-                plan.first_token.append(seq.req.id)
-            seq.gen_base += 1
-            seq.dec_base = t
-            if seq.gen_base >= seq.req.max_new_tokens:
-                self._end(seq, "finished")
-                plan.finished.append(seq.req.id)
-                continue
-            seq.decoding = True
-            self.decoding[seq.req.id] = seq
-            heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
-            if self.policy.preempts:
-                self._push_grow(seq)
+                self._start_decode(seq, plan, t)
         heap = self._finish_heap
         while heap and heap[0][0] <= t:
             _, epoch, rid = heapq.heappop(heap)
@@ -174,6 +130,32 @@ class Scheduler:
         if self.metrics:
             self.metrics.observe_step(self, plan)
         return plan
+
+    def _start_decode(self, seq: Seq, plan: StepPlan, t: int) -> None:
+        """The last prefill chunk ran: it produced the first (or, after a recompute, the next) token."""
+        del self.prefilling[seq.req.id]
+        if seq.gen_base == 0:
+            plan.first_token.append(seq.req.id)
+        seq.gen_base += 1
+        seq.dec_base = t
+        if seq.gen_base >= seq.req.max_new_tokens:
+            self._end(seq, "finished")
+            plan.finished.append(seq.req.id)
+            return
+        seq.decoding = True
+        self.decoding[seq.req.id] = seq
+        plan.started_decode.append(seq.req.id)
+        heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
+        if self.policy.preempts:
+            self._push_grow(seq)
+
+    def context_done(self, request_id: str) -> None:
+        """The executor finished this request's prefill (TensorRT-LLM adapter): its prompt blocks become
+        findable by later requests, as ``update`` does in the simulator."""
+        seq = self._get(request_id)
+        if seq.state == "running" and seq.computed < seq.prompt_len:
+            seq.computed = seq.prompt_len
+            self._register(seq)
 
     def finish(self, request_id: str) -> None:
         """The request stopped early (EOS): free its blocks and slot."""
@@ -233,9 +215,11 @@ class Scheduler:
                                 f"with more memory, or more tensor parallelism")
         return None
 
-    def _admit(self, plan: StepPlan) -> None:
+    def admit(self) -> list[str]:
+        """The capacity stage alone: admit queued requests per the policy; returns their ids in order (the
+        TensorRT-LLM adapter calls this, ``schedule`` calls it first)."""
         if not self.queue:
-            return
+            return []
         admitted: list[str] = []
         cap = self.config.max_running
 
@@ -251,7 +235,7 @@ class Scheduler:
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:
             del self.queue[rid]
-        plan.admitted = admitted
+        return admitted
 
     def _try_admit(self, seq: Seq) -> bool:
         """Admit ``seq`` if its blocks (and LoRA slot) are available now; allocate them."""
@@ -259,13 +243,26 @@ class Scheduler:
         # never hit the block holding the last prompt token: at least one token must be computed to sample
         usable = (seq.prompt_len - 1) // tpb
         hits, idle = self.cache.match(seq.keys[:usable]) if seq.keys else ([], 0)
-        tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base if self.policy.reserve_to_completion \
-            else seq.prompt_len
-        total = math.ceil(tokens / tpb)
+        if self.policy.reserve_to_completion:
+            tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
+        elif self.policy.alloc_per_step:  # vLLM v1: blocks for this step's chunk only, hits included
+            tokens = max(min(seq.prompt_len, len(hits) * tpb + self.config.token_budget), len(hits) * tpb)
+        else:
+            tokens = seq.prompt_len
+        total = max(math.ceil(tokens / tpb), len(hits))
         fresh = total - len(hits)
         cost = fresh + idle if self.policy.credit_prefix else total
-        if cost > self.cache.available or not self.lora.can_acquire(seq.req.adapter):
+        if cost > self.cache.available - self.outside_blocks:
             return False
+        if not self.lora.can_acquire(seq.req.adapter):
+            if seq.slot_wait_since < 0:
+                seq.slot_wait_since = self.clock()
+            return False
+        if seq.slot_wait_since >= 0:
+            self.slot_wait_s += self.clock() - seq.slot_wait_since
+            seq.slot_wait_since = -1.0
+        if seq.req.adapter is not None and seq.req.adapter in self.lora.slot_of:
+            self.slot_hits += 1
         self.cache.take_hits(hits, min(len(seq.keys), usable))
         seq.blocks = hits + self.cache.allocate(fresh)
         seq.hits = len(hits)
@@ -312,6 +309,18 @@ class Scheduler:
                 continue
             seq.blocks += self.cache.allocate(1)
             self._push_grow(seq)
+
+    def _cover(self, seq: Seq, tokens: int, plan: StepPlan, t: int) -> bool:
+        """vLLM v1 (``KVCacheManager.allocate_slots``): give ``seq`` the blocks for ``tokens`` tokens now,
+        preempting the newest running request while they do not fit; False if ``seq`` itself had to go."""
+        need = math.ceil(tokens / self.config.tokens_per_block) - len(seq.blocks)
+        while need > self.cache.available - self.outside_blocks and seq.state == "running":
+            self._preempt(self._newest_running(), plan, t)
+        if seq.state != "running":
+            return False
+        if need > 0:
+            seq.blocks += self.cache.allocate(need)
+        return True
 
     def _newest_running(self) -> Seq:
         return next(reversed(self.running.values()))
