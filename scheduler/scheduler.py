@@ -55,6 +55,9 @@ class Scheduler:
         self.outside_blocks = 0
         self.slot_hits = 0  # admissions whose adapter was already resident in a slot (no load)
         self.slot_wait_s = 0.0  # clock seconds requests waited with KV available but no LoRA slot
+        # sum over decoding requests of (prompt + gen_base - 1 - dec_base): their attended context at step t
+        # is that plus t each, so the simulator's step-time model costs O(1) per step, not O(running)
+        self._decode_ctx = 0
 
     # ----------------------------------------------------------------------------------------------- public API
     def submit(self, req: Request) -> SubmitResult:
@@ -144,6 +147,7 @@ class Scheduler:
             return
         seq.decoding = True
         self.decoding[seq.req.id] = seq
+        self._decode_ctx += seq.req.prompt_tokens + seq.gen_base - 1 - seq.dec_base
         plan.started_decode.append(seq.req.id)
         heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
         if self.policy.preempts:
@@ -163,6 +167,8 @@ class Scheduler:
         if seq.state != "running":
             raise InputError(f"request {request_id!r} is {seq.state}, not running; only running requests finish")
         self._end(seq, "finished")
+        if self.metrics:  # the gauges show the freed blocks now, not at the next step
+            self.metrics.observe_step(self)
 
     def cancel(self, request_id: str) -> None:
         seq = self._get(request_id)
@@ -183,6 +189,10 @@ class Scheduler:
 
     def blocks_needed(self, req: Request) -> int:
         return math.ceil(req.total_tokens / self.config.tokens_per_block)
+
+    def decode_context_sum(self, step: int) -> int:
+        """Context tokens the decoding requests attend to in step ``step`` (prompt + generated before it)."""
+        return self._decode_ctx + len(self.decoding) * step
 
     @property
     def used_blocks(self) -> int:
@@ -346,7 +356,8 @@ class Scheduler:
         rid = seq.req.id
         self.running.pop(rid, None)
         self.prefilling.pop(rid, None)
-        self.decoding.pop(rid, None)
+        if self.decoding.pop(rid, None) is not None:
+            self._decode_ctx -= seq.req.prompt_tokens + seq.gen_base - 1 - seq.dec_base
         seq.decoding = False
         seq.epoch += 1
         self.cache.free(seq.blocks)
