@@ -95,9 +95,13 @@ class Scheduler:
             self._grow(plan, t)
         plan.decode = list(self.decoding)
         budget = self.config.token_budget - len(plan.decode)
-        for seq in self.prefilling.values():
+        # vLLM v1's allocation may preempt prefilling requests: walk a copy then
+        prefilling = list(self.prefilling.values()) if self.policy.alloc_per_step else self.prefilling.values()
+        for seq in prefilling:
             if budget <= 0:
                 break
+            if seq.state != "running":
+                continue
             n = min(seq.prompt_len - seq.computed, budget)
             if self.policy.alloc_per_step and not self._cover(seq, seq.computed + n, plan, t):
                 break  # vLLM v1: the chunk's blocks do not fit even after preempting; the rest waits too
