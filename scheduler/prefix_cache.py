@@ -36,6 +36,12 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
     # is never found by a request under another one or by the base model; equal (adapter, salt) share as before
     parent = 0 if request.adapter is None and request.cache_salt is None else hash(
         ("extra", request.adapter, request.cache_salt))
+    if hb % tokens_per_block == 0:  # each scheduler block lies inside one trace block (512 / 64): no slicing
+        per = hb // tokens_per_block
+        for i in range(covered // tokens_per_block):
+            parent = hash((parent, (hashes[i // per],), (i % per) * tokens_per_block))
+            keys.append(parent)
+        return tuple(keys)
     for i in range(covered // tokens_per_block):
         start, end = i * tokens_per_block, (i + 1) * tokens_per_block
         ids = tuple(hashes[start // hb:(end - 1) // hb + 1])
@@ -92,18 +98,21 @@ class PrefixCache:
         short = n - self.pool.num_free
         if short > len(self._lru):
             raise BlockPoolError(f"asked for {n} blocks with {self.available} available")
-        for _ in range(max(short, 0)):
-            b, _ = self._lru.popitem(last=False)
-            del self._by_key[self._key_of.pop(b)]
-            self.pool.release(b)
+        if short > 0:
+            lru, by_key, key_of, release = self._lru, self._by_key, self._key_of, self.pool.release
+            for _ in range(short):
+                b, _ = lru.popitem(last=False)
+                del by_key[key_of.pop(b)]
+                release(b)
         return self.pool.allocate(n)
 
-    def register(self, block: int, key: int) -> None:
+    def register(self, block: int, key: int) -> bool:
         """Make a computed block findable by ``key`` (first writer wins; a duplicate stays private)."""
         if key in self._by_key or block in self._key_of:
-            return
+            return False
         self._by_key[key] = block
         self._key_of[block] = key
+        return True
 
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one user of each block; cached blocks with no user become cached-free (most recent last).

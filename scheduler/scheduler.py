@@ -58,6 +58,10 @@ class Scheduler:
         # sum over decoding requests of (prompt + gen_base - 1 - dec_base): their attended context at step t
         # is that plus t each, so the simulator's step-time model costs O(1) per step, not O(running)
         self._decode_ctx = 0
+        # admission is skipped while nothing changed that could let a queued request in (blocks or a LoRA slot
+        # freed, the queue changed, a prefix became cached, the outside bound moved) since a pass admitted nobody
+        self._changed = 0
+        self._admit_seen: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------------------------------------- public API
     def submit(self, req: Request) -> SubmitResult:
@@ -77,6 +81,7 @@ class Scheduler:
         if not self.queue and len(self.running) < self.config.max_running and self._try_admit(seq):
             return SubmitResult("admitted")
         self.queue[req.id] = seq
+        self._changed += 1
         return SubmitResult("queued")
 
     def step(self) -> StepPlan:
@@ -178,6 +183,7 @@ class Scheduler:
         seq = self._get(request_id)
         if seq.state == "queued":
             del self.queue[request_id]
+            self._changed += 1
             seq.state = "cancelled"
             self.counts["cancelled"] += 1
         elif seq.state == "running":
@@ -193,6 +199,26 @@ class Scheduler:
 
     def blocks_needed(self, req: Request) -> int:
         return math.ceil(req.total_tokens / self.config.tokens_per_block)
+
+    def quiet_steps(self) -> int:
+        """How many of the next steps are certainly pure decode with nothing to decide: nothing prefilling, no
+        admission possible (nothing changed since a pass admitted nobody), no request reaching its cap or
+        needing a block before them. The simulator replays those with ``skip`` instead of ``step``."""
+        if self.prefilling or not self.decoding:
+            return 0
+        if self.queue and self._admit_seen != (self._changed, self.outside_blocks):
+            return 0
+        nxt = self._finish_heap[0][0] if self._finish_heap else 1 << 62
+        if self._grow_heap:
+            nxt = min(nxt, self._grow_heap[0][0])
+        return max(0, nxt - self.step_no - 1)
+
+    def skip(self, steps: int) -> None:
+        """Advance ``steps`` quiet steps (at most ``quiet_steps()``): every decoding request gains one token per
+        step, which ``Seq.generated`` derives from the step number, so only the counter moves."""
+        if not 0 <= steps <= self.quiet_steps():
+            raise InputError(f"skip({steps}): only {self.quiet_steps()} quiet steps follow")
+        self.step_no += steps
 
     def decode_context_sum(self, step: int) -> int:
         """Context tokens the decoding requests attend to in step ``step`` (prompt + generated before it)."""
@@ -232,8 +258,8 @@ class Scheduler:
     def admit(self) -> list[str]:
         """The capacity stage alone: admit queued requests per the policy; returns their ids in order (the
         TensorRT-LLM adapter calls this, ``schedule`` calls it first)."""
-        if not self.queue:
-            return []
+        if not self.queue or self._admit_seen == (self._changed, self.outside_blocks):
+            return []  # nothing that could let a request in changed since an admission pass admitted nobody
         admitted: list[str] = []
         cap = self.config.max_running
 
@@ -249,6 +275,7 @@ class Scheduler:
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:
             del self.queue[rid]
+        self._admit_seen = None if admitted else (self._changed, self.outside_blocks)
         return admitted
 
     def _try_admit(self, seq: Seq) -> bool:
@@ -297,7 +324,8 @@ class Scheduler:
     def _register(self, seq: Seq) -> None:
         full = min(seq.computed // self.config.tokens_per_block, len(seq.keys))
         for i in range(seq.registered, full):
-            self.cache.register(seq.blocks[i], seq.keys[i])
+            if self.cache.register(seq.blocks[i], seq.keys[i]) and self.policy.credit_prefix:
+                self._changed += 1  # a new cached prefix lowers what a queued request costs
         seq.registered = max(seq.registered, full)
 
     # ------------------------------------------------------------------------------- max-utilization growth
@@ -357,6 +385,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------------ ending
     def _release(self, seq: Seq) -> None:
+        self._changed += 1  # blocks and a slot come back
         rid = seq.req.id
         self.running.pop(rid, None)
         self.prefilling.pop(rid, None)
