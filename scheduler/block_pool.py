@@ -47,6 +47,16 @@ class BlockPool:
             self.ref_count[b] = 1
         return out
 
+    def reuse(self, blocks: list[int]) -> list[int]:
+        """Hand out blocks whose count is 0 but that are not on the free list (the prefix cache's reclaimed
+        cached-free blocks) with count 1: what ``release`` then ``allocate`` would do, without the round trip."""
+        rc, is_free = self.ref_count, self._is_free
+        for b in blocks:
+            if rc[b] != 0 or is_free[b]:
+                raise BlockPoolError(f"block {b} reused while in use or free (count {rc[b]})")
+            rc[b] = 1
+        return blocks
+
     def ref(self, block: int) -> None:
         """One more owner of an allocated block (a prefix-cache hit)."""
         if self._is_free[block]:

@@ -39,7 +39,7 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
     if hb % tokens_per_block == 0:  # each scheduler block lies inside one trace block (512 / 64): no slicing
         per = hb // tokens_per_block
         for i in range(covered // tokens_per_block):
-            parent = hash((parent, (hashes[i // per],), (i % per) * tokens_per_block))
+            parent = hash((parent, hashes[i // per], (i % per) * tokens_per_block))
             keys.append(parent)
         return tuple(keys)
     for i in range(covered // tokens_per_block):
@@ -98,13 +98,15 @@ class PrefixCache:
         short = n - self.pool.num_free
         if short > len(self._lru):
             raise BlockPoolError(f"asked for {n} blocks with {self.available} available")
-        if short > 0:
-            lru, by_key, key_of, release = self._lru, self._by_key, self._key_of, self.pool.release
-            for _ in range(short):
-                b, _ = lru.popitem(last=False)
-                del by_key[key_of.pop(b)]
-                release(b)
-        return self.pool.allocate(n)
+        if short <= 0:
+            return self.pool.allocate(n)
+        lru, by_key, key_of = self._lru, self._by_key, self._key_of
+        victims = []
+        for _ in range(short):
+            b, _ = lru.popitem(last=False)
+            del by_key[key_of.pop(b)]
+            victims.append(b)
+        return self.pool.allocate(n - short) + self.pool.reuse(victims)
 
     def register(self, block: int, key: int) -> bool:
         """Make a computed block findable by ``key`` (first writer wins; a duplicate stays private)."""

@@ -283,6 +283,11 @@ class Scheduler:
         tpb = self.config.tokens_per_block
         # never hit the block holding the last prompt token: at least one token must be computed to sample
         usable = (seq.prompt_len - 1) // tpb
+        room = self.cache.available - self.outside_blocks
+        if self.policy.reserve_to_completion:  # a lower bound first: most queued requests fail here, O(1)
+            least = math.ceil((seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) / tpb)
+            if least - (min(usable, len(seq.keys)) if self.policy.credit_prefix else 0) > room:
+                return False
         hits, idle = self.cache.match(seq.keys[:usable]) if seq.keys else ([], 0)
         if self.policy.reserve_to_completion:
             tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
@@ -293,7 +298,7 @@ class Scheduler:
         total = max(math.ceil(tokens / tpb), len(hits))
         fresh = total - len(hits)
         cost = fresh + idle if self.policy.credit_prefix else total
-        if cost > self.cache.available - self.outside_blocks:
+        if cost > room:
             return False
         if not self.lora.can_acquire(seq.req.adapter):
             if seq.slot_wait_since < 0:
