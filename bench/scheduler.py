@@ -70,8 +70,9 @@ def matrix(name: str, reqs: list[Request], blocks: int, tpb: int, model: StepTim
                 tm, vl = res[("trtllm-main-no-evict", "round-robin")], res[("vllm-v1", "round-robin")]
                 rows.append(f"| {name} | {kv:.2f} | {rate:.0f}x | {n} | {ca.goodput_req_s:.3f} | "
                             f"{tm.goodput_req_s:.3f} | {vl.goodput_req_s:.3f} | "
-                            f"{_ratio(ca.goodput_req_s, tm.goodput_req_s)} | {_ratio(ca.goodput_req_s, vl.goodput_req_s)}"
-                            f" | {_ratio(ca.goodput_req_s, rr.goodput_req_s)} | {ca.preempted} / {vl.preempted} | "
+                            f"{_ratio(ca.goodput_req_s, tm.goodput_req_s)} | "
+                            f"{_ratio(ca.goodput_req_s, vl.goodput_req_s)} | "
+                            f"{_ratio(ca.goodput_req_s, rr.goodput_req_s)} | {ca.preempted} / {vl.preempted} | "
                             f"{ca.unserved} / {tm.unserved} / {vl.unserved} | {ca.rejected} / {tm.rejected} | "
                             f"{ca.kv_utilization_mean:.2f} / {tm.kv_utilization_mean:.2f} | "
                             f"{ca.prefix_hit_rate:.2f} / {tm.prefix_hit_rate:.2f} |")

@@ -1,7 +1,7 @@
 """Prefix cache: full prompt blocks keyed by chained hashes, shared by reference count (vLLM v1's idea).
 
-A block's key is ``hash((parent_key, content))`` (the first parent is the request's adapter and cache salt) where content is the block's token ids or, for traces, the trace's
-block hash ids that cover it (``block_keys``). Equal keys therefore mean equal tokens *and* equal prefix.
+A block's key is ``hash((parent_key, content))`` (the first parent is the request's adapter and cache salt)
+where content is the block's token ids or, for traces, the trace's block hash ids that cover it (``block_keys``). Equal keys therefore mean equal tokens *and* equal prefix.
 
 Safety conditions:
 - a block is registered only after its tokens were computed (the scheduler calls ``register`` after prefill);

@@ -23,7 +23,7 @@ from trtforge.build_engine.core.errors import InputError
 from .block_pool import BlockPool
 from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
-from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult
+from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, reject_reason
 from .policies import Policy, get_policy
 from .prefix_cache import PrefixCache, block_keys
 from .request import Request, Seq
@@ -230,30 +230,7 @@ class Scheduler:
 
     # -------------------------------------------------------------------------------------------- admission
     def _reject_reason(self, req: Request) -> RejectReason | None:
-        cfg = self.config
-        need = self.blocks_needed(req)
-        if req.adapter is not None and req.adapter not in self.lora.known:
-            return RejectReason("unknown-adapter", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: LoRA adapter {req.adapter!r} is not registered; load it "
-                                f"(known: {', '.join(sorted(self.lora.known)) or 'none'}) or drop the adapter")
-        if req.adapter is not None and self.lora.num_slots == 0:
-            # it could never be admitted: without this it would sit at the head of the queue forever
-            return RejectReason("no-lora-slot", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: LoRA adapter {req.adapter!r} needs a LoRA slot but the engine "
-                                "has 0 slots; build the engine with --lora-slots >= 1 or drop the adapter")
-        if req.total_tokens > cfg.max_seq_len:
-            return RejectReason("prompt-too-long", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: prompt {req.prompt_tokens} + max_new_tokens "
-                                f"{req.max_new_tokens} = {req.total_tokens} tokens exceeds the engine's max "
-                                f"sequence length {cfg.max_seq_len}; shorten the prompt or lower max_new_tokens")
-        if self.policy.reject_never_fit and need > cfg.num_blocks:
-            fit = cfg.num_blocks * cfg.tokens_per_block
-            return RejectReason("kv-never-fits", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: needs {need} KV blocks ({req.total_tokens} tokens) but the "
-                                f"cache holds {cfg.num_blocks} blocks ({fit} tokens) even when empty; lower "
-                                f"max_new_tokens or the prompt to <= {fit} tokens in total, use fp8 KV, a GPU "
-                                f"with more memory, or more tensor parallelism")
-        return None
+        return reject_reason(req, self.config, self.policy.reject_never_fit, self.lora.known, self.lora.num_slots)
 
     def admit(self) -> list[str]:
         """The capacity stage alone: admit queued requests per the policy; returns their ids in order (the

@@ -58,18 +58,9 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _run(args: Namespace) -> int:
-    from dataclasses import replace
-
-    from trtforge.profiles.loader import load_profile
-    from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
-    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-    from trtforge.scheduler.sim.simulator import simulate
-    from trtforge.scheduler.sim.step_time import StepTimeModel
-    from trtforge.scheduler.sim.traces import assign_adapters, load_trace
-
+def _check(args: Namespace) -> None:
+    """Every flag's range, before anything is read or written (exit 2 with the flag named)."""
     from ..core.errors import InputError
-    from ..core.fsutil import write_json
 
     if not 0 < args.kv_scale <= 1:
         raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")
@@ -86,6 +77,21 @@ def _run(args: Namespace) -> int:
         raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
     if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isdigit() and int(args.max_tokens)):
         raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
+
+
+def _run(args: Namespace) -> int:
+    from dataclasses import replace
+
+    from trtforge.profiles.loader import load_profile
+    from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+    from trtforge.scheduler.sim.simulator import simulate
+    from trtforge.scheduler.sim.step_time import StepTimeModel
+    from trtforge.scheduler.sim.traces import assign_adapters, load_trace
+
+    from ..core.fsutil import write_json
+
+    _check(args)
     check_outputs(("--json", args.json), ("--plot", args.plot))  # before simulating, and before either is written
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)

@@ -50,8 +50,8 @@ def kv_cache_manager(resource_manager: Any, rm_type: Any = None) -> Any:
         if key is not None and managers.get(key) is not None:
             return managers[key]
     for key, value in managers.items():  # an enum member not importable here: match by its name or value
-        if value is not None and str(getattr(key, "name", key)).upper() == "KV_CACHE_MANAGER" or getattr(key, "value", None) == \
-                "KV_CACHE_MANAGER":
+        name = str(getattr(key, "name", key)).upper()
+        if value is not None and "KV_CACHE_MANAGER" in (name, getattr(key, "value", None)):
             return value
     raise BackendError("the executor has no KV cache manager (neither ResourceManagerType.KV_CACHE_MANAGER nor "
                        "'kv_cache_manager' in resource_managers); the cache-aware scheduler needs a KV cache")

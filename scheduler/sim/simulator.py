@@ -145,31 +145,12 @@ def _fast_forward(rep: _Replica, model: StepTimeModel, limit: float) -> int:
     return k
 
 
-def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler], model: StepTimeModel, *,
-             replicas: int = 1, router: str = "round-robin", horizon_s: float = 600.0,
-             max_tokens: str = DEFAULT_MAX_TOKENS, slo_ttft_s: float = DEFAULT_SLO_TTFT_S,
-             slo_tpot_s: float = DEFAULT_SLO_TPOT_S, max_samples: int = 20000,
-             fast_forward: bool = True) -> SimResult:
-    """Replay ``requests`` (their ``max_new_tokens`` is the TRUE output length) under the ``max_tokens`` cap."""
-    if router not in ROUTERS:
-        raise InputError(f"unknown router {router!r}; use one of {', '.join(ROUTERS)}")
-    if replicas < 1:
-        raise InputError(f"--replicas must be >= 1, got {replicas}")
-    if not requests:
-        raise InputError("the trace holds no requests")
-    reps = [_Replica(make_scheduler()) for _ in range(replicas)]
-    reqs, truth = cap_requests(sorted(requests, key=lambda r: r.arrival), str(max_tokens),
-                               reps[0].sched.config.max_seq_len)
+def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: StepTimeModel, deadline: float,
+            truth: dict[str, int], seen: tuple[dict[str, float], dict[str, float], dict[str, str]],
+            samples: list[tuple[float, float, int]], max_samples: int, fast_forward: bool) -> int:
+    """The event loop: the next arrival or the step of the replica furthest behind; returns the step count."""
+    first, done, rejected = seen
     t_start = reqs[0].arrival
-    for r in reps:
-        r.clock = t_start
-        r.sched.clock = r.now  # queue-wait metrics in simulated seconds
-    deadline = reqs[-1].arrival + horizon_s
-    first: dict[str, float] = {}
-    done: dict[str, float] = {}
-    rejected: dict[str, str] = {}
-    samples: list[tuple[float, float, int]] = []
-    route = Router(router, [r.sched for r in reps])
     total_blocks = sum(r.sched.config.num_blocks for r in reps)
     steps = 0
     i = 0
@@ -182,7 +163,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
         if rep is None and t_arr == math.inf:
             break
         if rep is None or t_arr <= rep.clock:
-            submit(reps[route.pick(reqs[i], i)], reqs[i], rejected)
+            submit(reps[router.pick(reqs[i], i)], reqs[i], rejected)
             i += 1
             continue
         s = rep.sched
@@ -210,6 +191,35 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
         if len(samples) < max_samples:
             used = sum(r.sched.used_blocks for r in reps)
             samples.append((rep.clock - t_start, used / total_blocks, sum(len(r.sched.queue) for r in reps)))
+    return steps
+
+
+def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler], model: StepTimeModel, *,
+             replicas: int = 1, router: str = "round-robin", horizon_s: float = 600.0,
+             max_tokens: str = DEFAULT_MAX_TOKENS, slo_ttft_s: float = DEFAULT_SLO_TTFT_S,
+             slo_tpot_s: float = DEFAULT_SLO_TPOT_S, max_samples: int = 20000,
+             fast_forward: bool = True) -> SimResult:
+    """Replay ``requests`` (their ``max_new_tokens`` is the TRUE output length) under the ``max_tokens`` cap."""
+    if router not in ROUTERS:
+        raise InputError(f"unknown router {router!r}; use one of {', '.join(ROUTERS)}")
+    if replicas < 1:
+        raise InputError(f"--replicas must be >= 1, got {replicas}")
+    if not requests:
+        raise InputError("the trace holds no requests")
+    reps = [_Replica(make_scheduler()) for _ in range(replicas)]
+    reqs, truth = cap_requests(sorted(requests, key=lambda r: r.arrival), str(max_tokens),
+                               reps[0].sched.config.max_seq_len)
+    t_start = reqs[0].arrival
+    for r in reps:
+        r.clock = t_start
+        r.sched.clock = r.now  # queue-wait metrics in simulated seconds
+    deadline = reqs[-1].arrival + horizon_s
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+    rejected: dict[str, str] = {}
+    samples: list[tuple[float, float, int]] = []
+    steps = _replay(reqs, reps, Router(router, [r.sched for r in reps]), model, deadline, truth,
+                    (first, done, rejected), samples, max_samples, fast_forward)
     out = Outcome(first, done, rejected, truth)
     summary = _summary(reqs, reps, out, t_start, deadline, (slo_ttft_s, slo_tpot_s), steps, str(max_tokens))
     return SimResult(summary, samples, sorted(first[r.id] - r.arrival for r in reqs if r.id in first),

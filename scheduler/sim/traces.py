@@ -187,7 +187,7 @@ def assign_adapters(reqs: list[Request], k: int, seed: int = 0, zipf_s: float = 
     weights = [1.0 / (i + 1) ** zipf_s for i in range(k)]
     names = [f"adapter-{i}" for i in range(k)]
     picks = rng.choices(names, weights=weights, k=len(reqs))
-    return [r if r.adapter is not None else replace(r, adapter=a) for r, a in zip(reqs, picks)]
+    return [r if r.adapter is not None else replace(r, adapter=a) for r, a in zip(reqs, picks, strict=True)]
 
 
 def load_trace(spec: str, max_requests: int | None = None, seed: int = 0) -> list[Request]:
