@@ -79,5 +79,16 @@ class BlockPool:
         self._is_free[block] = 1
         self._free.append(block)
 
+    def release_many(self, blocks: list[int]) -> None:
+        """``release`` of each block, in order."""
+        rc, is_free = self.ref_count, self._is_free
+        for b in blocks:
+            if rc[b] != 0:
+                raise BlockPoolError(f"block {b} released while {rc[b]} requests use it")
+            if is_free[b]:
+                raise BlockPoolError(f"block {b} released twice")
+            is_free[b] = 1
+        self._free.extend(blocks)
+
     def is_free(self, block: int) -> bool:
         return bool(self._is_free[block])
