@@ -61,6 +61,7 @@ class Scheduler:
         # admission is skipped while nothing changed that could let a queued request in (blocks or a LoRA slot
         # freed, the queue changed, a prefix became cached, the outside bound moved) since a pass admitted nobody
         self._changed = 0
+        self.queued_tokens = 0  # prompt tokens waiting in the queue (the router's load signal)
         self._admit_seen: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------------------------------------- public API
@@ -81,6 +82,7 @@ class Scheduler:
         if not self.queue and len(self.running) < self.config.max_running and self._try_admit(seq):
             return SubmitResult("admitted")
         self.queue[req.id] = seq
+        self.queued_tokens += seq.prompt_len
         self._changed += 1
         return SubmitResult("queued")
 
@@ -183,6 +185,7 @@ class Scheduler:
         seq = self._get(request_id)
         if seq.state == "queued":
             del self.queue[request_id]
+            self.queued_tokens -= seq.prompt_len
             self._changed += 1
             seq.state = "cancelled"
             self.counts["cancelled"] += 1
@@ -251,7 +254,7 @@ class Scheduler:
 
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:
-            del self.queue[rid]
+            self.queued_tokens -= self.queue.pop(rid).prompt_len
         self._admit_seen = None if admitted else (self._changed, self.outside_blocks)
         return admitted
 
@@ -360,6 +363,7 @@ class Scheduler:
         seq.queued_at = self.clock()
         self.queue[seq.req.id] = seq
         self.queue.move_to_end(seq.req.id, last=False)
+        self.queued_tokens += seq.prompt_len
         self.counts["preempted"] += 1
         plan.preempted.append(seq.req.id)
         if self.metrics:

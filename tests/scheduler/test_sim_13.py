@@ -113,19 +113,21 @@ def test_adapters_from_trace_zipf_and_slot_stats(tmp_path) -> None:
 def test_cache_aware_router_trades_affinity_for_load() -> None:
     cfg = SchedulerConfig(num_blocks=4000, tokens_per_block=64, max_running=4)
     scheds = [Scheduler(cfg), Scheduler(cfg)]
-    shared = tuple(range(8))
-    warm = Request("warm", 0, 4096, 4, shared)
-    scheds[0].submit(warm)
-    scheds[0].step()  # its prefix is cached on replica 0
-    probe = Request("probe", 0, 4096, 4, shared)
+    shared = tuple(range(8))  # 8 x 512 = 4096 prompt tokens
+    scheds[0].submit(Request("warm", 0, 4096, 4, shared))
+    scheds[0].step()  # its 64 prompt blocks are cached on replica 0
+    for k in range(10):
+        scheds[1].submit(Request(f"busy{k}", 0, 2000, 4))  # replica 1 carries more KV demand
     router = Router("cache-aware", scheds)
-    for k in range(20):
+    probe = Request("probe", 0, 4096, 4, shared)
+    assert router.pick(probe, 1) == 0  # affinity: all of the prompt is cached there, and it is not busier
+    assert router.pick(Request("other", 0, 4096, 4, tuple(range(100, 108))), 1) == 1  # nothing cached: as RR
+    assert router.pick(Request("other", 0, 4096, 4, tuple(range(100, 108))), 2) == 0
+    for k in range(50):
         scheds[0].submit(Request(f"q{k}", 0, 64, 4))
-    assert router.pick(probe, 1) == 0  # 21 vs 0 requests: balanced enough, affinity wins
-    for k in range(20, 40):
-        scheds[0].submit(Request(f"q{k}", 0, 64, 4))
-    assert router.pick(probe, 1) == 1  # 41 vs 0: imbalanced, the least loaded wins
-    assert Router("prefix-affinity", scheds).pick(probe, 1) == 1 and Router("round-robin", scheds).pick(probe, 1) == 1
+    # 51 vs 10 requests: imbalanced (> 32 apart and > 1.5x), so the least loaded wins over the cached prefix
+    assert router.pick(probe, 2) == 1
+    assert Router("round-robin", scheds).pick(probe, 1) == 1
 
 
 def test_cli_simulate_new_flags(cli, tmp_path) -> None:
