@@ -3,13 +3,14 @@
 - ``round-robin``: arrival i goes to replica i mod n.
 - ``prefix-affinity``: the replica whose prefix cache holds the longest prefix of the request, among replicas
   within 1.25x + 8 requests of the least loaded; no cached prefix anywhere -> the least loaded.
-- ``cache-aware`` (SGLang's cache-aware router, ``sgl-router`` ``CacheAwarePolicy``): when the load is
+- ``cache-aware`` (after SGLang's cache-aware router, ``sgl-router`` ``CacheAwarePolicy``): when the load is
   imbalanced -- the most loaded replica holds more than ``balance_abs`` requests above the least loaded AND more
-  than ``balance_rel`` times it -- the least loaded replica, whatever its cache; otherwise the replica with the
-  longest cached prefix if that prefix covers at least ``cache_threshold`` of the prompt (SGLang's
-  ``cache_threshold``), else the least loaded. Imbalance is judged on queued + running requests (SGLang counts a
-  worker's in-flight requests the same way); "least loaded" is the least KV demand (blocks held + prompt tokens
-  queued), so one long prompt weighs what it costs.
+  than ``balance_rel`` times it (SGLang's two thresholds; requests in flight, as SGLang counts them) -- the least
+  loaded replica, whatever its cache. Otherwise the replica with the longest cached prefix, if that prefix covers
+  at least ``cache_threshold`` of the prompt (SGLang's ``cache_threshold``) and that replica's KV demand (blocks
+  held + prompt tokens queued) is not above the replicas' mean; else round-robin. Two departures from SGLang,
+  both measured on the Mooncake trace (bench/RESULTS.md): SGLang sends a low-match request to the least loaded
+  worker, which gave lower goodput than round-robin here, and it has no KV-demand condition on affinity.
 """
 
 from __future__ import annotations
