@@ -22,8 +22,10 @@ Baselines (each a ``Policy`` with the upstream semantics it models; the hand-com
   kv_cache_manager.py`` ``allocate_slots``, ``vllm/v1/core/block_pool.py`` ``FreeKVCacheBlockQueue``): blocks are
   allocated per step for the tokens scheduled in that step (a prefill chunk, one decode token), the waiting
   queue is strict FCFS (it stops at the first request whose chunk does not fit), a running request that cannot
-  get its next block preempts the newest running request by recompute, and cached blocks are evicted from the
-  free queue in LRU order (``PrefixCache``: free blocks first, then the least recently freed cached ones).
+  get its next block preempts the newest running request by recompute, and cached blocks are evicted least
+  recently freed first. One difference: vLLM keeps ONE free queue over all free blocks, so it may evict a cached
+  block while never-cached free blocks wait further down the queue; ``PrefixCache`` hands out never-cached free
+  blocks first, then evicts cached-free ones in LRU order (it keeps cached prefixes at least as long).
 - ``cache-aware`` -- this project's: reserve to completion (never evicts what it admitted), count prefix blocks
   that are already cached once, reject a never-fit request at submission with a reason, and skip ahead of a
   request that does not fit *now* by at most ``skip_window`` queue entries. Each time a request is passed over
