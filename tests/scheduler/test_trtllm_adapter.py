@@ -86,13 +86,15 @@ def _stream(seed: int, n: int = 60) -> list[tuple[int, LlmRequest]]:
         cap = rng.randrange(2, 24)
         if i == 7:
             prompt, cap = prompt + [1] * 200, 40  # needs more blocks than the cache holds
-        out.append((i // 3, LlmRequest(i, len(prompt), cap, prompt, stop_at=rng.randrange(1, cap + 1))))
+        task = rng.choice([None, None, 0, 1, 2])  # LoRA adapters: 3 of them over 2 slots, so some wait
+        out.append((i // 3, LlmRequest(i, len(prompt), cap, prompt, lora_task_id=task,
+                                       stop_at=rng.randrange(1, cap))))
     return out
 
 
 def _config(policy: str) -> SchedulerConfig:
     return SchedulerConfig(num_blocks=48, tokens_per_block=TPB, policy=policy, token_budget=4096, max_running=6,
-                           skip_window=3, max_skips=4)
+                           skip_window=3, max_skips=4, lora_slots=2, adapters=("lora-0", "lora-1", "lora-2"))
 
 
 def _simulated(stream: list[tuple[int, LlmRequest]], policy: str, iters: int) -> list[list[str]]:
@@ -103,16 +105,15 @@ def _simulated(stream: list[tuple[int, LlmRequest]], policy: str, iters: int) ->
         for at, r in stream:
             if at == k:
                 s.submit(Request(str(r.request_id), 0.0, r.prompt_len, r.max_new_tokens,
-                                 hashes_from_tokens(r.tokens, TPB), TPB))
+                                 hashes_from_tokens(r.tokens, TPB), TPB,
+                                 adapter=None if r.lora_task_id is None else f"lora-{r.lora_task_id}"))
         plan = s.step()
         batches.append(sorted({c[0] for c in plan.context} | set(plan.decode), key=int))
-        for rid in plan.started_decode:  # first token done; EOS at token stop_at
-            seq = s.seqs[rid]
-            if seq.generated(plan.step) >= stream[int(rid)][1].stop_at:
-                s.finish(rid)
-        for rid in list(s.decoding):
-            if s.seqs[rid].generated(plan.step) >= stream[int(rid)][1].stop_at:
-                s.finish(rid)
+        # end-of-sequence (always before the cap here), in arrival order as the executor below reports it: the
+        # order blocks are freed in decides which cached prefixes the LRU keeps
+        ended = [rid for rid in s.decoding if s.seqs[rid].generated(plan.step) >= stream[int(rid)][1].stop_at]
+        for rid in sorted(ended, key=int):
+            s.finish(rid)
     return batches
 
 
