@@ -16,7 +16,7 @@ from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
 from trtforge.scheduler.sim.router import Router
 from trtforge.scheduler.sim.simulator import simulate
 from trtforge.scheduler.sim.step_time import StepTimeModel
-from trtforge.scheduler.sim.traces import assign_adapters, read_mooncake_jsonl, synthetic_trace
+from trtforge.scheduler.sim.traces import assign_adapters, read_azure_csv, read_mooncake_jsonl, synthetic_trace
 from trtforge_testing import assert_one_line_error
 
 
@@ -93,6 +93,10 @@ def test_adapters_from_trace_zipf_and_slot_stats(tmp_path) -> None:
     p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "adapter": "x"}\n'
                  '{"timestamp": 1, "input_length": 10, "output_length": 5}\n')
     assert [r.adapter for r in read_mooncake_jsonl(p)] == ["x", None]
+    csv = tmp_path / "t.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,adapter\n2023-11-16 18:15:46.1,10,5,y\n"
+                   "2023-11-16 18:15:47.2,10,5,\n")
+    assert [r.adapter for r in read_azure_csv(csv)] == ["y", None]
     p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "adapter": 3}\n')
     with pytest.raises(Exception, match="t.jsonl:1: adapter must be"):
         read_mooncake_jsonl(p)
