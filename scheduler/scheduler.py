@@ -1,9 +1,11 @@
 """The KV-aware request scheduler: admission by KV blocks, then the step's token budget (vLLM v1's split).
 
-``submit`` rejects what can never run (structured ``RejectReason``), ``step`` admits per the policy and returns
-this step's work (context chunks with chunked prefill, one decode token per decoding request) and *applies* it,
-assuming the executor runs it; ``finish`` (EOS) and ``cancel`` free a request's blocks and adapter slot. A request
-that reaches ``max_new_tokens`` is finished by ``step`` itself (listed in ``StepPlan.finished``).
+``submit`` rejects what can never run (structured ``RejectReason``). ``schedule`` admits per the policy (the
+capacity stage, ``admit``, is public: the TensorRT-LLM adapter calls it alone) and returns this step's work
+(context chunks with chunked prefill, one decode token per decoding request); ``update(plan)`` applies it once the
+executor ran it; ``step`` is both. ``finish`` (end-of-sequence, which only the executor or the simulator knows)
+and ``cancel`` free a request's blocks and adapter slot. A request that reaches its cap (``max_new_tokens``) is
+finished by ``update`` itself (listed in ``StepPlan.finished``).
 
 Invariants (checked by the stateful tests): a block is owned only through the block pool's reference counts, so
 blocks are never over-committed or freed twice; a reserve-to-completion policy allocates every block a request
