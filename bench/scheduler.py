@@ -1,20 +1,22 @@
-"""Scheduler benchmark: policies on the Mooncake trace, routing, and the cost of one step().
+"""Scheduler benchmark (issue 13): goodput of cache-aware vs TensorRT-LLM main's GUARANTEED_NO_EVICT and vLLM v1.
 
-Run: ``python bench/scheduler.py`` (needs ../shared/traces/ for the trace parts; the step-overhead part always
-runs). Every number is simulated time from ``StepTimeModel`` (roofline, h100 profile, Llama-3.1-8B bf16) except
-the step() overhead, which is wall time on this machine printed against an anchor measured in the same run.
+Run: ``python bench/scheduler.py [--traces DIR] [--minutes M] [--markdown OUT.md]``. Needs the traces of
+``../shared/traces/`` (README there: Azure LLM 2023 conversation CSV, Mooncake conversation JSONL); the step()
+overhead and replay-speed parts always run. Every goodput is simulated time from ``StepTimeModel`` (roofline,
+h100 profile, Llama-3.1-8B bf16); wall times are printed against an anchor measured in the same run.
 
-What is scaled (the one-hour Mooncake conversation trace is a cluster's load, and one H100 holds ~464k tokens of
-KV for an 8B model, which that trace cannot fill without also saturating compute):
-- window: the first 10 minutes of the trace (1,750 requests);
-- arrivals stretched by 1.4x (rate / 1.4), replayed on 3 replicas, round-robin;
-- KV capacity per replica scaled down to a fraction of ``plan_kv``'s blocks, so requests compete for KV blocks:
-  scenario A uses 0.30 (2,176 blocks = 139k tokens; every request of the window fits an empty cache),
-  scenario B uses 0.20 (1,451 blocks = 93k tokens; 24 requests of the window can never fit).
+The matrix, for each trace (its first ``--minutes`` minutes): 3 KV pressures (``plan_kv``'s blocks x 1.0, 0.3,
+0.15) x 2 arrival rates (the trace's, and twice it) x 1 and 4 replicas. One replica gets a quarter of the
+trace's arrivals' rate (arrivals stretched x4) so its load per replica matches 4 replicas at the trace's rate.
+The cap is the simulator's default (``--max-tokens 2048``), the SLO its defaults (TTFT 5 s, TPOT 100 ms), the
+window arrival span + 300 s. Policies: ``cache-aware`` (with the ``cache-aware`` router on 4 replicas, and with
+round-robin for the router check), ``trtllm-main-no-evict`` and ``vllm-v1`` (round-robin, their deployments'
+default behind a plain load balancer). Nothing is tuned per trace.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
@@ -27,81 +29,116 @@ from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
 from trtforge.scheduler.sim.simulator import SimSummary, calibrate, simulate
 from trtforge.scheduler.sim.step_time import StepTimeModel
-from trtforge.scheduler.sim.traces import read_mooncake_jsonl
+from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-POLICIES = ("fcfs-no-evict", "max-utilization", "cache-aware")
+KV = (1.0, 0.3, 0.15)
+RATES = (1.0, 2.0)
+REPLICAS = (1, 4)
+RUNS = (("cache-aware", "cache-aware"), ("cache-aware", "round-robin"), ("trtllm-main-no-evict", "round-robin"),
+        ("vllm-v1", "round-robin"))
 
 
-def _fmt(r: SimSummary) -> str:
-    return (f"completed {r.completed:5d}  rejected {r.rejected:3d}  stuck {r.stuck:5d}  preempted "
-            f"{r.preempted:3d}  req/s {r.req_per_s:.3f}  ttft p50 {r.ttft_p50_s:7.2f}s p99 "
-            f"{r.ttft_p99_s:7.2f}s  tpot p50 {1e3 * r.tpot_p50_s:5.1f}ms  kv {r.kv_utilization_mean:.2f}  "
-            f"hit {r.prefix_hit_rate:.3f}")
+def _run(reqs: list[Request], cfg: SchedulerConfig, model: StepTimeModel, replicas: int,
+         router: str) -> SimSummary:
+    return simulate(reqs, lambda: Scheduler(cfg), model, replicas=replicas,
+                    router=router if replicas > 1 else "round-robin", horizon_s=300.0).summary
 
 
-def policies(reqs: list[Request], blocks: int, model: StepTimeModel, label: str) -> dict[str, SimSummary]:
-    print(f"\n[{label}] {len(reqs)} requests, {blocks} blocks/replica x 3 replicas (round-robin)")
-    out = {}
-    for pol in POLICIES:
-        cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=64, policy=pol)
-        t0 = time.perf_counter()
-        out[pol] = simulate(reqs, lambda cfg=cfg: Scheduler(cfg), model, replicas=3).summary
-        print(f"  {pol:16s} {_fmt(out[pol])}  ({time.perf_counter() - t0:.1f}s wall)")
-    f, c = out["fcfs-no-evict"], out["cache-aware"]
-    ratio = c.req_per_s / f.req_per_s
-    p99 = (c.ttft_p99_s - f.ttft_p99_s) / f.ttft_p99_s
-    p50 = (c.ttft_p50_s - f.ttft_p50_s) / f.ttft_p50_s
-    print(f"  cache-aware / fcfs-no-evict: completed req/s x{ratio:.2f}, completed {c.completed} vs "
-          f"{f.completed}, ttft p99 {100 * p99:+.0f}%, ttft p50 {100 * p50:+.0f}%, cache-aware preemptions "
-          f"{c.preempted}, rejections {c.rejected_by_kind or 0}")
-    return out
+def _ratio(a: float, b: float) -> str:
+    if b == 0:
+        return "inf" if a > 0 else "-"
+    return f"{a / b:.2f}"
 
 
-def routing(reqs: list[Request], blocks: int, model: StepTimeModel) -> None:
-    print(f"\n[routing] {len(reqs)} requests, cache-aware, 4 replicas x {blocks} blocks")
-    rates = {}
-    for router in ("round-robin", "prefix-affinity"):
-        cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=64, policy="cache-aware")
-        r = simulate(reqs, lambda cfg=cfg: Scheduler(cfg), model, replicas=4, router=router).summary
-        rates[router] = r.prefix_hit_rate
-        print(f"  {router:16s} {_fmt(r)}")
-    print(f"  prefix hit rate prefix-affinity / round-robin: x{rates['prefix-affinity'] / rates['round-robin']:.2f}")
+def matrix(name: str, reqs: list[Request], blocks: int, tpb: int, model: StepTimeModel) -> list[str]:
+    rows = []
+    for kv in KV:
+        for rate in RATES:
+            for n in REPLICAS:
+                scale = (4 / n) / rate
+                trace = [replace(r, arrival=r.arrival * scale) for r in reqs]
+                cfg0 = SchedulerConfig(num_blocks=max(1, int(blocks * kv)), tokens_per_block=tpb,
+                                       max_seq_len=131072)
+                res: dict[tuple[str, str], SimSummary] = {}
+                for pol, router in RUNS:
+                    if n == 1 and router == "round-robin" and pol == "cache-aware":
+                        continue  # one replica: no routing
+                    res[(pol, router)] = _run(trace, replace(cfg0, policy=pol), model, n, router)
+                ca = res[("cache-aware", "cache-aware")]
+                rr = res.get(("cache-aware", "round-robin"), ca)
+                tm, vl = res[("trtllm-main-no-evict", "round-robin")], res[("vllm-v1", "round-robin")]
+                rows.append(f"| {name} | {kv:.2f} | {rate:.0f}x | {n} | {ca.goodput_req_s:.3f} | "
+                            f"{tm.goodput_req_s:.3f} | {vl.goodput_req_s:.3f} | "
+                            f"{_ratio(ca.goodput_req_s, tm.goodput_req_s)} | "
+                            f"{_ratio(ca.goodput_req_s, vl.goodput_req_s)} | "
+                            f"{_ratio(ca.goodput_req_s, rr.goodput_req_s)} | {ca.preempted} / {vl.preempted} | "
+                            f"{ca.unserved} / {tm.unserved} / {vl.unserved} | {ca.rejected} / {tm.rejected} | "
+                            f"{ca.kv_utilization_mean:.2f} / {tm.kv_utilization_mean:.2f} | "
+                            f"{ca.prefix_hit_rate:.2f} / {tm.prefix_hit_rate:.2f} |")
+                print(rows[-1], flush=True)
+    return rows
+
+
+HEADER = ("| trace | KV x | rate | replicas | goodput CA | goodput TRT-main | goodput vLLM-v1 | CA/TRT-main | "
+          "CA/vLLM | CA router / RR | preempted CA / vLLM | unserved CA / TRT / vLLM | rejected CA / TRT | "
+          "KV util CA / TRT | prefix hit CA / TRT |\n|" + "---|" * 15)
+
+
+def replay_speed(reqs: list[Request], blocks: int, tpb: int, model: StepTimeModel) -> None:
+    """Wall time of 10,000-request replays against an anchor (one pass over the requests x 100) in this run."""
+    t0 = time.perf_counter()
+    for _ in range(100):
+        total = 0
+        for r in reqs:
+            total += r.prompt_tokens
+    anchor = time.perf_counter() - t0
+    for pol in ("cache-aware", "trtllm-main-no-evict", "vllm-v1"):
+        for kv in (1.0, 0.3):
+            cfg = SchedulerConfig(num_blocks=int(blocks * kv), tokens_per_block=tpb, policy=pol)
+            t0 = time.perf_counter()
+            s = simulate(reqs, lambda cfg=cfg: Scheduler(cfg), model).summary
+            dt = time.perf_counter() - t0
+            print(f"  replay {len(reqs)} requests {pol:22s} KV x{kv}: {dt:6.2f} s wall, anchor {anchor:.3f} s, "
+                  f"ratio {dt / anchor:5.1f}  ({s.steps} steps, {s.completed} completed)", flush=True)
 
 
 def step_overhead() -> None:
     """step() with 256 running (decoding) and 1,000 queued that do not fit (admission has to look and stop)."""
     print("\n[step overhead] 256 running + 1000 queued, tokens_per_block 64")
-    for pol in ("fcfs-no-evict", "cache-aware"):
-        for metrics in (False, True):
-            need = sum(math.ceil((1000 + k + 1500) / 64) for k in range(256))  # exactly the 256 running ones
-            s = Scheduler(SchedulerConfig(num_blocks=need, tokens_per_block=64, policy=pol, max_running=512,
-                                          token_budget=8192), metrics=metrics)
-            for k in range(256):
-                s.submit(Request(f"r{k}", 0.0, 1000 + k, 1500))
-            for k in range(1000):
-                s.submit(Request(f"q{k}", 0.0, 2000 + k, 500))
-            while s.prefilling:  # get everyone into decode
-                s.step()
-            assert len(s.running) == 256 and len(s.queue) == 1000, (len(s.running), len(s.queue))
-            seqs = list(s.seqs.values())
-            n = 200
-            t0 = time.perf_counter()
-            for _ in range(n):
-                plan = s.step()
-            assert len(plan.decode) == 256 and len(s.queue) == 1000
-            per_step = (time.perf_counter() - t0) / n
-            t0 = time.perf_counter()
-            for _ in range(n):
-                total = 0
-                for q in seqs:  # anchor: touch each of the 1256 requests once
-                    total += q.prompt_len
-            anchor = (time.perf_counter() - t0) / n
-            print(f"  {pol:14s} metrics={'on ' if metrics else 'off'}  step() {1e6 * per_step:7.1f} us   anchor "
-                  f"(one pass over the 1256 requests) {1e6 * anchor:6.1f} us   ratio {per_step / anchor:.2f}")
+    for pol in ("trtllm-main-no-evict", "cache-aware", "vllm-v1"):
+        need = sum(math.ceil((1000 + k + 1500) / 64) for k in range(256))  # exactly the 256 running ones
+        s = Scheduler(SchedulerConfig(num_blocks=need, tokens_per_block=64, policy=pol, max_running=512,
+                                      token_budget=8192))
+        for k in range(256):
+            s.submit(Request(f"r{k}", 0.0, 1000 + k, 1500))
+        for k in range(1000):
+            s.submit(Request(f"q{k}", 0.0, 2000 + k, 500))
+        while s.prefilling:  # get everyone into decode
+            s.step()
+        seqs = list(s.seqs.values())
+        n = 200
+        t0 = time.perf_counter()
+        for _ in range(n):
+            s.step()
+        per_step = (time.perf_counter() - t0) / n
+        t0 = time.perf_counter()
+        for _ in range(n):
+            total = 0
+            for q in seqs:  # anchor: touch each of the 1256 requests once
+                total += q.prompt_len
+        anchor = (time.perf_counter() - t0) / n
+        print(f"  {pol:22s} running {len(s.running)} queued {len(s.queue)}  step() {1e6 * per_step:7.1f} us   "
+              f"anchor (one pass over the 1256 requests) {1e6 * anchor:6.1f} us   ratio {per_step / anchor:.2f}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=Path, default=TRACES)
+    ap.add_argument("--minutes", type=float, default=10.0, help="window of each trace replayed (default 10)")
+    ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--skip-matrix", action="store_true")
+    args = ap.parse_args(argv)
     prof = load_profile("h100")
     spec = PRESETS["llama-3.1-8b"]
     kv = plan_kv(prof, spec)
@@ -109,21 +146,26 @@ def main() -> int:
     print(f"h100 + llama-3.1-8b bf16: {kv.num_blocks} KV blocks of {kv.tokens_per_block} tokens "
           f"({kv.max_tokens} tokens), {kv.kv_bytes_per_token} bytes/token")
     cal = calibrate(prof)
-    print(f"calibration: {cal['setup']}: model {cal['model_output_tok_s']:.0f} tok/s vs published "
-          f"{cal['published_output_tok_s']:.0f} tok/s -> ratio model/published {cal['ratio_model_over_published']:.3f}"
-          f" ({cal['source']})")
-    path = TRACES / "mooncake_conversation_trace.jsonl"
-    if path.exists():
-        trace = read_mooncake_jsonl(path)
-        window = [replace(r, arrival=r.arrival * 1.4) for r in trace if r.arrival < 600]
-        never = sum(math.ceil(r.total_tokens / 64) > int(kv.num_blocks * 0.2) for r in window)
-        print(f"window: first 10 min of Mooncake, {len(window)} requests, arrivals x1.4; never-fit at 0.20 KV: {never}")
-        policies(window, int(kv.num_blocks * 0.3), model, "A: KV x0.30, every request can fit")
-        policies(window, int(kv.num_blocks * 0.2), model, "B: KV x0.20, some requests can never fit")
-        routing([r for r in trace if r.arrival < 600], kv.num_blocks, model)
-    else:
-        print(f"{path} not found: trace benchmarks skipped", file=sys.stderr)
+    print(f"calibration: model/published throughput {cal['ratio_model_over_published']:.3f} ({cal['setup']})")
+    mooncake, azure = args.traces / "mooncake_conversation_trace.jsonl", args.traces / "azure_llm_2023_conv.csv"
+    if not (mooncake.exists() and azure.exists()):
+        print(f"{args.traces}: traces not found; trace benchmarks skipped", file=sys.stderr)
+        step_overhead()
+        return 0
+    traces = {"mooncake": read_mooncake_jsonl(mooncake), "azure": read_azure_csv(azure)}
+    print("\n[replay speed]")
+    replay_speed(traces["azure"][:10000], kv.num_blocks, kv.tokens_per_block, model)
+    replay_speed(traces["mooncake"][:10000], kv.num_blocks, kv.tokens_per_block, model)
     step_overhead()
+    if args.skip_matrix:
+        return 0
+    rows = [HEADER]
+    print("\n" + HEADER)
+    for name, reqs in traces.items():
+        window = [r for r in reqs if r.arrival < 60 * args.minutes]
+        rows += matrix(name, window, kv.num_blocks, kv.tokens_per_block, model)
+    if args.markdown:
+        args.markdown.write_text("\n".join(rows) + "\n")
     return 0
 
 

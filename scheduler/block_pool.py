@@ -47,6 +47,16 @@ class BlockPool:
             self.ref_count[b] = 1
         return out
 
+    def reuse(self, blocks: list[int]) -> list[int]:
+        """Hand out blocks whose count is 0 but that are not on the free list (the prefix cache's reclaimed
+        cached-free blocks) with count 1: what ``release`` then ``allocate`` would do, without the round trip."""
+        rc, is_free = self.ref_count, self._is_free
+        for b in blocks:
+            if rc[b] != 0 or is_free[b]:
+                raise BlockPoolError(f"block {b} reused while in use or free (count {rc[b]})")
+            rc[b] = 1
+        return blocks
+
     def ref(self, block: int) -> None:
         """One more owner of an allocated block (a prefix-cache hit)."""
         if self._is_free[block]:
@@ -68,6 +78,17 @@ class BlockPool:
             raise BlockPoolError(f"block {block} released twice")
         self._is_free[block] = 1
         self._free.append(block)
+
+    def release_many(self, blocks: list[int]) -> None:
+        """``release`` of each block, in order."""
+        rc, is_free = self.ref_count, self._is_free
+        for b in blocks:
+            if rc[b] != 0:
+                raise BlockPoolError(f"block {b} released while {rc[b]} requests use it")
+            if is_free[b]:
+                raise BlockPoolError(f"block {b} released twice")
+            is_free[b] = 1
+        self._free.extend(blocks)
 
     def is_free(self, block: int) -> bool:
         return bool(self._is_free[block])

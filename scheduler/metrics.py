@@ -51,7 +51,7 @@ class SchedulerMetrics:
                                                                                          10, 30, 60, 300, 1800),
                                             registry=r)
 
-    def observe_step(self, sched: SchedulerView, plan: object) -> None:
+    def observe_step(self, sched: SchedulerView, plan: object = None) -> None:
         cache = sched.cache
         self.free_blocks.set(cache.pool.num_free)
         self.used_blocks.set(sched.used_blocks)

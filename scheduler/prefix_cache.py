@@ -1,7 +1,8 @@
 """Prefix cache: full prompt blocks keyed by chained hashes, shared by reference count (vLLM v1's idea).
 
-A block's key is ``hash((parent_key, content))`` where content is the block's token ids or, for traces, the trace's
-block hash ids that cover it (``block_keys``). Equal keys therefore mean equal tokens *and* equal prefix.
+A block's key is ``hash((parent_key, content))`` (the first parent is the request's adapter and cache salt)
+where content is the block's token ids or, for traces, the trace's block hash ids that cover it
+(``block_keys``). Equal keys therefore mean equal tokens *and* equal prefix.
 
 Safety conditions:
 - a block is registered only after its tokens were computed (the scheduler calls ``register`` after prefill);
@@ -32,7 +33,16 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
     hb = request.hash_block_tokens
     covered = min(request.prompt_tokens, len(hashes) * hb)
     keys: list[int] = []
-    parent = 0
+    # vLLM's ``extra_keys``: the adapter and the salt seed the chain, so KV computed under one adapter (or salt)
+    # is never found by a request under another one or by the base model; equal (adapter, salt) share as before
+    parent = 0 if request.adapter is None and request.cache_salt is None else hash(
+        ("extra", request.adapter, request.cache_salt))
+    if hb % tokens_per_block == 0:  # each scheduler block lies inside one trace block (512 / 64): no slicing
+        per = hb // tokens_per_block
+        for i in range(covered // tokens_per_block):
+            parent = hash((parent, hashes[i // per], (i % per) * tokens_per_block))
+            keys.append(parent)
+        return tuple(keys)
     for i in range(covered // tokens_per_block):
         start, end = i * tokens_per_block, (i + 1) * tokens_per_block
         ids = tuple(hashes[start // hb:(end - 1) // hb + 1])
@@ -89,30 +99,43 @@ class PrefixCache:
         short = n - self.pool.num_free
         if short > len(self._lru):
             raise BlockPoolError(f"asked for {n} blocks with {self.available} available")
-        for _ in range(max(short, 0)):
-            b, _ = self._lru.popitem(last=False)
-            del self._by_key[self._key_of.pop(b)]
-            self.pool.release(b)
-        return self.pool.allocate(n)
+        if short <= 0:
+            return self.pool.allocate(n)
+        lru, by_key, key_of = self._lru, self._by_key, self._key_of
+        victims = []
+        for _ in range(short):
+            b, _ = lru.popitem(last=False)
+            del by_key[key_of.pop(b)]
+            victims.append(b)
+        return self.pool.allocate(n - short) + self.pool.reuse(victims)
 
-    def register(self, block: int, key: int) -> None:
+    def register(self, block: int, key: int) -> bool:
         """Make a computed block findable by ``key`` (first writer wins; a duplicate stays private)."""
         if key in self._by_key or block in self._key_of:
-            return
+            return False
         self._by_key[key] = block
         self._key_of[block] = key
+        return True
 
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one user of each block; cached blocks with no user become cached-free (most recent last).
 
         Freed in reverse so a request's tail blocks are reclaimed before its prefix (prefixes are shared more).
         """
+        # one pass with the pool's arrays at hand: a replay frees ~10^6 blocks (BlockPool.unref's checks, inline)
+        rc, key_of, lru = self.pool.ref_count, self._key_of, self._lru
+        done: list[int] = []
         for b in reversed(blocks):
-            if self.pool.unref(b) == 0:
-                if b in self._key_of:
-                    self._lru[b] = None
+            c = rc[b]
+            if c <= 0:
+                raise BlockPoolError(f"block {b} freed twice (reference count already 0)")
+            rc[b] = c - 1
+            if c == 1:
+                if b in key_of:
+                    lru[b] = None
                 else:
-                    self.pool.release(b)
+                    done.append(b)
+        self.pool.release_many(done)
 
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0

@@ -16,7 +16,11 @@ from trtforge.build_engine.core.errors import InputError
 
 @dataclass(frozen=True)
 class Request:
-    """An inference request. ``arrival`` is in seconds (the simulator's clock); the scheduler does not read it."""
+    """An inference request. ``arrival`` is in seconds (the simulator's clock); the scheduler does not read it.
+
+    ``max_new_tokens`` is the client's cap (``max_tokens``), not the output length: the request may end earlier at
+    end-of-sequence, which only the executor (or the simulator) learns, through ``Scheduler.finish``.
+    """
 
     id: str
     arrival: float
@@ -25,6 +29,7 @@ class Request:
     block_hashes: tuple[int, ...] = ()
     hash_block_tokens: int = 512
     adapter: str | None = None
+    cache_salt: str | None = None  # vLLM's ``cache_salt``: requests with different salts share no prefix blocks
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
@@ -37,6 +42,11 @@ class Request:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.max_new_tokens
+
+    @property
+    def max_tokens(self) -> int:
+        """The client's cap (OpenAI ``max_tokens``); the request may stop earlier at end-of-sequence."""
+        return self.max_new_tokens
 
 
 def hashes_from_tokens(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
@@ -61,7 +71,7 @@ class Seq:
     """
 
     __slots__ = ("req", "state", "blocks", "keys", "prompt_len", "computed", "gen_base", "dec_base", "skips",
-                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits")
+                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits", "slot_wait_since")
 
     def __init__(self, req: Request, keys: tuple[int, ...]) -> None:
         self.req = req
@@ -80,6 +90,7 @@ class Seq:
         self.queued_at = 0.0
         self.decoding = False
         self.hits = 0
+        self.slot_wait_since = -1.0
 
     def generated(self, step: int) -> int:
         """Tokens generated after step ``step`` completed."""

@@ -1,9 +1,11 @@
 """The KV-aware request scheduler: admission by KV blocks, then the step's token budget (vLLM v1's split).
 
-``submit`` rejects what can never run (structured ``RejectReason``), ``step`` admits per the policy and returns
-this step's work (context chunks with chunked prefill, one decode token per decoding request) and *applies* it,
-assuming the executor runs it; ``finish`` (EOS) and ``cancel`` free a request's blocks and adapter slot. A request
-that reaches ``max_new_tokens`` is finished by ``step`` itself (listed in ``StepPlan.finished``).
+``submit`` rejects what can never run (structured ``RejectReason``). ``schedule`` admits per the policy (the
+capacity stage, ``admit``, is public: the TensorRT-LLM adapter calls it alone) and returns this step's work
+(context chunks with chunked prefill, one decode token per decoding request); ``update(plan)`` applies it once the
+executor ran it; ``step`` is both. ``finish`` (end-of-sequence, which only the executor or the simulator knows)
+and ``cancel`` free a request's blocks and adapter slot. A request that reaches its cap (``max_new_tokens``) is
+finished by ``update`` itself (listed in ``StepPlan.finished``).
 
 Invariants (checked by the stateful tests): a block is owned only through the block pool's reference counts, so
 blocks are never over-committed or freed twice; a reserve-to-completion policy allocates every block a request
@@ -17,75 +19,18 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
 
 from trtforge.build_engine.core.errors import InputError
 
 from .block_pool import BlockPool
 from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
+from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, reject_reason
 from .policies import Policy, get_policy
 from .prefix_cache import PrefixCache, block_keys
 from .request import Request, Seq
 
-RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter"]
-
-
-@dataclass(frozen=True)
-class RejectReason:
-    kind: RejectKind
-    blocks_needed: int
-    capacity_blocks: int
-    max_seq_len: int
-    message: str
-
-
-@dataclass(frozen=True)
-class SubmitResult:
-    status: Literal["admitted", "queued", "rejected"]
-    reason: RejectReason | None = None
-
-
-@dataclass
-class StepPlan:
-    """One step's work. ``context`` holds (request id, first token index, tokens) prefill chunks."""
-
-    step: int
-    context: list[tuple[str, int, int]] = field(default_factory=list)
-    decode: list[str] = field(default_factory=list)
-    admitted: list[str] = field(default_factory=list)
-    first_token: list[str] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    context_tokens: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.context_tokens + len(self.decode)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int
-    tokens_per_block: int
-    policy: str = "cache-aware"
-    max_seq_len: int = 131072
-    token_budget: int = 8192
-    max_running: int = 256
-    lora_slots: int = 0
-    adapters: tuple[str, ...] = ()
-    skip_window: int | None = None
-    max_skips: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_blocks < 1 or self.tokens_per_block < 1:
-            raise InputError(f"num_blocks ({self.num_blocks}) and tokens_per_block ({self.tokens_per_block}) must be "
-                             ">= 1; give the KV cache at least one block")
-        if self.max_running < 1 or self.token_budget < self.max_running:
-            raise InputError(f"token_budget ({self.token_budget}) must be >= max_running ({self.max_running}) >= 1 "
-                             "so every decoding request gets its token each step")
-
+__all__ = ["RejectKind", "RejectReason", "Scheduler", "SchedulerConfig", "StepPlan", "SubmitResult"]
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, metrics: bool = False,
@@ -107,6 +52,19 @@ class Scheduler:
         self._finish_heap: list[tuple[int, int, str]] = []
         self._grow_heap: list[tuple[int, int, str]] = []  # max-utilization: step at which a block is needed
         self.counts = {"admitted": 0, "rejected": 0, "preempted": 0, "finished": 0, "cancelled": 0}
+        # blocks the executor holds outside this scheduler's accounting (the TensorRT-LLM adapter sets it from
+        # the KV cache manager's live free blocks); admission never spends them
+        self.outside_blocks = 0
+        self.slot_hits = 0  # admissions whose adapter was already resident in a slot (no load)
+        self.slot_wait_s = 0.0  # clock seconds requests waited with KV available but no LoRA slot
+        # sum over decoding requests of (prompt + gen_base - 1 - dec_base): their attended context at step t
+        # is that plus t each, so the simulator's step-time model costs O(1) per step, not O(running)
+        self._decode_ctx = 0
+        # admission is skipped while nothing changed that could let a queued request in (blocks or a LoRA slot
+        # freed, the queue changed, a prefix became cached, the outside bound moved) since a pass admitted nobody
+        self._changed = 0
+        self.queued_tokens = 0  # prompt tokens waiting in the queue (the router's load signal)
+        self._admit_seen: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------------------------------------- public API
     def submit(self, req: Request) -> SubmitResult:
@@ -126,44 +84,58 @@ class Scheduler:
         if not self.queue and len(self.running) < self.config.max_running and self._try_admit(seq):
             return SubmitResult("admitted")
         self.queue[req.id] = seq
+        self.queued_tokens += seq.prompt_len
+        self._changed += 1
         return SubmitResult("queued")
 
     def step(self) -> StepPlan:
+        """``schedule`` then ``update``: decide this step's work and apply it as if the executor ran it."""
+        return self.update(self.schedule())
+
+    def schedule(self) -> StepPlan:
+        """Decide one step: admit (KV capacity, then LoRA slot), grow or preempt (max-utilization), then fill
+        the token budget with every decode token and prefill chunks in admission order. Nothing is computed yet:
+        ``update(plan)`` applies the plan once the executor ran it."""
         self.step_no += 1
         t = self.step_no
         plan = StepPlan(t)
-        self._admit(plan)
+        plan.admitted = self.admit()
         if self.policy.preempts:
             self._grow(plan, t)
         plan.decode = list(self.decoding)
         budget = self.config.token_budget - len(plan.decode)
-        done_prefill: list[Seq] = []
-        for seq in self.prefilling.values():
+        # vLLM v1's allocation may preempt prefilling requests: walk a copy then
+        prefilling = list(self.prefilling.values()) if self.policy.alloc_per_step else self.prefilling.values()
+        for seq in prefilling:
             if budget <= 0:
                 break
+            if seq.state != "running":
+                continue
             n = min(seq.prompt_len - seq.computed, budget)
+            if self.policy.alloc_per_step and not self._cover(seq, seq.computed + n, plan, t):
+                break  # vLLM v1: the chunk's blocks do not fit even after preempting; the rest waits too
             plan.context.append((seq.req.id, seq.computed, n))
             budget -= n
+        if plan.preempted and self.policy.alloc_per_step:  # a chunk's allocation preempted planned work
+            plan.decode = [r for r in plan.decode if self.seqs[r].decoding]
+            kept = [c for c in plan.context if self.seqs[c[0]].state == "running"]
+            budget += sum(c[2] for c in plan.context) - sum(c[2] for c in kept)
+            plan.context = kept
+        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
+        return plan
+
+    def update(self, plan: StepPlan) -> StepPlan:
+        """Apply ``plan``: prefill chunks computed (their full blocks become findable), the last chunk's first
+        token, one token per decoding request; requests that reach their cap finish (``plan.finished``)."""
+        t = plan.step
+        for rid, _, n in plan.context:
+            seq = self.seqs[rid]
+            if seq.state != "running":
+                continue  # preempted after it was planned
             seq.computed += n
             self._register(seq)
             if seq.computed == seq.prompt_len:
-                done_prefill.append(seq)
-        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
-        for seq in done_prefill:  # the last prefill chunk produces the first (next) token
-            del self.prefilling[seq.req.id]
-            if seq.gen_base == 0:
-                plan.first_token.append(seq.req.id)
-            seq.gen_base += 1
-            seq.dec_base = t
-            if seq.gen_base >= seq.req.max_new_tokens:
-                self._end(seq, "finished")
-                plan.finished.append(seq.req.id)
-                continue
-            seq.decoding = True
-            self.decoding[seq.req.id] = seq
-            heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
-            if self.policy.preempts:
-                self._push_grow(seq)
+                self._start_decode(seq, plan, t)
         heap = self._finish_heap
         while heap and heap[0][0] <= t:
             _, epoch, rid = heapq.heappop(heap)
@@ -175,17 +147,48 @@ class Scheduler:
             self.metrics.observe_step(self, plan)
         return plan
 
+    def _start_decode(self, seq: Seq, plan: StepPlan, t: int) -> None:
+        """The last prefill chunk ran: it produced the first (or, after a recompute, the next) token."""
+        del self.prefilling[seq.req.id]
+        if seq.gen_base == 0:
+            plan.first_token.append(seq.req.id)
+        seq.gen_base += 1
+        seq.dec_base = t
+        if seq.gen_base >= seq.req.max_new_tokens:
+            self._end(seq, "finished")
+            plan.finished.append(seq.req.id)
+            return
+        seq.decoding = True
+        self.decoding[seq.req.id] = seq
+        self._decode_ctx += seq.req.prompt_tokens + seq.gen_base - 1 - seq.dec_base
+        plan.started_decode.append(seq.req.id)
+        heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
+        if self.policy.preempts:
+            self._push_grow(seq)
+
+    def context_done(self, request_id: str) -> None:
+        """The executor finished this request's prefill (TensorRT-LLM adapter): its prompt blocks become
+        findable by later requests, as ``update`` does in the simulator."""
+        seq = self._get(request_id)
+        if seq.state == "running" and seq.computed < seq.prompt_len:
+            seq.computed = seq.prompt_len
+            self._register(seq)
+
     def finish(self, request_id: str) -> None:
         """The request stopped early (EOS): free its blocks and slot."""
         seq = self._get(request_id)
         if seq.state != "running":
             raise InputError(f"request {request_id!r} is {seq.state}, not running; only running requests finish")
         self._end(seq, "finished")
+        if self.metrics:  # the gauges show the freed blocks now, not at the next step
+            self.metrics.observe_step(self)
 
     def cancel(self, request_id: str) -> None:
         seq = self._get(request_id)
         if seq.state == "queued":
             del self.queue[request_id]
+            self.queued_tokens -= seq.prompt_len
+            self._changed += 1
             seq.state = "cancelled"
             self.counts["cancelled"] += 1
         elif seq.state == "running":
@@ -202,35 +205,43 @@ class Scheduler:
     def blocks_needed(self, req: Request) -> int:
         return math.ceil(req.total_tokens / self.config.tokens_per_block)
 
+    def quiet_steps(self) -> int:
+        """How many of the next steps are certainly pure decode with nothing to decide: nothing prefilling, no
+        admission possible (nothing changed since a pass admitted nobody), no request reaching its cap or
+        needing a block before them. The simulator replays those with ``skip`` instead of ``step``."""
+        if self.prefilling or not self.decoding:
+            return 0
+        if self.queue and self._admit_seen != (self._changed, self.outside_blocks):
+            return 0
+        nxt = self._finish_heap[0][0] if self._finish_heap else 1 << 62
+        if self._grow_heap:
+            nxt = min(nxt, self._grow_heap[0][0])
+        return max(0, nxt - self.step_no - 1)
+
+    def skip(self, steps: int) -> None:
+        """Advance ``steps`` quiet steps (at most ``quiet_steps()``): every decoding request gains one token per
+        step, which ``Seq.generated`` derives from the step number, so only the counter moves."""
+        if not 0 <= steps <= self.quiet_steps():
+            raise InputError(f"skip({steps}): only {self.quiet_steps()} quiet steps follow")
+        self.step_no += steps
+
+    def decode_context_sum(self, step: int) -> int:
+        """Context tokens the decoding requests attend to in step ``step`` (prompt + generated before it)."""
+        return self._decode_ctx + len(self.decoding) * step
+
     @property
     def used_blocks(self) -> int:
         return self.config.num_blocks - self.cache.available
 
     # -------------------------------------------------------------------------------------------- admission
     def _reject_reason(self, req: Request) -> RejectReason | None:
-        cfg = self.config
-        need = self.blocks_needed(req)
-        if req.adapter is not None and req.adapter not in self.lora.known:
-            return RejectReason("unknown-adapter", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: LoRA adapter {req.adapter!r} is not registered; load it "
-                                f"(known: {', '.join(sorted(self.lora.known)) or 'none'}) or drop the adapter")
-        if req.total_tokens > cfg.max_seq_len:
-            return RejectReason("prompt-too-long", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: prompt {req.prompt_tokens} + max_new_tokens "
-                                f"{req.max_new_tokens} = {req.total_tokens} tokens exceeds the engine's max "
-                                f"sequence length {cfg.max_seq_len}; shorten the prompt or lower max_new_tokens")
-        if self.policy.reject_never_fit and need > cfg.num_blocks:
-            fit = cfg.num_blocks * cfg.tokens_per_block
-            return RejectReason("kv-never-fits", need, cfg.num_blocks, cfg.max_seq_len,
-                                f"request {req.id}: needs {need} KV blocks ({req.total_tokens} tokens) but the "
-                                f"cache holds {cfg.num_blocks} blocks ({fit} tokens) even when empty; lower "
-                                f"max_new_tokens or the prompt to <= {fit} tokens in total, use fp8 KV, a GPU "
-                                f"with more memory, or more tensor parallelism")
-        return None
+        return reject_reason(req, self.config, self.policy.reject_never_fit, self.lora.known, self.lora.num_slots)
 
-    def _admit(self, plan: StepPlan) -> None:
-        if not self.queue:
-            return
+    def admit(self) -> list[str]:
+        """The capacity stage alone: admit queued requests per the policy; returns their ids in order (the
+        TensorRT-LLM adapter calls this, ``schedule`` calls it first)."""
+        if not self.queue or self._admit_seen == (self._changed, self.outside_blocks):
+            return []  # nothing that could let a request in changed since an admission pass admitted nobody
         admitted: list[str] = []
         cap = self.config.max_running
 
@@ -245,22 +256,41 @@ class Scheduler:
 
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:
-            del self.queue[rid]
-        plan.admitted = admitted
+            self.queued_tokens -= self.queue.pop(rid).prompt_len
+        self._admit_seen = None if admitted else (self._changed, self.outside_blocks)
+        return admitted
 
     def _try_admit(self, seq: Seq) -> bool:
         """Admit ``seq`` if its blocks (and LoRA slot) are available now; allocate them."""
         tpb = self.config.tokens_per_block
         # never hit the block holding the last prompt token: at least one token must be computed to sample
         usable = (seq.prompt_len - 1) // tpb
+        room = self.cache.available - self.outside_blocks
+        if self.policy.reserve_to_completion:  # a lower bound first: most queued requests fail here, O(1)
+            least = math.ceil((seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) / tpb)
+            if least - (min(usable, len(seq.keys)) if self.policy.credit_prefix else 0) > room:
+                return False
         hits, idle = self.cache.match(seq.keys[:usable]) if seq.keys else ([], 0)
-        tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base if self.policy.reserve_to_completion \
-            else seq.prompt_len
-        total = math.ceil(tokens / tpb)
+        if self.policy.reserve_to_completion:
+            tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
+        elif self.policy.alloc_per_step:  # vLLM v1: blocks for this step's chunk only, hits included
+            tokens = max(min(seq.prompt_len, len(hits) * tpb + self.config.token_budget), len(hits) * tpb)
+        else:
+            tokens = seq.prompt_len
+        total = max(math.ceil(tokens / tpb), len(hits))
         fresh = total - len(hits)
         cost = fresh + idle if self.policy.credit_prefix else total
-        if cost > self.cache.available or not self.lora.can_acquire(seq.req.adapter):
+        if cost > room:
             return False
+        if not self.lora.can_acquire(seq.req.adapter):
+            if seq.slot_wait_since < 0:
+                seq.slot_wait_since = self.clock()
+            return False
+        if seq.slot_wait_since >= 0:
+            self.slot_wait_s += self.clock() - seq.slot_wait_since
+            seq.slot_wait_since = -1.0
+        if seq.req.adapter is not None and seq.req.adapter in self.lora.slot_of:
+            self.slot_hits += 1
         self.cache.take_hits(hits, min(len(seq.keys), usable))
         seq.blocks = hits + self.cache.allocate(fresh)
         seq.hits = len(hits)
@@ -281,14 +311,17 @@ class Scheduler:
     def _register(self, seq: Seq) -> None:
         full = min(seq.computed // self.config.tokens_per_block, len(seq.keys))
         for i in range(seq.registered, full):
-            self.cache.register(seq.blocks[i], seq.keys[i])
+            if self.cache.register(seq.blocks[i], seq.keys[i]) and self.policy.credit_prefix:
+                self._changed += 1  # a new cached prefix lowers what a queued request costs
         seq.registered = max(seq.registered, full)
 
     # ------------------------------------------------------------------------------- max-utilization growth
     def _push_grow(self, seq: Seq) -> None:
-        # KV tokens after step s (a decode writes the previous token's K/V): prompt_len + generated(s - 1).
+        # KV tokens after step s (a decode writes the previous token's K/V): prompt + generated(s - 1), where
+        # prompt is the ORIGINAL prompt: after a recompute preemption prompt_len already holds the tokens generated
+        # before it, and generated() counts them again (gen_base), so prompt_len + generated would count them twice.
         # Allocated blocks hold len(blocks) * tpb tokens; the next block is needed at the first s exceeding that.
-        s = len(seq.blocks) * self.config.tokens_per_block - seq.prompt_len - seq.gen_base + seq.dec_base + 2
+        s = len(seq.blocks) * self.config.tokens_per_block - seq.req.prompt_tokens - seq.gen_base + seq.dec_base + 2
         if s <= seq.dec_base + seq.req.max_new_tokens - seq.gen_base:
             heapq.heappush(self._grow_heap, (s, seq.epoch, seq.req.id))
 
@@ -306,6 +339,18 @@ class Scheduler:
             seq.blocks += self.cache.allocate(1)
             self._push_grow(seq)
 
+    def _cover(self, seq: Seq, tokens: int, plan: StepPlan, t: int) -> bool:
+        """vLLM v1 (``KVCacheManager.allocate_slots``): give ``seq`` the blocks for ``tokens`` tokens now,
+        preempting the newest running request while they do not fit; False if ``seq`` itself had to go."""
+        need = math.ceil(tokens / self.config.tokens_per_block) - len(seq.blocks)
+        while need > self.cache.available - self.outside_blocks and seq.state == "running":
+            self._preempt(self._newest_running(), plan, t)
+        if seq.state != "running":
+            return False
+        if need > 0:
+            seq.blocks += self.cache.allocate(need)
+        return True
+
     def _newest_running(self) -> Seq:
         return next(reversed(self.running.values()))
 
@@ -320,6 +365,7 @@ class Scheduler:
         seq.queued_at = self.clock()
         self.queue[seq.req.id] = seq
         self.queue.move_to_end(seq.req.id, last=False)
+        self.queued_tokens += seq.prompt_len
         self.counts["preempted"] += 1
         plan.preempted.append(seq.req.id)
         if self.metrics:
@@ -327,10 +373,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------------ ending
     def _release(self, seq: Seq) -> None:
+        self._changed += 1  # blocks and a slot come back
         rid = seq.req.id
         self.running.pop(rid, None)
         self.prefilling.pop(rid, None)
-        self.decoding.pop(rid, None)
+        if self.decoding.pop(rid, None) is not None:
+            self._decode_ctx -= seq.req.prompt_tokens + seq.gen_base - 1 - seq.dec_base
         seq.decoding = False
         seq.epoch += 1
         self.cache.free(seq.blocks)

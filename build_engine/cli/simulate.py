@@ -10,6 +10,11 @@ from typing import Any
 from ._common import ArgumentParser, make_parser, run_command
 from ._outputs import check_outputs
 
+# the choices are plain data, repeated here so `--help` does not import the scheduler
+POLICY_NAMES = ("trtllm-1.2-no-evict", "trtllm-main-no-evict", "max-utilization", "vllm-v1", "cache-aware",
+                "fcfs-no-evict")
+ROUTER_NAMES = ("round-robin", "prefix-affinity", "cache-aware")
+
 
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge simulate", "replay a trace (Azure CSV, Mooncake JSONL or synthetic) against the "
@@ -17,9 +22,26 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--trace", required=True, help="Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N'")
     p.add_argument("--profile", required=True, help="GPU profile (a10, a100, h100) or a .toml path")
     p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
-    p.add_argument("--policy", required=True, choices=("fcfs-no-evict", "max-utilization", "cache-aware"))
+    p.add_argument("--policy", required=True, choices=POLICY_NAMES,
+                   help="admission policy (fcfs-no-evict is trtllm-1.2-no-evict's older name)")
     p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1)")
-    p.add_argument("--router", choices=("round-robin", "prefix-affinity"), default="round-robin")
+    p.add_argument("--router", choices=ROUTER_NAMES, default="round-robin",
+                   help="how arrivals pick a replica (cache-aware: prefix affinity unless the load is imbalanced)")
+    p.add_argument("--max-tokens", default="2048", metavar="{N,context,oracle}",
+                   help="the cap clients send (max_tokens); requests stop at min(cap, the trace's output length), "
+                        "and only the simulator knows the latter. Default 2048: above every output of the bundled "
+                        "traces, so nothing is truncated and reservation pays for not knowing the length; "
+                        "'context' = the rest of the model's context (servers' default when the client sends "
+                        "none); 'oracle' = the true length (reservation that sees the future, comparison only)")
+    p.add_argument("--slo-ttft", type=float, default=5.0,
+                   help="goodput SLO on time to first token, seconds (default 5: a long Mooncake prompt's prefill "
+                        "fits when it does not queue)")
+    p.add_argument("--slo-tpot", type=float, default=0.1,
+                   help="goodput SLO on time per output token, seconds (default 0.1 = 10 tokens/s)")
+    p.add_argument("--lora-slots", type=int, default=8,
+                   help="LoRA slot pool of the engine (default 8, trtforge lora inject's --slots default)")
+    p.add_argument("--adapters", type=int, default=None, metavar="K",
+                   help="give a trace without adapters K synthetic LoRA adapters, Zipf popularity, seeded by --seed")
     p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     p.add_argument("--kv-scale", type=float, default=1.0,
                    help="use this fraction of the planned KV blocks (e.g. 0.25 to create KV pressure)")
@@ -65,18 +87,9 @@ def _blocks(kv: Any, args: Namespace, profile: str) -> int:
     return blocks
 
 
-def _run(args: Namespace) -> int:
-    from dataclasses import replace
-
-    from trtforge.profiles.loader import load_profile
-    from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
-    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-    from trtforge.scheduler.sim.simulator import simulate
-    from trtforge.scheduler.sim.step_time import StepTimeModel
-    from trtforge.scheduler.sim.traces import load_trace
-
+def _check(args: Namespace) -> None:
+    """Every flag's range, before anything is read or written (exit 2 with the flag named)."""
     from ..core.errors import InputError
-    from ..core.fsutil import write_json
 
     _check_sizes(args)
     if not 0 < args.kv_scale <= 1:
@@ -87,6 +100,28 @@ def _run(args: Namespace) -> int:
         raise InputError(f"--horizon must be a finite number of seconds >= 0, got {args.horizon}")
     if args.max_requests is not None and args.max_requests < 1:
         raise InputError(f"--max-requests must be >= 1, got {args.max_requests}")
+    for flag, v in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
+        if not (math.isfinite(v) and v > 0):
+            raise InputError(f"{flag} must be a finite number of seconds > 0, got {v}")
+    if args.lora_slots < 0:
+        raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
+    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isdigit() and int(args.max_tokens)):
+        raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
+
+
+def _run(args: Namespace) -> int:
+    from dataclasses import replace
+
+    from trtforge.profiles.loader import load_profile
+    from trtforge.scheduler.kv_plan import load_model_spec, plan_kv
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+    from trtforge.scheduler.sim.simulator import simulate
+    from trtforge.scheduler.sim.step_time import StepTimeModel
+    from trtforge.scheduler.sim.traces import assign_adapters, load_trace
+
+    from ..core.fsutil import write_json
+
+    _check(args)
     from ._outputs import if_exists
 
     # Before simulating, and before either is written: neither may be the trace, the config or the profile.
@@ -99,13 +134,17 @@ def _run(args: Namespace) -> int:
     reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
+    if args.adapters is not None:
+        reqs = assign_adapters(reqs, args.adapters, seed=args.seed)
+    adapters = tuple(sorted({r.adapter for r in reqs if r.adapter is not None}))
     blocks = _blocks(kv, args, profile.name)
     cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
                           max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
-                          max_running=args.max_running)
+                          max_running=args.max_running, lora_slots=args.lora_slots, adapters=adapters)
     model = StepTimeModel.from_profile(profile, spec, kv_dtype=kv.kv_dtype)
     res = simulate(reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
-                   horizon_s=args.horizon)
+                   horizon_s=args.horizon, max_tokens=args.max_tokens, slo_ttft_s=args.slo_ttft,
+                   slo_tpot_s=args.slo_tpot)
     if args.json:
         write_json(args.json, {**res.summary.to_json(), "router": args.router, "trace": args.trace,
                                "profile": profile.name, "model": spec.name,
@@ -116,8 +155,9 @@ def _run(args: Namespace) -> int:
         from trtforge.scheduler.sim.plots import plot_results
 
         plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
-    keys = ("policy", "requests", "completed", "rejected", "preempted", "stuck", "req_per_s", "throughput_tok_s",
-            "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate")
+    keys = ("policy", "goodput_req_s", "requests", "completed", "rejected", "preempted", "unserved", "req_per_s",
+            "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate",
+            "adapter_loads", "slot_hits", "slot_wait_s")
     from ..core.jsonout import dumps
 
     print(dumps({k: getattr(res.summary, k) for k in keys}, indent=1))

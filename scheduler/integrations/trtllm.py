@@ -1,175 +1,179 @@
-"""Put the cache-aware capacity policy into TensorRT-LLM's PyTorch-backend executor.
+"""Put the project's ``Scheduler`` into TensorRT-LLM's PyTorch-backend executor as its capacity scheduler.
 
-TensorRT-LLM's ``PyExecutor`` asks ``scheduler.capacity_scheduler.schedule_request(active_requests)`` each
-iteration for ``(fitting, fitting_disagg_gen_init, paused)`` (``tensorrt_llm/_torch/pyexecutor/scheduler.py``:
-``CapacityScheduler``; the default is ``BindCapacityScheduler`` over the C++ GUARANTEED_NO_EVICT loop, built in
-``_util.create_py_executor_instance`` and wrapped in a ``SimpleScheduler`` with the micro-batch scheduler).
-``CacheAwareCapacityScheduler`` is a drop-in ``CapacityScheduler``:
+What is measured is what is deployed: ``CacheAwareCapacityScheduler`` drives the SAME ``Scheduler`` object the
+simulator drives. Each ``schedule_request(active_requests)`` call (the upstream contract, see
+``trtllm_contract``) does what the simulator's replay does around ``Scheduler.step``:
 
-- requests already running (generating, or with part of their context computed) keep their reservation and are
-  always scheduled -- nothing admitted is ever paused or evicted;
-- new context requests are admitted while their blocks to completion
-  (``kv_cache_manager.get_needed_resource_to_completion``) fit in what the running ones leave of
-  ``get_max_resource_count()``, skipping ahead of one that does not fit by at most ``skip_window`` entries, with
-  aging (``policies.Policy.select``, the same code the simulator runs);
-- a request that needs more blocks than the whole cache is never scheduled; it is reported once through
-  ``on_reject(request, RejectReason)`` (``install`` wires that to the executor's error path when it has one),
-  instead of waiting forever as GUARANTEED_NO_EVICT does up to TensorRT-LLM 1.2.
+- requests that left ``active_requests`` ended upstream (end-of-sequence, cap, cancel): ``finish`` / ``cancel``
+  free their blocks and LoRA slot;
+- a request now past its context phase had its prompt computed: ``context_done`` makes its prompt blocks
+  findable, as ``update`` does after a simulated prefill (so prefix reuse is credited exactly as simulated);
+- new requests are ``submit``-ted in arrival order; one that can never run is rejected once, with its
+  ``RejectReason`` message, through the executor's error path that does not spend its error budget;
+- the capacity stage ``Scheduler.admit`` runs against the live free blocks (blocks the KV cache manager holds
+  beyond this scheduler's reservations are kept out of admission);
+- ``fitting`` is every request the scheduler holds as running, in arrival order; ``paused`` is always empty
+  (nothing admitted is evicted: only reserve-to-completion policies are accepted here).
 
-Prefix reuse is not credited here (TensorRT-LLM's count to completion does not subtract reused blocks); its block
-manager still shares them physically. Everything TensorRT-LLM is imported lazily; without it ``install`` raises
-``BackendError``. This glue follows the released source (v1.2 / main) and was NOT run against a real
-TensorRT-LLM installation in this project's CI; the decision logic (``decide``) is tested on plain data.
+``tensorrt_llm`` is imported lazily (``install``); the class itself needs only TensorRT-LLM's request states,
+which tests pass as a stand-in enum with the same member names. NOT run against a real TensorRT-LLM in this
+project's CI: tests drive it with small fakes of ``LlmRequest``, ``LlmRequestState`` and the KV cache manager
+and check that its decisions equal the simulator's on the same request stream.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from trtforge.build_engine.core.errors import BackendError
+from trtforge.build_engine.core.errors import BackendError, InputError
 
-from ..policies import Policy, get_policy
-from ..scheduler import RejectReason
+from ..request import Request, hashes_from_tokens
+from ..scheduler import Scheduler, SchedulerConfig
+from . import trtllm_contract as contract
+
+log = logging.getLogger("trtforge.scheduler.trtllm")
 
 _FIX = ("install TensorRT-LLM (pip install tensorrt_llm from NVIDIA's index, or use an NGC TensorRT-LLM "
         "container) to use the TensorRT-LLM adapter; the simulator needs nothing")
 
 
 def _trtllm() -> tuple[Any, Any, Any]:
-    """(scheduler module, _util module, LlmRequestState) or BackendError."""
+    """(_util module, LlmRequestState, ResourceManagerType or None) or BackendError."""
     try:
         import importlib
 
-        sched = importlib.import_module("tensorrt_llm._torch.pyexecutor.scheduler")
         util = importlib.import_module("tensorrt_llm._torch.pyexecutor._util")
         llm_request = importlib.import_module("tensorrt_llm._torch.pyexecutor.llm_request")
+        rm = importlib.import_module("tensorrt_llm._torch.pyexecutor.resource_manager")
     except ImportError as exc:
         raise BackendError(f"TensorRT-LLM is not importable ({exc}); {_FIX}") from exc
-    return sched, util, llm_request.LlmRequestState
-
-
-@dataclass
-class Candidate:
-    """What the decision needs of one active request (plain data)."""
-
-    id: int
-    running: bool
-    needed_blocks: int
-    skips: int = 0
-
-
-@dataclass
-class Decision:
-    scheduled: list[int] = field(default_factory=list)
-    never_fit: list[int] = field(default_factory=list)
-
-
-def decide(candidates: Sequence[Candidate], max_blocks: int, max_requests: int, policy: Policy) -> Decision:
-    """Running candidates first (their reservation stands), then new ones per ``policy.select``."""
-    out = Decision()
-    reserved = 0
-    pending: list[Candidate] = []
-    for c in candidates:
-        if c.running:
-            out.scheduled.append(c.id)
-            reserved += c.needed_blocks
-        elif c.needed_blocks > max_blocks:
-            out.never_fit.append(c.id)
-        else:
-            pending.append(c)
-    free = [max_blocks - reserved]
-
-    def try_admit(c: Candidate) -> bool:
-        if c.needed_blocks <= free[0]:
-            free[0] -= c.needed_blocks
-            out.scheduled.append(c.id)
-            return True
-        return False
-
-    policy.select(pending, try_admit, lambda: len(out.scheduled) < max_requests)
-    return out
+    return util, llm_request.LlmRequestState, getattr(rm, "ResourceManagerType", None)
 
 
 class CacheAwareCapacityScheduler:
-    """``schedule_request(active_requests) -> (fitting, fitting_disagg_gen_init, paused)`` (paused is empty)."""
+    """``schedule_request(active_requests) -> (fitting, fitting_disagg_gen_init, paused)`` over a ``Scheduler``."""
 
-    def __init__(self, kv_cache_manager: Any, max_num_requests: int, skip_window: int | None = None,
-                 max_skips: int | None = None,
-                 on_reject: Callable[[Any, RejectReason], None] | None = None) -> None:
-        _, _, self._state = _trtllm()
+    def __init__(self, scheduler: Scheduler, kv_cache_manager: Any, states: Any,
+                 reject: Callable[[Any, str], bool] | None = None) -> None:
+        if scheduler.policy.preempts:
+            raise InputError(f"policy {scheduler.policy.name!r} preempts; the TensorRT-LLM adapter runs "
+                             "reserve-to-completion policies only (cache-aware, trtllm-main-no-evict, "
+                             "trtllm-1.2-no-evict)")
+        self.sched = scheduler
         self.kv = kv_cache_manager
-        self.max_num_requests = max_num_requests
-        self.policy = get_policy("cache-aware", skip_window, max_skips)
-        self.on_reject = on_reject
-        self._skips: dict[int, int] = {}
-        self._rejected: set[int] = set()
+        self.s = states
+        self.reject = reject
+        self._live: dict[str, None] = {}  # submitted, not ended, in arrival order
+        self._rejected: set[str] = set()
+        self._schedulable = {x for x in (getattr(states, n, None) for n in (
+            "CONTEXT_INIT", "GENERATION_IN_PROGRESS", "GENERATION_TO_COMPLETE", "DISAGG_GENERATION_INIT"))
+            if x is not None}
+        self._past_context = {x for x in (getattr(states, n, None) for n in (
+            "GENERATION_IN_PROGRESS", "GENERATION_TO_COMPLETE")) if x is not None}
 
-    def _is_running(self, req: Any) -> bool:
-        s = self._state
-        if req.state in (s.GENERATION_IN_PROGRESS, getattr(s, "GENERATION_TO_COMPLETE", None)):
-            return True
-        return req.state == s.CONTEXT_INIT and getattr(req, "context_current_position", 0) > 0
+    @staticmethod
+    def request_id(req: Any) -> str:
+        rid = getattr(req, "py_request_id", None)
+        return str(req.request_id if rid is None else rid)
+
+    def to_request(self, req: Any) -> Request:
+        """The scheduler's view of an ``LlmRequest``: prompt, cap, adapter, and block hashes of its tokens."""
+        prompt = int(req.prompt_len)
+        tpb = self.sched.config.tokens_per_block
+        tokens = list(req.get_tokens(0))[:prompt]
+        task = getattr(req, "lora_task_id", None)
+        return Request(self.request_id(req), 0.0, prompt, int(req.max_new_tokens),
+                       block_hashes=hashes_from_tokens(tokens, tpb), hash_block_tokens=tpb,
+                       adapter=None if task is None else f"lora-{task}")
 
     def schedule_request(self, active_requests: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]]:
-        s = self._state
-        max_blocks = int(self.kv.get_max_resource_count())
-        by_id: dict[int, Any] = {}
-        cands: list[Candidate] = []
+        present: dict[str, Any] = {}
         for req in active_requests:
-            st = req.state
-            if st not in (s.CONTEXT_INIT, s.GENERATION_IN_PROGRESS, getattr(s, "GENERATION_TO_COMPLETE", None),
-                          getattr(s, "DISAGG_GENERATION_INIT", None)):
-                continue
-            rid = int(req.request_id)
-            if rid in self._rejected:
-                continue
-            by_id[rid] = req
-            cands.append(Candidate(rid, self._is_running(req), int(self.kv.get_needed_resource_to_completion(req)),
-                                   self._skips.get(rid, 0)))
-        d = decide(cands, max_blocks, self.max_num_requests, self.policy)
-        for c in cands:
-            if c.skips:
-                self._skips[c.id] = c.skips
-        for rid in d.scheduled:
-            self._skips.pop(rid, None)
-        for rid in d.never_fit:
-            self._rejected.add(rid)
-            need = next(c.needed_blocks for c in cands if c.id == rid)
-            reason = RejectReason("kv-never-fits", need, max_blocks, 0,
-                                  f"request {rid} needs {need} KV blocks but the cache holds {max_blocks}; "
-                                  "lower max_tokens or the prompt, or give the KV cache more memory")
-            if self.on_reject is not None:
-                self.on_reject(by_id[rid], reason)
+            if req.state in self._schedulable:
+                present[self.request_id(req)] = req
+        self._end_missing(present)
+        self._bound_by_live_blocks()  # before submit, which may admit at once
+        for rid, req in present.items():
+            if rid in self._live:
+                if req.state in self._past_context:
+                    self.sched.context_done(rid)
+            elif rid not in self._rejected:
+                self._submit(rid, req)
+        self.sched.admit()
         fitting: list[Any] = []
         disagg: list[Any] = []
-        for rid in d.scheduled:
-            req = by_id[rid]
-            (disagg if req.state == getattr(s, "DISAGG_GENERATION_INIT", object()) else fitting).append(req)
+        gen_init = getattr(self.s, "DISAGG_GENERATION_INIT", object())
+        for rid, req in present.items():
+            if rid in self._live and self.sched.state(rid) == "running":
+                (disagg if req.state == gen_init else fitting).append(req)
         return fitting, disagg, []
 
+    def _end_missing(self, present: dict[str, Any]) -> None:
+        for rid in [r for r in self._live if r not in present]:
+            del self._live[rid]
+            state = self.sched.state(rid)
+            if state == "running":
+                self.sched.finish(rid)
+            elif state == "queued":
+                self.sched.cancel(rid)
 
-def install(py_executor: Any, skip_window: int | None = None, max_skips: int | None = None) -> Any:
-    """Replace a built ``PyExecutor``'s capacity scheduler with ``CacheAwareCapacityScheduler``; returns it."""
-    _trtllm()
-    sched = getattr(py_executor, "scheduler", None)
-    if sched is None or not hasattr(sched, "capacity_scheduler"):
-        raise BackendError("this TensorRT-LLM executor has no scheduler.capacity_scheduler to replace; the adapter "
-                           "supports the PyTorch backend's SimpleScheduler (TensorRT-LLM 1.x)")
-    kv = py_executor.resource_manager.resource_managers.get("kv_cache_manager")
-    if kv is None:
-        raise BackendError("the executor has no kv_cache_manager; the cache-aware scheduler needs a KV cache")
-    max_requests = getattr(sched.capacity_scheduler, "max_num_requests", None) or getattr(
-        py_executor, "max_batch_size", None) or 256
-    handler = getattr(py_executor, "_handle_errors", None)
+    def _submit(self, rid: str, req: Any) -> None:
+        r = self.to_request(req)
+        if r.adapter is not None:
+            self.sched.lora.register(r.adapter)  # the executor's PEFT cache validated the task id already
+        res = self.sched.submit(r)
+        if res.status == "rejected":
+            self._rejected.add(rid)
+            message = res.reason.message if res.reason else f"request {rid} rejected"
+            if self.reject is not None:
+                self.reject(req, message)
+            return
+        self._live[rid] = None
 
-    def on_reject(req: Any, reason: RejectReason) -> None:
-        if handler is not None:
-            handler(reason.message, requests=[req])
+    def _bound_by_live_blocks(self) -> None:
+        """Blocks the KV cache manager holds beyond this scheduler's reservations (requests it does not see,
+        a smaller pool than announced) are kept out of admission; reserved-but-unwritten blocks are ours."""
+        free = contract.live_free_blocks(self.kv)
+        if free is None:
+            return
+        upstream_used = self.sched.config.num_blocks - free
+        self.sched.outside_blocks = max(0, upstream_used - self.sched.used_blocks)
 
-    cap = CacheAwareCapacityScheduler(kv, int(max_requests), skip_window, max_skips, on_reject)
-    sched.capacity_scheduler = cap
+
+def install(py_executor: Any, policy: str = "cache-aware", skip_window: int | None = None,
+            max_skips: int | None = None, max_num_requests: int | None = None,
+            lora_slots: int | None = None) -> CacheAwareCapacityScheduler:
+    """Replace a built ``PyExecutor``'s capacity stage with ``CacheAwareCapacityScheduler``; returns it."""
+    _, states, rm_type = _trtllm()
+    return install_with(py_executor, states, rm_type, policy=policy, skip_window=skip_window,
+                        max_skips=max_skips, max_num_requests=max_num_requests, lora_slots=lora_slots)
+
+
+def install_with(py_executor: Any, states: Any, rm_type: Any, *, policy: str = "cache-aware",
+                 skip_window: int | None = None, max_skips: int | None = None,
+                 max_num_requests: int | None = None, lora_slots: int | None = None) -> CacheAwareCapacityScheduler:
+    """``install`` with TensorRT-LLM's ``LlmRequestState`` and ``ResourceManagerType`` given (tests pass
+    stand-ins with the same member names)."""
+    request_scheduler = getattr(py_executor, "scheduler", None)
+    if request_scheduler is None:
+        raise BackendError("this TensorRT-LLM executor has no scheduler to extend; the adapter supports the "
+                           "PyTorch backend's PyExecutor")
+    kv = contract.kv_cache_manager(py_executor.resource_manager, rm_type)
+    host = contract.capacity_host(request_scheduler)
+    old = getattr(host, "capacity_scheduler", None)
+    max_req = max_num_requests or contract.max_num_requests(py_executor, old)
+    cfg = SchedulerConfig(num_blocks=int(kv.get_max_resource_count()), tokens_per_block=int(kv.tokens_per_block),
+                          policy=policy, max_seq_len=int(getattr(py_executor, "max_seq_len", None) or 131072),
+                          token_budget=max(8192, max_req), max_running=max_req,
+                          lora_slots=max_req if lora_slots is None else lora_slots,
+                          skip_window=skip_window, max_skips=max_skips)
+    cap = CacheAwareCapacityScheduler(Scheduler(cfg), kv, states, contract.rejecter(py_executor))
+    if host is not None:
+        host.capacity_scheduler = cap
+    else:  # KV-cache-V2 path / multimodal wrapper on main: no capacity stage to swap, so filter in front of it
+        py_executor.scheduler = contract.CapacityFirst(request_scheduler, cap)
     return cap
 
 
@@ -178,7 +182,7 @@ def patch_executor_creation(**kwargs: Any) -> Callable[[], None]:
     builds gets the cache-aware capacity scheduler. Returns a function that restores the originals."""
     import importlib
 
-    _, util, _ = _trtllm()
+    util, _, _ = _trtllm()
     original = util.create_py_executor_instance
     modules = [util]
     try:

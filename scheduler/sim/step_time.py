@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -58,20 +59,40 @@ class StepTimeModel:
             tflops = hw.fp8_tflops or hw.bf16_tflops
         return cls(spec, hw.memory_bandwidth_gbs, float(tflops or hw.fp16_tflops), wdt, kv_dtype or wdt, tp, **kw)
 
-    @property
+    # cached: ``step_seconds`` runs once per simulated step (10^5 times a replay) and the spec's counts are
+    # computed properties
+    @cached_property
     def weights_bytes(self) -> float:
         return self.spec.num_params * DTYPE_BYTES[self.weights_dtype] / self.tp
 
-    @property
+    @cached_property
     def matmul_params(self) -> int:
         """Parameters multiplied per token: all but the embedding table (the LM head runs per sampled token)."""
         return self.spec.num_params - 2 * self.spec.vocab_size * self.spec.hidden_size
+
+    @cached_property
+    def _consts(self) -> tuple[float, float, float, float, float, float]:
+        """(kv bytes/token, weights bytes, bytes/s, flop/s, flops per token, flops per attended key), per tp."""
+        s = self.spec
+        return (float(s.kv_bytes_per_token(self.kv_dtype, self.tp)), self.weights_bytes,
+                self.bandwidth_gbs * 1e9 * self.bw_eff, self.tflops * 1e12 * self.flop_eff,
+                (2.0 * self.matmul_params + 2.0 * s.vocab_size * s.hidden_size) / self.tp,
+                4.0 * s.num_layers * s.num_heads * s.head_dim / self.tp)
+
+    def decode_seconds(self, decode_contexts_sum: int, num_decode: int) -> float:
+        """``step_seconds([], decode_contexts_sum, num_decode)``, cheaper (the simulator's quiet decode steps)."""
+        if num_decode == 0:
+            return 0.0
+        kv_tok, w, bw, fl, per_tok, per_key = self._consts
+        t_mem = (w + kv_tok * (decode_contexts_sum + num_decode)) / bw
+        t_flop = (per_tok * num_decode + per_key * decode_contexts_sum) / fl
+        return self.overhead_s + (t_mem if t_mem > t_flop else t_flop)
 
     def step_seconds(self, context_chunks: list[tuple[int, int]], decode_contexts_sum: int, num_decode: int) -> float:
         """``context_chunks``: (first token index, tokens) per prefill chunk; decode requests: their count and
         the sum of their context lengths."""
         s = self.spec
-        kv_tok = s.kv_bytes_per_token(self.kv_dtype, self.tp)
+        kv_tok = self._consts[0]
         prefill_tokens = 0
         attended = decode_contexts_sum  # one query token per decoding request attends to its whole context
         kv_read = decode_contexts_sum

@@ -7,6 +7,10 @@
 - ``synthetic_trace``: Poisson arrivals, lognormal prompt and output lengths, and conversations that extend a
   shared system prompt and their own earlier turns, emitted as Mooncake-style hash ids (deterministic by seed).
 
+A JSONL line may carry ``"adapter": NAME`` and a CSV an ``adapter`` column (empty = the base model): the LoRA
+adapter the request runs under. ``assign_adapters`` gives a trace without adapters K synthetic ones with a Zipf
+popularity (S-LoRA's workload: a few adapters take most requests).
+
 A malformed file raises ``InputError`` with one line naming the file, the line number and what is wrong.
 Arrival times are seconds from the first request. A zero ``GeneratedTokens`` is read as 1 (the request still
 produces its first token).
@@ -20,6 +24,7 @@ import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -78,6 +83,7 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
         need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
         if header[:3] != need:
             raise InputError(f"{p}:1: header must be {','.join(need)}, got {','.join(header) or 'nothing'}")
+        col = header.index("adapter") if "adapter" in header else -1
         t0: float | None = None
         for row in reader:
             line = reader.line_num
@@ -90,7 +96,8 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
             t0 = t if t0 is None else t0
             prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
             new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
-            out.append(Request(f"azure-{len(out)}", t - t0, prompt, new))
+            adapter = row[col].strip() or None if 0 <= col < len(row) else None
+            out.append(Request(f"azure-{len(out)}", t - t0, prompt, new, adapter=adapter))
             if max_requests is not None and len(out) >= max_requests:
                 break
     return _sorted(out, p)
@@ -125,10 +132,15 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                        for h in hashes):
                 raise InputError(f"{p}:{line_no}: hash_ids must be a list of integers")
+            adapter = obj.get("adapter")
+            if adapter is not None and (not isinstance(adapter, str) or not adapter):
+                raise InputError(f"{p}:{line_no}: adapter must be a non-empty string (the LoRA adapter's name), "
+                                 f"got {adapter!r}")
             out.append(Request(f"mooncake-{len(out)}", t - t0,
                                _int(obj["input_length"], p, line_no, "input_length", 1),
                                max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
-                               block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS))
+                               block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
+                               adapter=adapter))
             if max_requests is not None and len(out) >= max_requests:
                 break
     return _sorted(out, p)
@@ -173,6 +185,18 @@ def synthetic_trace(num_requests: int = 2000, rate: float = 4.0, seed: int = 0, 
         out.append(Request(f"synthetic-{i}", t, length, new, block_hashes=tuple(hashes),
                            hash_block_tokens=MOONCAKE_BLOCK_TOKENS))
     return out
+
+
+def assign_adapters(reqs: list[Request], k: int, seed: int = 0, zipf_s: float = 1.0) -> list[Request]:
+    """Give each request one of ``k`` adapters ``adapter-0..k-1`` drawn with Zipf popularity (P(i) ~ 1/(i+1)^s),
+    deterministic by seed; requests that already name an adapter keep it."""
+    if k < 1:
+        raise InputError(f"--adapters must be >= 1, got {k}")
+    rng = random.Random(seed)
+    weights = [1.0 / (i + 1) ** zipf_s for i in range(k)]
+    names = [f"adapter-{i}" for i in range(k)]
+    picks = rng.choices(names, weights=weights, k=len(reqs))
+    return [r if r.adapter is not None else replace(r, adapter=a) for r, a in zip(reqs, picks, strict=True)]
 
 
 def load_trace(spec: str, max_requests: int | None = None, seed: int = 0) -> list[Request]:

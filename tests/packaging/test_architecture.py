@@ -32,8 +32,6 @@ EXCEPTIONS: dict[str, str] = {
                                                              "object",
     "plugins/lora/trt_plugin.py::make_plugin_classes": "builds the IPluginV3 classes on the TensorRT module chosen "
                                                        "at run time (their base classes come from it)",
-    "scheduler/sim/simulator.py::simulate": "the event loop of one simulation; left to the scheduler rework "
-                                            "(issue 13, in flight) to avoid a conflict",
     "bench/lora_kernel.py::_run_case": "one benchmark case timed against every anchor (torch, triton, cupy)",
     "bench/lora_kernel.py::main": "argument handling and the PASS/MISS table of the GPU benchmark",
     "tests/_support/lora_kernel_mirror.py::fused_launch": "a line-by-line NumPy mirror of the CUDA kernel; its "

@@ -59,7 +59,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def step(self) -> None:
         plan = self.s.step()
         assert plan.num_tokens <= self.s.config.token_budget
-        if self.policy != "max-utilization":
+        if not self.s.policy.preempts:
             assert not plan.preempted
 
     @precondition(lambda self: bool(self.s.running))
@@ -140,9 +140,15 @@ class MaxUtilMachine(SchedulerMachine):
     policy = "max-utilization"
 
 
+class VllmV1Machine(SchedulerMachine):
+    policy = "vllm-v1"
+
+
 TestCacheAware = CacheAwareMachine.TestCase
 TestCacheAware.settings = SETTINGS
 TestFcfs = FcfsMachine.TestCase
 TestFcfs.settings = SETTINGS
 TestMaxUtil = MaxUtilMachine.TestCase
 TestMaxUtil.settings = SETTINGS
+TestVllmV1 = VllmV1Machine.TestCase
+TestVllmV1.settings = SETTINGS

@@ -51,7 +51,10 @@ def test_never_fit_under_fcfs_terminates_and_reports_stuck() -> None:
 # The ``trtforge simulate --json`` keys the summary owns, in order (the CLI appends its run context after them).
 SUMMARY_KEYS = ("policy", "replicas", "requests", "completed", "rejected", "rejected_by_kind", "preempted", "stuck",
                 "stuck_ids", "duration_s", "req_per_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-                "kv_utilization_mean", "prefix_hit_rate", "steps", "num_blocks_per_replica", "tokens_per_block")
+                "kv_utilization_mean", "prefix_hit_rate", "steps", "num_blocks_per_replica", "tokens_per_block",
+                # issue 13 adds these after today's keys
+                "goodput_req_s", "unserved", "slo_ttft_s", "slo_tpot_s", "max_tokens", "lora_slots", "adapter_loads",
+                "slot_hits", "slot_wait_s")
 
 
 def test_summary_is_frozen_and_to_json_keeps_the_keys() -> None:

@@ -1,45 +1,254 @@
-"""TensorRT-LLM adapter: the decision logic on plain data, the clear error without TensorRT-LLM, and the real
-classes where TensorRT-LLM is installed."""
+"""TensorRT-LLM adapter: it drives the same ``Scheduler`` the simulator drives, so its decisions on a request
+stream equal the simulator's; feature detection of 1.2 vs main; the clear error without TensorRT-LLM.
+
+The fakes below are stand-ins ONLY for TensorRT-LLM's own classes, with their documented attribute names
+(``LlmRequestState``, ``LlmRequest``, ``KVCacheManager``, ``ResourceManager``, ``ResourceManagerType``,
+``SimpleScheduler``, ``BindCapacityScheduler``, ``PyExecutor``); the project's scheduler is real.
+"""
 
 from __future__ import annotations
 
+import enum
 import importlib.util
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from trtforge.build_engine.core.errors import BackendError
-from trtforge.scheduler.integrations.trtllm import Candidate, decide
-from trtforge.scheduler.policies import get_policy
+from trtforge.scheduler.integrations.trtllm import CacheAwareCapacityScheduler, install_with
+from trtforge.scheduler.request import Request, hashes_from_tokens
+from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
 
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
+TPB = 4
 
 
-def test_decide_keeps_running_rejects_never_fit_and_skips_ahead() -> None:
-    pol = get_policy("cache-aware", skip_window=2, max_skips=2)
-    cands = [Candidate(1, True, 30), Candidate(2, False, 500), Candidate(3, False, 80),
-             Candidate(4, False, 10), Candidate(5, False, 10)]
-    d = decide(cands, max_blocks=100, max_requests=8, policy=pol)
-    assert d.never_fit == [2]
-    assert d.scheduled == [1, 4, 5]  # 3 (80 blocks) waits; 4 and 5 go ahead of it
-    assert cands[2].skips == 2
-    # 3 has now been passed over max_skips times: nobody may pass it until it fits
-    d2 = decide([Candidate(1, True, 30), cands[2], Candidate(6, False, 10)], 100, 8, pol)
-    assert d2.scheduled == [1]
-    d3 = decide([cands[2], Candidate(6, False, 10)], 100, 8, pol)  # the running request finished
-    assert d3.scheduled == [3, 6]
+class LlmRequestState(enum.Enum):  # tensorrt_llm/_torch/pyexecutor/llm_request.py member names
+    CONTEXT_INIT = 2
+    DISAGG_GENERATION_INIT = 8
+    GENERATION_IN_PROGRESS = 3
+    GENERATION_TO_COMPLETE = 4
+    GENERATION_COMPLETE = 5
 
 
-def test_decide_respects_max_requests() -> None:
-    d = decide([Candidate(i, i < 2, 1) for i in range(6)], 100, 3, get_policy("cache-aware"))
-    assert d.scheduled == [0, 1, 2]
+class ResourceManagerType(enum.Enum):  # resource_manager.py on main
+    KV_CACHE_MANAGER = "KV_CACHE_MANAGER"
+
+
+@dataclass
+class LlmRequest:
+    request_id: int
+    prompt_len: int
+    max_new_tokens: int
+    tokens: list[int]
+    lora_task_id: int | None = None
+    state: LlmRequestState = LlmRequestState.CONTEXT_INIT
+    generated: int = 0
+    stop_at: int = 0  # end-of-sequence (the executor's knowledge)
+
+    def get_tokens(self, beam: int) -> list[int]:
+        return self.tokens
+
+
+@dataclass
+class KVCacheManager:
+    num_blocks: int
+    tokens_per_block: int = TPB
+    requests: list[LlmRequest] = field(default_factory=list)
+    held_elsewhere: int = 0
+
+    def get_max_resource_count(self) -> int:
+        return self.num_blocks
+
+    def get_num_free_blocks(self) -> int:
+        """Live: blocks written so far by running requests, full prompt blocks shared by content (reuse)."""
+        shared: set[tuple[int, ...]] = set()
+        private = 0
+        for r in self.requests:
+            if r.state not in (LlmRequestState.GENERATION_IN_PROGRESS, LlmRequestState.GENERATION_TO_COMPLETE):
+                continue
+            full = (r.prompt_len - 1) // TPB
+            shared.update(tuple(r.tokens[:(i + 1) * TPB]) for i in range(full))
+            private += math.ceil((r.prompt_len + r.generated) / TPB) - full
+        return self.num_blocks - len(shared) - private - self.held_elsewhere
+
+
+def _stream(seed: int, n: int = 60) -> list[tuple[int, LlmRequest]]:
+    """(arrival iteration, request): shared prefixes, early EOS below the cap, one never-fit request."""
+    rng = random.Random(seed)
+    system = [rng.randrange(1000) for _ in range(12)]
+    out = []
+    for i in range(n):
+        prompt = system[:rng.choice([0, 8, 12])] + [rng.randrange(1000) for _ in range(rng.randrange(1, 30))]
+        cap = rng.randrange(2, 24)
+        if i == 7:
+            prompt, cap = prompt + [1] * 200, 40  # needs more blocks than the cache holds
+        task = rng.choice([None, None, 0, 1, 2])  # LoRA adapters: 3 of them over 2 slots, so some wait
+        out.append((i // 3, LlmRequest(i, len(prompt), cap, prompt, lora_task_id=task,
+                                       stop_at=rng.randrange(1, cap))))
+    return out
+
+
+def _config(policy: str) -> SchedulerConfig:
+    return SchedulerConfig(num_blocks=48, tokens_per_block=TPB, policy=policy, token_budget=4096, max_running=6,
+                           skip_window=3, max_skips=4, lora_slots=2, adapters=("lora-0", "lora-1", "lora-2"))
+
+
+def _simulated(stream: list[tuple[int, LlmRequest]], policy: str, iters: int) -> list[list[str]]:
+    """What the simulator does: submit arrivals, step(), finish requests at their end-of-sequence."""
+    s = Scheduler(_config(policy))
+    batches = []
+    for k in range(iters):
+        for at, r in stream:
+            if at == k:
+                s.submit(Request(str(r.request_id), 0.0, r.prompt_len, r.max_new_tokens,
+                                 hashes_from_tokens(r.tokens, TPB), TPB,
+                                 adapter=None if r.lora_task_id is None else f"lora-{r.lora_task_id}"))
+        plan = s.step()
+        batches.append(sorted({c[0] for c in plan.context} | set(plan.decode), key=int))
+        # end-of-sequence (always before the cap here), in arrival order as the executor below reports it: the
+        # order blocks are freed in decides which cached prefixes the LRU keeps
+        ended = [rid for rid in s.decoding if s.seqs[rid].generated(plan.step) >= stream[int(rid)][1].stop_at]
+        for rid in sorted(ended, key=int):
+            s.finish(rid)
+    return batches
+
+
+def _deployed(stream: list[tuple[int, LlmRequest]], policy: str, iters: int) -> tuple[list[list[str]], list]:
+    """A fake executor loop: schedule_request over the active requests, run one iteration of each fitting one."""
+    kv = KVCacheManager(48)
+    rejected: list[Any] = []
+    cap = CacheAwareCapacityScheduler(Scheduler(_config(policy)), kv, LlmRequestState,
+                                      lambda req, msg: rejected.append((req.request_id, msg)) or True)
+    active: list[LlmRequest] = []
+    batches = []
+    for k in range(iters):
+        active += [r for at, r in stream if at == k]
+        kv.requests = active
+        fitting, disagg, paused = cap.schedule_request(active)
+        assert not disagg and not paused
+        batches.append(sorted((str(r.request_id) for r in fitting), key=int))
+        for r in fitting:
+            r.generated += 1
+            r.state = LlmRequestState.GENERATION_IN_PROGRESS
+            if r.generated >= min(r.stop_at, r.max_new_tokens):
+                r.state = LlmRequestState.GENERATION_COMPLETE
+        active = [r for r in active if r.state != LlmRequestState.GENERATION_COMPLETE
+                  and r.request_id not in {x[0] for x in rejected}]
+    return batches, rejected
+
+
+@pytest.mark.parametrize("policy", ["cache-aware", "trtllm-main-no-evict"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adapter_decisions_equal_the_simulators(policy: str, seed: int) -> None:
+    sim = _simulated(_stream(seed), policy, 120)
+    dep, rejected = _deployed(_stream(seed), policy, 120)
+    assert dep == sim
+    assert [r[0] for r in rejected] == [7] and "KV blocks" in rejected[0][1]
+    assert sum(map(len, sim)) > 100 and not sim[-1]  # it did work, and all of it finished
+
+
+def test_adapter_keeps_blocks_held_elsewhere_out_of_admission() -> None:
+    kv = KVCacheManager(20, held_elsewhere=12)  # live free blocks: 8, though the static maximum is 20
+    cap = CacheAwareCapacityScheduler(Scheduler(_config("cache-aware").__class__(
+        num_blocks=20, tokens_per_block=TPB, max_running=4, token_budget=64)), kv, LlmRequestState)
+    a = LlmRequest(1, 20, 8, list(range(20)))  # 7 blocks: fits in 8
+    b = LlmRequest(2, 20, 8, list(range(100, 120)))  # 7 more: fits the static maximum, not the live blocks
+    kv.requests = [a, b]
+    fitting, _, _ = cap.schedule_request([a, b])
+    assert [r.request_id for r in fitting] == [1]
+    kv.held_elsewhere = 0
+    fitting, _, _ = cap.schedule_request([a, b])
+    assert [r.request_id for r in fitting] == [1, 2]
+
+
+class BindCapacityScheduler:  # does not keep max_num_requests (it goes to C++)
+    pass
+
+
+@dataclass
+class SimpleScheduler:
+    capacity_scheduler: Any
+    micro_batch_scheduler: Any = None
+
+
+class KvCacheV2Scheduler:  # main: a request scheduler with no capacity_scheduler attribute
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def schedule_request(self, active_requests: list, inflight_request_ids: set) -> tuple:
+        self.seen.append([r.request_id for r in active_requests])
+        return active_requests, [], []
+
+
+@dataclass
+class ResourceManager:
+    resource_managers: dict
+
+
+class Dist:
+    pp_size = 2
+
+
+class PyExecutorMain:
+    def __init__(self, scheduler: Any, kv: Any) -> None:
+        self.scheduler = scheduler
+        self.resource_manager = ResourceManager({ResourceManagerType.KV_CACHE_MANAGER: kv})
+        self.max_batch_size = 3
+        self.dist = Dist()
+        self.errors: list[tuple] = []
+
+    def _handle_errors(self, error_msg: str | None = None, *, requests: list | None = None,
+                       charge_budget: bool = True) -> None:
+        self.errors.append((error_msg, [r.request_id for r in requests or []], charge_budget))
+
+
+class PyExecutor12:
+    def __init__(self, scheduler: Any, kv: Any) -> None:
+        self.scheduler = scheduler
+        self.resource_manager = ResourceManager({"kv_cache_manager": kv})
+        self.max_num_active_requests = 5
+        self.failed_all = False
+
+    def _handle_errors(self, error_msg: str | None = None) -> None:  # 1.2: fails every active request
+        self.failed_all = True
+
+
+def test_install_on_main_kv_v2_path_pp_and_budget_free_rejection() -> None:
+    kv = KVCacheManager(10)
+    inner = KvCacheV2Scheduler()
+    ex = PyExecutorMain(inner, kv)
+    cap = install_with(ex, LlmRequestState, ResourceManagerType)
+    assert cap.sched.config.max_running == 6  # max_batch_size 3 x pp_size 2
+    assert ex.scheduler.inner is inner  # wrapped: the V2 scheduler has no capacity_scheduler to swap
+    big, small = LlmRequest(1, 60, 10, list(range(60))), LlmRequest(2, 4, 2, [1, 2, 3, 4])
+    ex.scheduler.schedule_request([big, small], set())
+    assert inner.seen == [[2]]
+    assert len(ex.errors) == 1 and ex.errors[0][1:] == ([1], False)  # rejected without spending the budget
+    assert "KV blocks" in ex.errors[0][0]
+
+
+def test_install_on_release_1_2() -> None:
+    kv = KVCacheManager(10)
+    simple = SimpleScheduler(BindCapacityScheduler())
+    ex = PyExecutor12(simple, kv)
+    cap = install_with(ex, LlmRequestState, None)
+    assert simple.capacity_scheduler is cap and cap.sched.config.max_running == 5
+    fitting, _, _ = cap.schedule_request([LlmRequest(1, 60, 10, list(range(60))), LlmRequest(2, 4, 2, [1] * 4)])
+    assert [r.request_id for r in fitting] == [2]
+    assert not ex.failed_all  # 1.2's _handle_errors would fail every request: never called for one rejection
+    with pytest.raises(BackendError, match="KV cache manager"):
+        install_with(PyExecutor12(simple, None), LlmRequestState, None)
 
 
 @pytest.mark.skipif(HAS_TRTLLM, reason="TensorRT-LLM is installed")
 def test_absent_trtllm_gives_clear_error() -> None:
-    from trtforge.scheduler.integrations.trtllm import CacheAwareCapacityScheduler, install, patch_executor_creation
+    from trtforge.scheduler.integrations.trtllm import install, patch_executor_creation
 
-    for call in (lambda: install(object()), patch_executor_creation,
-                 lambda: CacheAwareCapacityScheduler(None, 8)):
+    for call in (lambda: install(object()), patch_executor_creation):
         with pytest.raises(BackendError, match="TensorRT-LLM is not importable.*install TensorRT-LLM"):
             call()
 
