@@ -29,7 +29,8 @@ from .worker import CellJob, CellResult
 
 CELL_FILE = "cell.json"
 REPORT_FILE = "matrix.json"
-STAGING = ".trtforge-staging"
+# Its own name: core.staging's .trtforge-staging under OUTROOT may hold another live process's output.
+STAGING = ".trtforge-matrix-staging"
 
 
 @dataclass

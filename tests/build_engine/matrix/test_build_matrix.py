@@ -77,7 +77,7 @@ def test_local_builds_every_cell_and_reports(local_run: Path) -> None:
         assert hashlib.sha256(plan).hexdigest() == plan_sha
         assert manifest["profile"] == label.split("/")[1]
     assert engines["llama16/a10"][1]["plugins"][0]["name"] == "LoRAOpPluginDynamic"
-    assert not list(local_run.glob(".trtforge-staging*")) and not list(local_run.glob("*/.*"))
+    assert not list(local_run.glob(".trtforge-*staging*")) and not list(local_run.glob("*/.*"))
 
 
 def test_rerun_builds_nothing(models: Path, local_run: Path) -> None:
