@@ -24,10 +24,10 @@ def test_l1_ttl_and_lru_eviction() -> None:
         cache.store(make_key(req(f"q{i}")), f"a{i}")
     assert not cache.lookup(req("q0")).hit  # evicted (LRU, size 2)
     assert cache.lookup(req("q2")).value == "a2"
-    assert cache.metrics.value("trtforge_cache_eviction_total", layer="l1") == 1
+    assert cache.metrics.value("cache_eviction_total", layer="l1") == 1
     time.sleep(0.25)
     assert not cache.lookup(req("q2")).hit  # past its TTL
-    assert cache.metrics.value("trtforge_cache_access_total", result="hit", layer="l1") == 1
+    assert cache.metrics.value("cache_access_total", result="hit", layer="l1") == 1
 
 
 def test_sampled_request_never_cached_and_serve_computes_once() -> None:
@@ -114,7 +114,7 @@ def test_corrupt_entry_is_counted_never_served(redis_server) -> None:  # type: i
     a.l2.client.set(name, raw.replace(b"good", b"evil"))  # bit rot / tampering: checksum no longer matches
     b = ResponseCache(cfg, engine_sha="e1")
     assert not b.lookup(req("q")).hit
-    assert b.metrics.value("trtforge_cache_access_total", result="corrupt", layer="l2") == 1
+    assert b.metrics.value("cache_access_total", result="corrupt", layer="l2") == 1
     a.close()
     b.close()
 
@@ -134,7 +134,7 @@ def test_outage_degrades_to_l1_without_blocking(own_redis, caplog) -> None:  # t
     cache.l2.flush()
     assert worst < 1.0  # one socket timeout at most, then the tier is marked down
     assert cache.l2.dropped >= 50
-    assert cache.metrics.value("trtforge_cache_l2_up") == 0
+    assert cache.metrics.value("cache_l2_up") == 0
     assert any("unreachable" in r.message for r in caplog.records)
     cache.close()
 
