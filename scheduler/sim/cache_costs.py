@@ -81,14 +81,14 @@ def measure(tiers: tuple[str, ...], *, redis_url: str | None = None, pool_size: 
     from ..cache.front import ResponseCache
     from ..cache.keys import make_key
 
-    if "l2" in tiers:
-        if not redis_url:
-            raise InputError(f"--response-cache {','.join(tiers)} needs --redis-url redis://host:port/db")
-        check_redis(redis_url)
     lookups = max(1, min(lookups, fill))
     cfg = CacheConfig(layers=tiers, redis_url=redis_url or CacheConfig.redis_url, pool_size=pool_size,
                       l1_entries=max(fill, 1), flush_entries=512, buffer_max=max(10_000, fill),
                       namespace=f"trtforge:sim-measure:{uuid.uuid4().hex[:8]}")
+    if "l2" in tiers:
+        if not redis_url:
+            raise InputError(f"--response-cache {','.join(tiers)} needs --redis-url redis://host:port/db")
+        check_redis(redis_url)
     writer = ResponseCache(cfg, engine_sha="sim", metrics=False)
     reader = ResponseCache(cfg, engine_sha="sim", metrics=False) if "l2" in tiers else None
     try:

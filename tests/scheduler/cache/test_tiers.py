@@ -139,12 +139,40 @@ def test_outage_degrades_to_l1_without_blocking(own_redis, caplog) -> None:  # t
     cache.close()
 
 
-def test_unreachable_redis_at_startup_is_l1_only() -> None:
+def test_unreachable_redis_at_startup_is_l1_only(caplog) -> None:  # type: ignore[no-untyped-def]
     cfg = CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1/0", namespace="t:none")
     cache = ResponseCache(cfg, engine_sha="e1")
+    assert any("redis://127.0.0.1:1/0" in r.getMessage() for r in caplog.records)  # warned at start-up
+    assert cache.metrics.value("cache_l2_up") == 0
     cache.store(make_key(req("q")), "v")
     assert cache.lookup(req("q")).value == "v"
+    assert not cache.lookup(req("other")).hit  # a miss, not an error
     cache.close()
+
+
+def test_write_buffer_is_bounded_during_an_outage() -> None:
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1/0", namespace="t:buf", buffer_max=16,
+                      flush_entries=10**6, flush_interval_s=60.0)
+    cache = ResponseCache(cfg, engine_sha="e1")
+    for i in range(200):
+        cache.store(make_key(req(f"q{i}")), i)
+    assert len(cache.l2._buffer) <= 16
+    assert cache.metrics.value("cache_dropped_writes_total", reason="buffer_full") == 200 - 16
+    cache.close()
+
+
+def test_l3_index_and_version_saved_beside_the_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    cfg = CacheConfig(layers=("l1", "l3"), l3_threshold=0.8)
+    a = ResponseCache(cfg, engine_sha="e1")
+    a.rebuild_index()  # version 2
+    a.store(make_key(req("How many vacation days do new hires get?")), "25")
+    a.l3.save(tmp_path)
+    b = ResponseCache(cfg, engine_sha="e1")
+    b.l3.load(tmp_path)
+    assert b.l3.version == 2 and b.version == a.version
+    got = b.lookup(req("How many vacation days do new hires get ?"))
+    assert (got.layer, got.value) == ("l3", "25")
 
 
 def test_l3_serves_near_duplicates_within_scope_only() -> None:
