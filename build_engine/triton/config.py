@@ -205,14 +205,14 @@ def to_proto(cfg: TritonConfig) -> Any:
                              profile=list(cfg.profiles))
     for sample in cfg.warmup:
         w = proto.model_warmup.add(name=sample.name, batch_size=sample.batch_size)
-        for t in sample.inputs:
-            inp = w.inputs[t.name]
-            inp.data_type = pb.DataType.Value(t.data_type)
-            inp.dims.extend(t.dims)
-            if t.kind == "input_data_file":
-                inp.input_data_file = t.file
+        for wi in sample.inputs:
+            inp = w.inputs[wi.name]
+            inp.data_type = pb.DataType.Value(wi.data_type)
+            inp.dims.extend(wi.dims)
+            if wi.kind == "input_data_file":
+                inp.input_data_file = wi.file
             else:
-                setattr(inp, t.kind, True)
+                setattr(inp, wi.kind, True)
     return proto
 
 

@@ -114,7 +114,7 @@ _BROKEN = [
      "holds 8 bytes"),
     ("missing file", lambda e, t: ((e / "warmup" / "profile_1.1.bin").unlink(), t)[1], "is missing"),
     ("escaping file", lambda e, t: t.replace('"profile_0.0.bin"', '"../1/model.plan"'), "outside warmup/"),
-    ("wrong dtype", lambda e, t: t.replace("data_type: TYPE_FP16\n      dims: 16", "data_type: TYPE_FP32\n      dims: 16"),
+    ("wrong dtype", lambda e, t: t.replace("TYPE_FP16\n      dims: 16", "TYPE_FP32\n      dims: 16"),
      "data_type TYPE_FP32 but the input is TYPE_FP16"),
     ("outside the profiles", lambda e, t: t.replace("dims: 48", "dims: 4096"), "outside every optimization profile"),
     ("batch above max", lambda e, t: t.replace("\n  batch_size: 4", "\n  batch_size: 9"),
