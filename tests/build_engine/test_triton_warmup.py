@@ -132,3 +132,34 @@ def test_check_rejects_broken_warmup(tmp_path: Path, cli, desc: str, breaks, rea
     broken = breaks(entry, text)
     (entry / "config.pbtxt").write_text(broken)
     assert_one_line_error(cli("triton", "--check", entry), 1, reason)
+
+
+def test_real_engine_token_ids_inside_the_vocabulary(tmp_path: Path, cli) -> None:
+    """`trtforge build` (TensorRT-RTX on CPU) keeps model.onnx beside the plan: warm-up token ids stay below the
+    example model's vocabulary, one sample per profile at its opt shape, and --check accepts the entry."""
+    pytest.importorskip("tensorrt_rtx")
+    import onnx
+
+    from trtforge.examples.llama import LlamaConfig, make_llama
+
+    vocab = 96
+    onnx.save(make_llama(LlamaConfig(layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128,
+                                     vocab=vocab)), tmp_path / "m.onnx")
+    assert cli("build", tmp_path / "m.onnx", "--profile", "a100", "-o", tmp_path / "eng").code == 0
+    manifest = json.loads((tmp_path / "eng" / "manifest.json").read_text())
+    res = cli("triton", tmp_path / "eng", "--repo", tmp_path / "repo", "--name", "llama")
+    assert res.code == 0, res.err
+    entry = tmp_path / "repo" / "llama"
+    proto = _proto(entry)
+    assert len(proto.model_warmup) == manifest["optimization_profiles"]
+    ids_in = manifest["inputs"][0]
+    assert ids_in["name"] == "input_ids"
+    drawn = []
+    for k, w in enumerate(proto.model_warmup):
+        opt = ids_in["profiles"][k]["opt"]
+        assert w.batch_size == min(opt[0], proto.max_batch_size) and list(w.inputs["input_ids"].dims) == opt[1:]
+        drawn.append(_values(entry, w, "input_ids", "int64"))
+    ids = np.concatenate(drawn)
+    assert ids.min() >= 0 and ids.max() < vocab
+    assert ids.max() > 7  # the vocabulary's range (read from model.onnx), not the small-integer fallback
+    assert cli("triton", "--check", entry).code == 0
