@@ -58,8 +58,13 @@ class Invalidation:
     def _listen(self) -> None:
         while not self._closed.is_set():
             try:
-                ps = self.client.pubsub(ignore_subscribe_messages=True)
+                ps = self.client.pubsub()
                 ps.subscribe(self.channel)
+                # Ready only once the server confirmed the subscription: a publish before that would be lost.
+                while not self._closed.is_set():
+                    first = ps.get_message(timeout=0.2)
+                    if first is not None and first.get("type") == "subscribe":
+                        break
                 self._ready.set()
                 while not self._closed.is_set():
                     msg = ps.get_message(timeout=0.2)
@@ -75,8 +80,8 @@ class Invalidation:
             d = json.loads(data)
             if d.get("origin") == self.origin:
                 return
-            self.received += 1
             self.apply(str(d["engine"]), int(d["index"]))
+            self.received += 1  # after applying: a caller that sees the count sees the new version
         except (ValueError, KeyError, TypeError):
             log.warning("response cache: ignored a malformed invalidation message")
 

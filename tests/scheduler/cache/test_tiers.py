@@ -194,3 +194,20 @@ def test_entry_round_trip_and_integrity() -> None:
         Entry.from_bytes(e.to_bytes(), "other")
     with pytest.raises(ValueError):
         Entry.from_bytes(b"0000|{}", "d")
+
+
+def test_index_rebuild_is_published_to_other_replicas(redis_server) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    cfg = CacheConfig(layers=("l1", "l2", "l3"), redis_url=redis_server.url, namespace="t:idx", l3_threshold=0.8)
+    a, b = ResponseCache(cfg, engine_sha="e1"), ResponseCache(cfg, engine_sha="e1")
+    b.store(make_key(req("Where do I download last month's invoice?")), "billing page")
+    b.l2.flush()
+    assert b.lookup(req("Where do I download last months invoice?")).layer == "l3"
+    a.rebuild_index()  # e.g. a new embedding: every replica drops the old index version
+    deadline = time.monotonic() + 5
+    while b.invalidation.received < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.l3.version == a.l3.version == 2 and b.version == a.version
+    assert len(b.l3) == 0 and not b.lookup(req("Where do I download last month's invoice?")).hit
+    a.close()
+    b.close()
