@@ -37,7 +37,7 @@ ITEMSIZE = {"TYPE_BOOL": 1, "TYPE_UINT8": 1, "TYPE_UINT16": 2, "TYPE_UINT32": 4,
 
 def _ranges(manifest: Manifest, engine_dir: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     """FeedSpec per input: from the engine's model.onnx when present (vocabulary-aware), else the defaults."""
-    from trtforge.build_engine.verify.inputs import FeedSpec, plan_feeds
+    from ..verify.inputs import FeedSpec, plan_feeds
 
     onnx_path = engine_dir / ONNX_NAME
     if onnx_path.is_file():
@@ -67,7 +67,7 @@ def _file_name(profile: int, index: int) -> str:
 def plan_warmup(cfg: TritonConfig, manifest: Manifest, engine_dir: str | Path,
                 seed: int = 0) -> tuple[TritonConfig, dict[str, bytes]]:
     """``cfg`` with one warm-up sample per optimization profile, and the files (name -> bytes) they read."""
-    from trtforge.build_engine.verify.inputs import draw
+    from ..verify.inputs import draw
 
     from .config import DTYPE_TO_TRITON
 
