@@ -211,3 +211,26 @@ def test_index_rebuild_is_published_to_other_replicas(redis_server) -> None:  # 
     assert len(b.l3) == 0 and not b.lookup(req("Where do I download last month's invoice?")).hit
     a.close()
     b.close()
+
+
+def test_pluggable_embedding_and_metric_names() -> None:
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    import numpy as np
+
+    dim = 8
+
+    def by_topic(text: str) -> np.ndarray:  # a stand-in sentence encoder: same first word -> same meaning
+        vec = np.zeros(dim, dtype=np.float32)
+        vec[sum(map(ord, text.split()[0].lower().strip(":,.?"))) % dim] = 1.0
+        return vec
+
+    cache = ResponseCache(CacheConfig(layers=("l1", "l3"), l3_dim=dim, l3_threshold=0.99), engine_sha="e1",
+                          embed=by_topic)
+    cache.store(make_key(req("Refunds: how long do they take?")), "5 days")
+    got = cache.lookup(req("refunds for a cancelled order, when?"))  # no shared n-grams to speak of; same topic
+    assert (got.layer, got.value) == ("l3", "5 days")
+    names = {m.name for m in cache.metrics.registry.collect()}
+    assert {"cache_access", "cache_lookup_seconds", "cache_eviction", "cache_write_buffer_depth",
+            "cache_flush_seconds"} <= names  # exposed as cache_access_total, cache_eviction_total, ...
+    assert cache.metrics.value("cache_access_total", result="hit", layer="l3") == 1
+    assert cache.metrics.value("cache_lookup_seconds_count", layer="l3") == 1
