@@ -53,10 +53,12 @@ def test_l2_pipelines_buffered_writes(redis_server) -> None:  # type: ignore[no-
 
     stats = redis.Redis.from_url(redis_server.url)
     before = int(stats.info("stats")["total_connections_received"])
+    t0 = time.monotonic()
     for i in range(500):
         a.store(make_key(req(f"q{i}")), i)
     time.sleep(0.3)  # one or a few 100 ms flush ticks
-    assert a.l2.flushes <= 3 and len(stats.keys("t:pipe:e:*")) == 500
+    ticks = (time.monotonic() - t0) / cfg.flush_interval_s
+    assert 1 <= a.l2.flushes <= ticks + 1 and len(stats.keys("t:pipe:e:*")) == 500  # at most one per 100 ms
     assert int(stats.info("stats")["total_connections_received"]) - before <= 3  # pooled, not a connection each
     b = ResponseCache(cfg, engine_sha="e1")
     got = b.lookup(req("q7"))
