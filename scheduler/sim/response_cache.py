@@ -20,8 +20,9 @@ bound the trace cannot confirm, how many misses differ from an answered prompt o
 last block (the new user turn): the most a semantic tier could add if every such turn were a paraphrase. A trace
 without hashes (Azure's CSV) has no prompt identity: every request misses.
 
-Goodput here is requests/s meeting both SLOs (TTFT <= ``ttft_slo_s``, TPOT <= ``tpot_slo_s``) over the trace's
-arrival span, the same window for the cached and the uncached run; a cached answer arrives whole (TPOT 0).
+Goodput is the simulator summary's ``goodput_req_s`` when it has one (its SLO flags and window); otherwise the
+front's: requests/s meeting both SLOs (TTFT <= ``ttft_slo_s``, TPOT <= ``tpot_slo_s``) over the trace's arrival
+span, the same window for the cached and the uncached run. A cached answer arrives whole (TPOT 0).
 """
 
 from __future__ import annotations
