@@ -68,7 +68,6 @@ def plan_warmup(cfg: TritonConfig, manifest: Manifest, engine_dir: str | Path,
                 seed: int = 0) -> tuple[TritonConfig, dict[str, bytes]]:
     """``cfg`` with one warm-up sample per optimization profile, and the files (name -> bytes) they read."""
     from ..verify.inputs import draw
-
     from .config import DTYPE_TO_TRITON
 
     batching = cfg.max_batch_size > 0
