@@ -236,3 +236,19 @@ def test_pluggable_embedding_and_metric_names() -> None:
             "cache_flush_seconds"} <= names  # exposed as cache_access_total, cache_eviction_total, ...
     assert cache.metrics.value("cache_access_total", result="hit", layer="l3") == 1
     assert cache.metrics.value("cache_lookup_seconds_count", layer="l3") == 1
+
+
+def test_replica_catches_up_on_an_invalidation_missed_during_an_outage(own_redis) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:away")
+    a, b = ResponseCache(cfg, engine_sha="old"), ResponseCache(cfg, engine_sha="old")
+    own_redis.stop()  # b's subscriber loses its connection and retries every second
+    own_redis.restart()  # the server is back (empty) on the same port
+    try:
+        a.set_engine("new-sha")  # published at once: b's subscriber is most likely still away and misses it
+        deadline = time.monotonic() + 8
+        while b.engine_sha != "new-sha" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.engine_sha == "new-sha"  # read back from the version key when b resubscribed (or heard live)
+    finally:
+        a.close()
+        b.close()
