@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from argparse import Namespace
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ._common import ArgumentParser, make_parser, run_command
@@ -55,6 +56,15 @@ def build_parser() -> ArgumentParser:
                    help="KV cache dtype (default: the profile's precision); as trtforge kv-plan --kv-dtype")
     p.add_argument("--json", metavar="OUT", default=None, help="write the metrics JSON here")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="write KV utilization / queue / TTFT plot")
+    p.add_argument("--response-cache", metavar="TIERS", choices=("l1", "l1,l2", "l1,l2,l3"), default=None,
+                   help="put the response cache in front (l1 | l1,l2 | l1,l2,l3): a repeat of an answered prompt "
+                        "within the TTL is served by the tier holding it at that tier's lookup time, measured on "
+                        "the real tiers at start-up; the trace is replayed with and without it. Prompts are known "
+                        "only by block hashes: exact repeats are exact, semantic (L3) hits cannot be told apart "
+                        "(reported as an upper bound). See README")
+    p.add_argument("--redis-url", default=None, help="the L2 Redis for --response-cache l1,l2[,l3] "
+                                                     "(redis://host:port/db; must answer at start-up)")
+    p.add_argument("--redis-pool-size", type=int, default=32, help="L2 connection pool size (>= 32)")
     return p
 
 
@@ -142,15 +152,16 @@ def _run(args: Namespace) -> int:
                           max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
                           max_running=args.max_running, lora_slots=args.lora_slots, adapters=adapters)
     model = StepTimeModel.from_profile(profile, spec, kv_dtype=kv.kv_dtype)
-    res = simulate(reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
-                   horizon_s=args.horizon, max_tokens=args.max_tokens, slo_ttft_s=args.slo_ttft,
-                   slo_tpot_s=args.slo_tpot)
+    res, cache_summary = _replay(args, reqs, partial(
+        simulate, reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
+        horizon_s=args.horizon, max_tokens=args.max_tokens, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot))
     if args.json:
         write_json(args.json, {**res.summary.to_json(), "router": args.router, "trace": args.trace,
                                "profile": profile.name, "model": spec.name,
                                "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_dtype": kv.kv_dtype,
                                "kv_scale": args.kv_scale,
-                               "time_scale": args.time_scale})
+                               "time_scale": args.time_scale,
+                               **({"response_cache": cache_summary} if cache_summary else {})})
     if args.plot:
         from trtforge.scheduler.sim.plots import plot_results
 
@@ -160,8 +171,22 @@ def _run(args: Namespace) -> int:
             "adapter_loads", "slot_hits", "slot_wait_s")
     from ..core.jsonout import dumps
 
-    print(dumps({k: getattr(res.summary, k) for k in keys}, indent=1))
+    print(dumps({**{k: getattr(res.summary, k) for k in keys},
+                 **({"response_cache": cache_summary} if cache_summary else {})}, indent=1))
     return 0
+
+
+def _replay(args: Namespace, reqs: Any, run: Callable[..., Any]) -> tuple[Any, dict[str, Any] | None]:
+    """``run()`` once, or, with ``--response-cache``, measure the real tiers (exit 2 if the Redis does not answer)
+    and run without and with the cache in front (scheduler/sim/response_cache.py)."""
+    if not args.response_cache:
+        return run(), None
+    from trtforge.scheduler.sim.cache_costs import measure
+    from trtforge.scheduler.sim.response_cache import parse_tiers, replay
+
+    tiers = parse_tiers(args.response_cache)
+    costs = measure(tiers, redis_url=args.redis_url, pool_size=args.redis_pool_size)
+    return replay(reqs, lambda front: run(front=front), tiers, costs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

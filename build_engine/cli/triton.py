@@ -5,11 +5,14 @@
 
 Exit codes: 0 written / valid; 1 ``--check`` found problems; 2 bad input (missing or invalid manifest, unsafe name,
 Python-only plugin, ``--max-batch`` above the engine's range).
+
+Warm-up (``--warmup``, the default; ``--no-warmup`` skips it): Triton ``model_warmup`` samples from the manifest,
+see build_engine/triton/warmup.py.
 """
 
 from __future__ import annotations
 
-from argparse import Namespace
+from argparse import BooleanOptionalAction, Namespace
 from collections.abc import Sequence
 
 from ._common import ArgumentParser, UsageError, make_parser, run_command
@@ -25,6 +28,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--max-batch", type=int, default=None,
                    help="max_batch_size (default: the engine's largest batch; 0 disables Triton batching)")
     p.add_argument("--instances", type=int, default=1, help="GPU instances (instance_group count; default 1)")
+    p.add_argument("--warmup", action=BooleanOptionalAction, default=True,
+                   help="write Triton model_warmup samples, one per optimization profile at its opt shape, with "
+                        "seeded random data in valid ranges under NAME/warmup/ (default: on; --no-warmup: none)")
     p.add_argument("--force", action="store_true", help="replace an existing REPO/NAME (atomically)")
     p.add_argument("--check", metavar="REPO/NAME",
                    help="validate an existing entry (and that nothing else in REPO stops tritonserver), or every entry "
@@ -60,13 +66,14 @@ def _run(args: Namespace) -> int:
     paths.check(inputs=[("OUTDIR", args.engine_dir)],
                 folders=[(f"--repo {args.repo} --name", Path(args.repo) / args.name)])
     report = write_entry(args.engine_dir, args.repo, args.name, version=args.version, max_batch=args.max_batch,
-                         instances=args.instances, force=args.force)
+                         instances=args.instances, force=args.force, warmup=args.warmup)
     cfg = report.config
     assert cfg is not None
     batching = (f"max_batch_size {cfg.max_batch_size}, preferred {list(cfg.preferred_batch_sizes)}"
                 if cfg.max_batch_size else "max_batch_size 0 (no Triton batching: full dims)")
     print(f"wrote {report.model_dir}/config.pbtxt and {report.model_dir}/{args.version}/model.plan "
-          f"({batching}; {cfg.instance_count} GPU instance(s), profiles {list(cfg.profiles)})")
+          f"({batching}; {cfg.instance_count} GPU instance(s), profiles {list(cfg.profiles)}; "
+          f"{len(cfg.warmup)} warm-up sample(s))")
     for note in report.notes:
         print(f"note: {note}")
     return 0

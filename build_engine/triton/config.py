@@ -44,6 +44,27 @@ class TensorConfig:
 
 
 @dataclass(frozen=True)
+class WarmupInput:
+    """One input of a ``model_warmup`` sample: ``dims`` exclude the batch dimension when batching; the data is
+    ``file`` (under ``NAME/warmup/``, raw row-major bytes of one batch-1 tensor) or, when empty, ``kind``."""
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    file: str = ""
+    kind: str = "input_data_file"  # input_data_file | random_data | zero_data
+
+
+@dataclass(frozen=True)
+class WarmupSample:
+    """One ``model_warmup`` entry: Triton sends ``batch_size`` requests of batch 1 with these inputs at load."""
+
+    name: str
+    batch_size: int
+    inputs: tuple[WarmupInput, ...]
+
+
+@dataclass(frozen=True)
 class TritonConfig:
     """The subset of Triton's ModelConfig that trtforge writes (and reads back for round trips)."""
 
@@ -57,6 +78,7 @@ class TritonConfig:
     instance_count: int = 1
     profiles: tuple[str, ...] = ()
     platform: str = "tensorrt_plan"
+    warmup: tuple[WarmupSample, ...] = ()
 
 
 def check_model_name(name: str) -> str:
@@ -181,6 +203,16 @@ def to_proto(cfg: TritonConfig) -> Any:
         proto.dynamic_batching.max_queue_delay_microseconds = cfg.max_queue_delay_us
     proto.instance_group.add(count=cfg.instance_count, kind=pb.ModelInstanceGroup.KIND_GPU,
                              profile=list(cfg.profiles))
+    for sample in cfg.warmup:
+        w = proto.model_warmup.add(name=sample.name, batch_size=sample.batch_size)
+        for wi in sample.inputs:
+            inp = w.inputs[wi.name]
+            inp.data_type = pb.DataType.Value(wi.data_type)
+            inp.dims.extend(wi.dims)
+            if wi.kind == "input_data_file":
+                inp.input_data_file = wi.file
+            else:
+                setattr(inp, wi.kind, True)
     return proto
 
 
@@ -203,10 +235,14 @@ def config_from_proto(proto: Any) -> TritonConfig:
 
     group = proto.instance_group[0] if proto.instance_group else None
     has_db = proto.HasField("dynamic_batching")
+    warmup = tuple(WarmupSample(w.name, w.batch_size, tuple(
+        WarmupInput(name, pb.DataType.Name(t.data_type), tuple(t.dims), t.input_data_file,
+                    t.WhichOneof("input_data_type") or "zero_data") for name, t in sorted(w.inputs.items())))
+        for w in proto.model_warmup)
     return TritonConfig(
         name=proto.name, max_batch_size=proto.max_batch_size, inputs=tensors(proto.input),
         outputs=tensors(proto.output),
         preferred_batch_sizes=tuple(proto.dynamic_batching.preferred_batch_size) if has_db else (),
         max_queue_delay_us=proto.dynamic_batching.max_queue_delay_microseconds if has_db else 0,
         dynamic_batching=has_db, instance_count=group.count if group else 1,
-        profiles=tuple(group.profile) if group else (), platform=proto.platform)
+        profiles=tuple(group.profile) if group else (), platform=proto.platform, warmup=warmup)

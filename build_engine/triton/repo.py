@@ -20,6 +20,9 @@ from ..engine.manifest import MANIFEST_NAME, Manifest
 from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
 from .layout import is_repository, recover_repository, repository_problems, warn_leftovers
 from .validate import Problem, validate_text
+from .warmup import check_files as check_warmup_files
+from .warmup import plan_warmup
+from .warmup import write_files as write_warmup_files
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,10 @@ def _plan_path(engine_dir: Path, manifest: Manifest) -> Path:
 
 
 def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version: int = 1,
-                max_batch: int | None = None, instances: int = 1, force: bool = False) -> EntryReport:
-    """Write ``REPO/NAME`` for the engine in ``engine_dir``; raises InputError (bad input) or CheckFailed."""
+                max_batch: int | None = None, instances: int = 1, force: bool = False,
+                warmup: bool = True) -> EntryReport:
+    """Write ``REPO/NAME`` for the engine in ``engine_dir``; raises InputError (bad input) or CheckFailed.
+    ``warmup``: one ``model_warmup`` sample per optimization profile, its data under ``NAME/warmup/``."""
     from ..core.onnx_io import sha256_file
 
     engine = Path(engine_dir)
@@ -59,6 +64,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     manifest = load_for_triton(engine)
     plan_src = _plan_path(engine, manifest)
     cfg = plan_config(manifest, name, max_batch=max_batch, instances=instances)
+    cfg, warmup_files = plan_warmup(cfg, manifest, engine) if warmup else (cfg, {})
     header = (f"Written by 'trtforge triton' from {engine.name}/manifest.json (backend {manifest.backend.name} "
               f"{manifest.backend.version}, profile {manifest.profile}, precision {manifest.precision}).")
     notes = serving_notes(manifest)
@@ -82,6 +88,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         warn_leftovers(repo_path)
         with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
+            write_warmup_files(tmp, warmup_files)
             vdir = tmp / str(version)
             vdir.mkdir()
             shutil.copyfile(plan_src, vdir / "model.plan")
@@ -154,6 +161,7 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
                 problems.append(str(exc))
     proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name)
     problems += [p.format(str(cfg_path)) for p in found]
+    problems += check_warmup_files(proto, mdir) if proto is not None else []
     plan_name = (proto.default_model_filename if proto is not None and proto.default_model_filename
                  else "model.plan")
     for v in versions:

@@ -7,7 +7,9 @@ Two layers, both reporting ``Problem(line, reason)``:
 2. Rules parsing cannot see: platform, ``max_batch_size`` against the engine's batch range, preferred batch sizes
    within ``1..max_batch_size``, dynamic batching only when batching, data types TensorRT can bind and equal to the
    manifest's, tensor names equal to the manifest's, ``dims`` equal to the manifest's shapes (minus the batch
-   dimension when ``max_batch_size > 0``), GPU instance groups whose ``profile`` indices exist in the engine.
+   dimension when ``max_batch_size > 0``), GPU instance groups whose ``profile`` indices exist in the engine,
+   ``model_warmup`` samples whose inputs match the config's (names, data types, concrete dims inside an optimization
+   profile) with a batch Triton accepts (their files are checked by ``warmup.check_files``).
 
 Line numbers for rule problems are found by locating the offending field in the text (protobuf's Python text
 parser keeps no positions); when a field cannot be located the line is 0 and the message still names the field.
@@ -188,6 +190,49 @@ def _instance_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Pr
     return out
 
 
+def _warmup_input_problem(name: str, t: Any, cfg_in: Any, manifest: Manifest | None, batching: bool) -> str | None:
+    from tritonclient.grpc import model_config_pb2 as pb  # lazy
+
+    if cfg_in is None:
+        return f"input {name!r} is not an input of the config"
+    if t.data_type != cfg_in.data_type:
+        return (f"input {name!r}: data_type {pb.DataType.Name(t.data_type)} but the input is "
+                f"{pb.DataType.Name(cfg_in.data_type)}")
+    dims, want = list(t.dims), list(cfg_in.dims)
+    if len(dims) != len(want) or any(d < 1 or (w != -1 and d != w) for d, w in zip(dims, want, strict=False)):
+        return f"input {name!r}: dims {dims} do not fit the input's dims {want} (concrete sizes >= 1)"
+    m = next((x for x in manifest.inputs if x.name == name), None) if manifest is not None else None
+    full = ([1] if batching else []) + dims
+    if m is not None and m.profiles and not any(
+            all(lo <= d <= hi for d, lo, hi in zip(full, p.min, p.max, strict=False)) for p in m.profiles):
+        return f"input {name!r}: shape {full} is outside every optimization profile of the engine"
+    return None
+
+
+def _warmup_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
+    """Each ``model_warmup`` sample: a batch Triton accepts; every input of the config, no other, with its data
+    type and concrete dims inside the config's dims and inside an optimization profile of the engine."""
+    out: list[Problem] = []
+    mbs = proto.max_batch_size
+    cfg_inputs = {t.name: t for t in proto.input}
+    start = _offset_of_line(text, _line_of(text, r"^\s*model_warmup\b"))
+    for w in proto.model_warmup:
+        line = _line_of(text, rf"\bname\s*:\s*[\"']{re.escape(w.name)}[\"']", start) or _line_of(
+            text, r"^\s*model_warmup\b")
+        where = f"model_warmup {w.name!r}"
+        if w.batch_size < 1 or (mbs > 0 and w.batch_size > mbs) or (mbs <= 0 and w.batch_size != 1):
+            out.append(Problem(line, f"{where}: batch_size {w.batch_size} must be 1..max_batch_size ({mbs}), or 1 "
+                                     "without batching"))
+        missing = sorted(set(cfg_inputs) - set(w.inputs))
+        if missing:
+            out.append(Problem(line, f"{where}: input(s) {missing} missing; a warm-up request needs every input"))
+        for name, t in sorted(w.inputs.items()):
+            problem = _warmup_input_problem(name, t, cfg_inputs.get(name), manifest, mbs > 0)
+            if problem is not None:
+                out.append(Problem(line, f"{where}: {problem}"))
+    return out
+
+
 def validate_text(text: str, manifest: Manifest | None = None,
                   expected_name: str | None = None) -> tuple[Any, list[Problem]]:
     """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems)."""
@@ -201,4 +246,5 @@ def validate_text(text: str, manifest: Manifest | None = None,
     problems += _batch_rules(proto, text, manifest)
     problems += _tensor_rules(proto, text, manifest)
     problems += _instance_rules(proto, text, manifest)
+    problems += _warmup_rules(proto, text, manifest)
     return proto, sorted(problems, key=lambda p: p.line)

@@ -44,7 +44,7 @@ class CacheConfig:
         if bad or not self.layers or "l1" not in self.layers:
             raise InputError(f"response cache layers {','.join(self.layers)!r}: use l1, l1,l2 or l1,l2,l3")
         if self.pool_size < 32:
-            raise InputError(f"redis pool size {self.pool_size}: use at least 32 connections")
+            raise InputError(f"redis pool size {self.pool_size} (--redis-pool-size): use at least 32 connections")
         for name in ("ttl_qa_s", "ttl_tool_s", "flush_interval_s"):
             value = getattr(self, name)
             if not 0 < value < 10**7:

@@ -54,11 +54,21 @@ class CacheKey:
     cacheable: bool
 
 
+_BLANKS = re.compile(r"[ \t\f\v]+")
+_NEWLINES = re.compile(r"\n{3,}")
+
+
 def normalize_text(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[ \t\f\v]+", " ", text)
-    text = "\n".join(line.rstrip() for line in text.split("\n"))
-    text = re.sub(r"\n{3,}", "\n\n", text)
+    # The fast paths skip steps that are the identity on their input (NFKC on ASCII, line rules on one line):
+    # a key is computed on every lookup, inside L1's 100 us budget.
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _BLANKS.sub(" ", text)
+    if "\n" in text:
+        text = "\n".join(line.rstrip() for line in text.split("\n"))
+        text = _NEWLINES.sub("\n\n", text)
     return text.strip()
 
 

@@ -49,6 +49,10 @@ class L2:
         self._thread.start()
         if metrics is not None:
             metrics.l2_up.set(1)
+        try:  # unreachable at start-up: warn now and serve from L1 (the library never fails a request for it)
+            self.client.ping()
+        except self._errors as exc:
+            self._failed(exc)
 
     # --- health -------------------------------------------------------------------------------------------------
     def ping(self) -> bool:

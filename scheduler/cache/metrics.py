@@ -1,6 +1,7 @@
 """Prometheus metrics of one response cache (its own ``CollectorRegistry``, like the scheduler's metrics).
 
-``cache_access_total{result, layer}`` (result: hit, stale, miss, corrupt, wrong_version, error),
+The names are issue 16's, unprefixed by default (``namespace="trtforge"`` prefixes them all with ``trtforge_``):
+``cache_access_total{result, layer}`` (result: hit, stale, miss, corrupt, wrong_version, error, uncacheable),
 ``cache_lookup_seconds{layer}``, ``cache_eviction_total{layer}``, ``cache_write_buffer_depth``,
 ``cache_flush_seconds``, ``cache_dropped_writes_total{reason}``, ``cache_l2_up``.
 """
@@ -11,23 +12,24 @@ from typing import Any
 
 
 class CacheMetrics:
-    def __init__(self, prefix: str = "trtforge") -> None:
+    def __init__(self, namespace: str = "") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         r = self.registry
-        self.access = Counter(f"{prefix}_cache_access", "response-cache lookups by layer and result",
+        prefix = f"{namespace}_" if namespace else ""
+        self.access = Counter(f"{prefix}cache_access", "response-cache lookups by layer and result",
                               ["result", "layer"], registry=r)
-        self.lookup = Histogram(f"{prefix}_cache_lookup_seconds", "lookup latency per layer", ["layer"],
+        self.lookup = Histogram(f"{prefix}cache_lookup_seconds", "lookup latency per layer", ["layer"],
                                 buckets=(1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5),
                                 registry=r)
-        self.eviction = Counter(f"{prefix}_cache_eviction", "entries evicted for room", ["layer"], registry=r)
-        self.buffer_depth = Gauge(f"{prefix}_cache_write_buffer_depth", "L2 writes waiting for the next pipeline",
+        self.eviction = Counter(f"{prefix}cache_eviction", "entries evicted for room", ["layer"], registry=r)
+        self.buffer_depth = Gauge(f"{prefix}cache_write_buffer_depth", "L2 writes waiting for the next pipeline",
                                   registry=r)
-        self.flush = Histogram(f"{prefix}_cache_flush_seconds", "L2 pipeline flush latency",
+        self.flush = Histogram(f"{prefix}cache_flush_seconds", "L2 pipeline flush latency",
                                buckets=(1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0), registry=r)
-        self.dropped = Counter(f"{prefix}_cache_dropped_writes", "L2 writes dropped", ["reason"], registry=r)
-        self.l2_up = Gauge(f"{prefix}_cache_l2_up", "1 while Redis answers, 0 during an outage", registry=r)
+        self.dropped = Counter(f"{prefix}cache_dropped_writes", "L2 writes dropped", ["reason"], registry=r)
+        self.l2_up = Gauge(f"{prefix}cache_l2_up", "1 while Redis answers, 0 during an outage", registry=r)
 
     def count(self, result: str, layer: str) -> None:
         self.access.labels(result=result, layer=layer).inc()

@@ -4,7 +4,8 @@ A new engine (its manifest's sha256 changes) or a rebuilt semantic index changes
 makes the change publishes ``{"engine": sha, "index": n, "origin": id}`` on ``<namespace>:invalidate`` and stores it
 under ``<namespace>:version``; every replica's subscriber thread applies it (drops L1, prunes L3, and from then on
 reads and writes only keys of the new version: entries of the old version are never served). A replica that starts
-later adopts the stored version. The subscriber survives Redis outages (it reconnects every second).
+later adopts the stored version. The subscriber survives Redis outages (it reconnects every second) and, once back,
+applies the stored version if it changed meanwhile (a publish it could not hear).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Invalidation:
         self.origin = uuid.uuid4().hex
         self.apply = apply
         self.received = 0
+        self.last: tuple[str, int] | None = None  # the version this replica last published or applied from others
         self._closed = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="trtforge-cache-invalidate", daemon=True)
@@ -45,6 +47,7 @@ class Invalidation:
 
     def publish(self, engine: str, index: int) -> bool:
         msg = json.dumps({"engine": engine, "index": index, "origin": self.origin})
+        self.last = (engine, index)
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.set(self.version_key, msg)
@@ -56,10 +59,19 @@ class Invalidation:
             return False
 
     def _listen(self) -> None:
+        subscribed_before = False
         while not self._closed.is_set():
             try:
-                ps = self.client.pubsub(ignore_subscribe_messages=True)
+                ps = self.client.pubsub()
                 ps.subscribe(self.channel)
+                # Ready only once the server confirmed the subscription: a publish before that would be lost.
+                while not self._closed.is_set():
+                    first = ps.get_message(timeout=0.2)
+                    if first is not None and first.get("type") == "subscribe":
+                        break
+                if subscribed_before:  # back after an outage: what was published meanwhile is in the version key
+                    self._catch_up()
+                subscribed_before = True
                 self._ready.set()
                 while not self._closed.is_set():
                     msg = ps.get_message(timeout=0.2)
@@ -70,13 +82,21 @@ class Invalidation:
                 self._ready.set()
                 self._closed.wait(1.0)
 
+    def _catch_up(self) -> None:
+        got = self.stored()
+        if got is not None and got != self.last:
+            self.last = got
+            self.apply(*got)
+            self.received += 1
+
     def _handle(self, data: bytes) -> None:
         try:
             d = json.loads(data)
             if d.get("origin") == self.origin:
                 return
-            self.received += 1
-            self.apply(str(d["engine"]), int(d["index"]))
+            self.last = (str(d["engine"]), int(d["index"]))
+            self.apply(*self.last)
+            self.received += 1  # after applying: a caller that sees the count sees the new version
         except (ValueError, KeyError, TypeError):
             log.warning("response cache: ignored a malformed invalidation message")
 

@@ -20,6 +20,8 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
+from typing import TYPE_CHECKING
 
 from trtforge.build_engine.core.errors import InputError
 
@@ -28,6 +30,9 @@ from ..scheduler import Scheduler, StepPlan
 from .router import ROUTERS, Router
 from .step_time import StepTimeModel
 from .summary import Outcome, SimSummary, percentile, summarize
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .response_cache import CacheFront
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_SLO_TPOT_S", "DEFAULT_SLO_TTFT_S", "ROUTERS", "SimResult", "SimSummary",
            "calibrate", "percentile", "simulate"]
@@ -147,7 +152,8 @@ def _fast_forward(rep: _Replica, model: StepTimeModel, limit: float) -> int:
 
 def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: StepTimeModel, deadline: float,
             truth: dict[str, int], seen: tuple[dict[str, float], dict[str, float], dict[str, str]],
-            samples: list[tuple[float, float, int]], max_samples: int, fast_forward: bool) -> int:
+            samples: list[tuple[float, float, int]], max_samples: int, fast_forward: bool,
+            front: CacheFront | None = None) -> int:
     """The event loop: the next arrival or the step of the replica furthest behind; returns the step count."""
     first, done, rejected = seen
     t_start = reqs[0].arrival
@@ -163,7 +169,12 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
         if rep is None and t_arr == math.inf:
             break
         if rep is None or t_arr <= rep.clock:
-            submit(reps[router.pick(reqs[i], i)], reqs[i], rejected)
+            k = router.pick(reqs[i], i)
+            served = front.serve(reqs[i], k, t_arr) if front is not None else None
+            if served is not None:  # a response-cache hit (response_cache.py) never reaches the scheduler
+                first[reqs[i].id] = done[reqs[i].id] = t_arr + served
+            else:
+                submit(reps[k], reqs[i], rejected)
             i += 1
             continue
         s = rep.sched
@@ -181,11 +192,17 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
         rep.clock += dt
         rep.busy_time += dt
         rep.used_time += s.used_blocks / s.config.num_blocks * dt
+        n_done = len(done)
         for rid in plan.first_token:
             first[rid] = rep.clock
         for rid in plan.finished:
             done[rid] = rep.clock
         _end_of_sequence(rep, plan, truth, done)
+        if front is not None:  # what finished in this step: the last entries of ``done`` (insertion order)
+            for rid in plan.first_token:
+                front.first_token(rid, rep.clock)
+            for rid in islice(reversed(done), len(done) - n_done):
+                front.done(rid, rep.clock)
         if fast_forward:
             steps += _fast_forward(rep, model, min(t_arr, deadline))
         if len(samples) < max_samples:
@@ -198,7 +215,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
              replicas: int = 1, router: str = "round-robin", horizon_s: float = 600.0,
              max_tokens: str = DEFAULT_MAX_TOKENS, slo_ttft_s: float = DEFAULT_SLO_TTFT_S,
              slo_tpot_s: float = DEFAULT_SLO_TPOT_S, max_samples: int = 20000,
-             fast_forward: bool = True) -> SimResult:
+             fast_forward: bool = True, front: CacheFront | None = None) -> SimResult:
     """Replay ``requests`` (their ``max_new_tokens`` is the TRUE output length) under the ``max_tokens`` cap."""
     if router not in ROUTERS:
         raise InputError(f"unknown router {router!r}; use one of {', '.join(ROUTERS)}")
@@ -219,7 +236,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     rejected: dict[str, str] = {}
     samples: list[tuple[float, float, int]] = []
     steps = _replay(reqs, reps, Router(router, [r.sched for r in reps]), model, deadline, truth,
-                    (first, done, rejected), samples, max_samples, fast_forward)
+                    (first, done, rejected), samples, max_samples, fast_forward, front)
     out = Outcome(first, done, rejected, truth)
     summary = _summary(reqs, reps, out, t_start, deadline, (slo_ttft_s, slo_tpot_s), steps, str(max_tokens))
     return SimResult(summary, samples, sorted(first[r.id] - r.arrival for r in reqs if r.id in first),

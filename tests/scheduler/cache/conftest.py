@@ -28,6 +28,10 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
+    def restart(self) -> None:
+        """The server comes back (empty) on the same port after a ``stop``."""
+        self.proc = start_redis(self.port).proc
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -35,13 +39,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_redis() -> RedisServer:
+def start_redis(port: int | None = None) -> RedisServer:
     exe = shutil.which("redis-server")
     if exe is None:
         if os.environ.get("CI"):
             pytest.fail("redis-server is not installed; .ci/run installs it (apt-get install redis-server)")
         pytest.skip("redis-server not installed (apt-get install redis-server)")
-    port = _free_port()
+    port = _free_port() if port is None else port
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--protected-mode", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10

@@ -81,3 +81,26 @@ def test_bad_fields_are_named(bad: object, field: str) -> None:
     with pytest.raises(InputError, match=None) as info:
         make_key(bad)
     assert field in str(info.value)
+
+
+def test_normalize_fast_paths_equal_the_plain_rules() -> None:
+    """normalize_text skips steps that are the identity on their input; on seeded random texts (ASCII, compatibility
+    characters, combining marks, every line ending and blank kind) it equals the rules applied one by one."""
+    import random
+    import re
+    import unicodedata
+
+    from trtforge.scheduler.cache.keys import normalize_text
+
+    def plain(text: str) -> str:
+        text = unicodedata.normalize("NFKC", text).replace("\r\n", "\n").replace("\r", "\n")
+        text = re.sub(r"[ \t\f\v]+", " ", text)
+        text = "\n".join(line.rstrip() for line in text.split("\n"))
+        return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+    rng = random.Random(20261202)
+    alphabet = [*"ab \t\n\r\f\v.?", "\ufb01", "\uff21", "\u00a0", "\u2003", "\u00e9", "e\u0301", "\u3000", "\x1c",
+                "\x85"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        assert normalize_text(text) == plain(text), repr(text)
