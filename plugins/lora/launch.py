@@ -29,11 +29,11 @@ from trtforge.build_engine.core import env
 from trtforge.build_engine.core.errors import BackendError, InputError
 
 from . import spec
-from .ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
+from .ptx import ENTRY_NAMES, PREPARE_ENTRY, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
 
 DEFAULT_SM_COUNT = 132  # H100/H200 SXM; the launcher reads the real count from the device
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic + static shared memory a block may use without opting in
-FUSED_STATIC_SHARED = 4352  # kernel.cu's static __shared__ in lora_fused_* (ptxas -v: 4240 bytes), with margin
+FUSED_STATIC_SHARED = 6400  # kernel.cu's static __shared__ in lora_fused_* (ptxas -v: 6288 bytes), with margin
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,18 @@ def scratch_bytes(num_tokens: int, num_slots: int, rank: int, n_hs: int) -> int:
     """ctrl[4] + 4 chunk tables + sorted[T] (int32), then vpart[n_hs][T][R] (float32); see kernel.cu."""
     words = 4 + 4 * max_chunks(num_tokens, num_slots) + num_tokens + n_hs * num_tokens * rank
     return 4 * words
+
+
+def meta_bytes(num_tokens: int, num_slots: int) -> int:
+    """lora_prepare's output: LORA_META_WORDS header words + 3 chunk tables + sorted[T] (int32); see kernel.cu."""
+    return 4 * (kernel_define("LORA_META_WORDS") + 3 * max_chunks(num_tokens, num_slots) + num_tokens)
+
+
+def prepare_args(*, slot_ids: int, meta: int, num_tokens: int, num_slots: int, tokens_per_slot: int
+                 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """lora_prepare's (values, ctypes types); one block, 8 * num_slots bytes of dynamic shared memory."""
+    values = (slot_ids, meta, num_tokens, num_slots, tokens_per_slot, max_chunks(num_tokens, num_slots))
+    return values, (ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int,) * 4)
 
 
 def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: int | None = None,
@@ -87,10 +99,11 @@ def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: i
 
 
 def kernel_args(p: LaunchParams, fields: spec.LoraFields, *, x: int, y: int, lora_a: int, lora_b: int,
-                slot_ids: int, scales: int, scratch: int, num_tokens: int, tokens_per_slot: int
+                slot_ids: int, scales: int, scratch: int, num_tokens: int, tokens_per_slot: int, meta: int = 0
                 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """cuLaunchKernel's (values, ctypes types) pair, in kernel.cu's parameter order (device pointers as ints)."""
-    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, scratch)
+    """cuLaunchKernel's (values, ctypes types) pair, in kernel.cu's parameter order (device pointers as ints).
+    ``meta``: 0 (the launch sorts the tokens itself) or this forward's ``lora_prepare`` output."""
+    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, scratch, meta)
     ints = (num_tokens, fields.in_features, fields.out_features, fields.max_rank, fields.num_slots, tokens_per_slot,
             p.tile, p.n_hs, p.n_ot, p.max_chunks)
     return (*ptrs, *ints), (*(ctypes.c_void_p,) * len(ptrs), *(ctypes.c_int,) * len(ints))
@@ -188,6 +201,7 @@ class LoraLauncher:
                            for dt, name in ENTRY_NAMES.items()}
         self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
                         for dt, name in SIMPLE_ENTRY_NAMES.items()}
+        self._prepare = _check(driver.cuModuleGetFunction(self._module, PREPARE_ENTRY.encode()), "get lora_prepare")
 
     def _load_module(self) -> tuple[Any, Ptx, str]:
         """Load the kernel: a cubin for this exact GPU first (no driver JIT, so a compiler newer than the driver is
@@ -245,8 +259,10 @@ class LoraLauncher:
         return ptr
 
     def launch(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int, lora_b: int,
-               slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1, tile: int | None = None) -> None:
-        """Enqueue y += update on ``stream`` (an int handle; 0 = legacy default stream). Pointers are device ints."""
+               slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1, tile: int | None = None,
+               meta: int = 0) -> None:
+        """Enqueue y += update on ``stream`` (an int handle; 0 = legacy default stream). Pointers are device ints.
+        ``meta``: a buffer ``prepare`` filled for these slot_ids / num_tokens earlier in stream order, or 0."""
         if num_tokens == 0:
             return
         key = (fields, num_tokens, dtype, tile)
@@ -255,13 +271,21 @@ class LoraLauncher:
             p = self._plans[key] = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count)
         scratch = self._ensure_scratch(p.scratch_bytes, stream)
         args = kernel_args(p, fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales,
-                           scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot)
+                           scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, meta=meta)
         _check(self._drv.cuLaunchKernel(self._functions[dtype], *p.grid, *p.block, p.shared_bytes, stream, args, 0),
                f"cuLaunchKernel({p.kernel}, grid {p.grid}, shared {p.shared_bytes})")
 
+    def prepare(self, stream: int, *, slot_ids: int, meta: int, num_tokens: int, num_slots: int,
+                tokens_per_slot: int = 1) -> None:
+        """Enqueue lora_prepare: the token order and chunk table of ``slot_ids`` into ``meta`` (``meta_bytes``)."""
+        args = prepare_args(slot_ids=slot_ids, meta=meta, num_tokens=num_tokens, num_slots=num_slots,
+                            tokens_per_slot=tokens_per_slot)
+        _check(self._drv.cuLaunchKernel(self._prepare, 1, 1, 1, kernel_define("LORA_THREADS"), 1, 1, 8 * num_slots,
+                                        stream, args, 0), "cuLaunchKernel(lora_prepare)")
+
     def run_op(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, out: int, lora_a: int,
                lora_b: int, slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1,
-               tile: int | None = None) -> None:
+               tile: int | None = None, meta: int = 0) -> None:
         """The op as the TensorRT plugin runs it: out = y + update. ``out == y`` (aliased output) updates y in
         place; otherwise y is first copied to out (``cuMemcpyDtoDAsync``, same stream) and out is updated. Up to
         ``simple_max_tokens`` tokens the scratch-free kernel does it in one launch (out of place, no copy)."""
@@ -276,7 +300,7 @@ class LoraLauncher:
             nbytes = num_tokens * fields.out_features * spec_itemsize(dtype)
             _check(self._drv.cuMemcpyDtoDAsync(int(out), int(y), nbytes, stream), "cuMemcpyDtoDAsync(y -> out)")
         self.launch(stream, fields, dtype, x=x, y=out, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
-                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile)
+                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile, meta=meta)
 
     def launch_simple(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int,
                       lora_b: int, slot_ids: int, scales: int, out: int, num_tokens: int,
