@@ -193,6 +193,7 @@ class LoraLauncher:
         self.cc = 10 * int(major) + int(minor)
         self._retired: list[int] = []  # outgrown scratch buffers: kept until close (captured graphs may use them)
         self.fixed_scratch = False
+        self.meta, self.meta_size = 0, 0  # this layer's lora_prepare buffer (forward_meta.py), reserve_meta()
         key = (int(ctx), self.arch)
         if key not in _MODULES:  # one module per CUDA context, shared by every layer and execution context
             _MODULES[key] = self._load_module()
@@ -232,6 +233,14 @@ class LoraLauncher:
             self._grow_scratch(nbytes, 0)
             _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize after zeroing the scratch")
         self.fixed_scratch = True
+
+    def reserve_meta(self, nbytes: int) -> None:
+        """Allocate this layer's metadata buffer (outside any capture); kept until close, like the scratch."""
+        if nbytes > self.meta_size:
+            if self.meta:
+                self._retired.append(self.meta)
+            self.meta = int(_check(self._drv.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes}) for the LoRA metadata"))
+            self.meta_size = nbytes
 
     def _ensure_scratch(self, nbytes: int, stream: int) -> int:
         if nbytes <= self._scratch_size:
@@ -317,11 +326,14 @@ class LoraLauncher:
     def close(self) -> None:
         """Free the scratch buffers (waits for this context's queued work first). The module stays loaded: it is
         shared by every launcher of this CUDA context and lives as long as the context."""
-        if self._scratch or self._retired:
+        if self._scratch or self._retired or self.meta:
             _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize before closing")
         for ptr in [*self._retired, self._scratch] if self._scratch else self._retired:
             _check(self._drv.cuMemFree(ptr), "cuMemFree(scratch)")
+        if self.meta:
+            _check(self._drv.cuMemFree(self.meta), "cuMemFree(metadata)")
         self._retired, self._scratch, self._scratch_size = [], 0, 0
+        self.meta, self.meta_size = 0, 0
 
 
 def spec_itemsize(dtype: str) -> int:

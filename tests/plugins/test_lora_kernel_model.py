@@ -16,44 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lora_kernel_mirror import DTYPES, EPS, fused_launch, simple_launch
+from lora_kernel_mirror import DTYPES, EPS, check, fused_launch, make_case, simple_launch
 
 from trtforge.plugins.lora import reference, spec
 from trtforge.plugins.lora.launch import plan_launch
-
-
-def make_case(tokens: int, h: int, o: int, max_rank: int, rank: int, n: int, dt: str, seed: int, per_seq: int = 0):
-    """Random op inputs in dtype ``dt``; adapters of rank ``rank`` zero-padded to ``max_rank``; slot ids include -1
-    and (per token) an out-of-range id, which the kernels treat as no adapter."""
-    g = np.random.default_rng(seed)
-    d = DTYPES[dt]
-    x_shape = (tokens // per_seq, per_seq, h) if per_seq else (tokens, h)
-    a = np.zeros((n, h, max_rank))
-    b = np.zeros((n, max_rank, o))
-    a[:, :, :rank] = g.standard_normal((n, h, rank)) / np.sqrt(h)
-    b[:, :rank] = g.standard_normal((n, rank, o)) / np.sqrt(rank)
-    ids = g.integers(-1, n, size=x_shape[:1] if per_seq else (tokens,)).astype(np.int32)
-    return dict(x=g.standard_normal(x_shape).astype(d), y=g.standard_normal((*x_shape[:-1], o)).astype(d),
-                a=a.astype(d), b=b.astype(d), ids=ids, scales=g.uniform(0.5, 2, n).astype(np.float32),
-                fields=spec.LoraFields(max_rank, n, h, o, spec.DEFAULT_TILE))
-
-
-def check(case: dict, got: np.ndarray, dt: str, ids_used: np.ndarray) -> None:
-    """Against the float64 reference on the inputs as stored; slot -1 (or out of range) rows keep y's bits."""
-    x, y = case["x"], case["y"]
-    ok_ids = np.where((ids_used >= 0) & (ids_used < case["fields"].num_slots), ids_used, -1)
-    upd = reference.lora_update(x.astype(np.float64), case["a"].astype(np.float64), case["b"].astype(np.float64),
-                                ok_ids, case["scales"])
-    want = y.astype(np.float64) + upd
-    got = got.reshape(want.shape)
-    off = reference.expand_slots(ok_ids, x.shape) < 0
-    assert np.array_equal(got[off].view(np.uint8), y[off].view(np.uint8)), "rows without adapter must keep y's bits"
-    got64 = got.astype(np.float64)
-    assert np.isfinite(got64).all(), "NaN: a read of shared memory no thread wrote, or of a stale buffer"
-    rms = float(np.sqrt(np.mean(upd**2))) if upd.size else 0.0
-    bound = EPS[dt] * np.abs(want) + 1e-5 * (rms + 1.0)
-    worst = float(np.max(np.abs(got64 - want) / bound))
-    assert worst <= 1.0, f"max error {worst:.2f}x the bound (dtype {dt})"
 
 
 def run_fused(case: dict, mem: np.ndarray, dt: str, resident: int, seed: int, old_reset: bool = False,
