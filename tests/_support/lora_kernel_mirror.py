@@ -50,18 +50,17 @@ def _popc(v: np.ndarray) -> np.ndarray:
     return np.array([bin(int(m)).count("1") for m in v])
 
 
-def build_table(tab: np.ndarray, nchunks: int, start: int, clen: int, cslot: int, sorted_: int,  # type: ignore[no-untyped-def]
-                ids, T: int, tps: int, N: int, max_chunks: int, rng) -> None:
-    """lora_build_table into the int32 words of ``tab`` (the scratch, or a lora_prepare metadata buffer)."""
+def _slot_of(ids, t, T: int, tps: int, N: int):  # type: ignore[no-untyped-def]
+    """lora_slot_of, vectorized."""
+    s = np.where(t < T, ld(ids, np.where(t < T, t // tps, 0)), -1)
+    return np.where((s >= 0) & (s < N), s, -1)
 
-    def slot_of(t):  # lora_slot_of, vectorized
-        s = np.where(t < T, ld(ids, np.where(t < T, t // tps, 0)), -1)
-        return np.where((s >= 0) & (s < N), s, -1)
 
+def _histogram(ids, T: int, tps: int, N: int, rng) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """lora_build_table's first pass: tokens per slot (shared hist), warp-aggregated atomics."""
     hist = np.zeros(N, np.int64)  # shared
-    lane = tid % 32
     for t0 in range(0, T, THREADS * UNROLL):
-        sv = [slot_of(t0 + u * THREADS + tid) for u in range(UNROLL)]  # the batch's loads, before any use
+        sv = [_slot_of(ids, t0 + u * THREADS + tid, T, tps, N) for u in range(UNROLL)]  # loads before any use
         for u in range(UNROLL):
             for w in rng.permutation(THREADS // 32):  # warps in any order
                 ws = sv[u][w * 32:(w + 1) * 32]
@@ -69,12 +68,45 @@ def build_table(tab: np.ndarray, nchunks: int, start: int, clen: int, cslot: int
                 for i in range(32):
                     if ws[i] >= 0 and leader[i] == i:
                         hist[ws[i]] += _popc(peers[i:i + 1])[0]
+    return hist
+
+
+def _scatter(tab: np.ndarray, sorted_: int, cursor: np.ndarray, ids, T: int, tps: int, N: int,  # type: ignore[no-untyped-def]
+             rng) -> None:
+    """lora_build_table's last pass: each token to its slot's next position (cursor), warps in any order."""
+    lane = tid % 32
+    written = np.zeros(T, int)
+    for t0 in range(0, T, THREADS * UNROLL):
+        sv = [_slot_of(ids, t0 + u * THREADS + tid, T, tps, N) for u in range(UNROLL)]
+        for u in range(UNROLL):
+            for w in rng.permutation(THREADS // 32):  # warps race for the cursors in any order
+                ws = sv[u][w * 32:(w + 1) * 32]
+                peers, leader = _warp_groups(ws)
+                base = np.zeros(32, np.int64)
+                for i in range(32):
+                    if ws[i] >= 0 and leader[i] == i:
+                        base[i] = cursor[ws[i]]
+                        cursor[ws[i]] += _popc(peers[i:i + 1])[0]
+                base = base[leader]  # __shfl_sync(base, leader)
+                below = _popc(peers & ((1 << lane[:32]) - 1))
+                for i in range(32):
+                    if ws[i] >= 0:
+                        pos = base[i] + below[i]
+                        assert pos < T and written[pos] == 0, "two tokens sorted into one position"
+                        written[pos] = 1
+                        st(tab, sorted_ + pos, t0 + u * THREADS + w * 32 + i)
+
+
+def build_table(tab: np.ndarray, nchunks: int, start: int, clen: int, cslot: int, sorted_: int,  # type: ignore[no-untyped-def]
+                ids, T: int, tps: int, N: int, max_chunks: int, rng) -> None:
+    """lora_build_table into the int32 words of ``tab`` (the scratch, or a lora_prepare metadata buffer)."""
+    hist = _histogram(ids, T, tps, N, rng)
     # parallel prefix: thread q owns slots [q * per, (q + 1) * per); block scan of its token and chunk counts
     per = -(-N // THREADS)
     s0 = np.minimum(N, tid * per)
     s1 = np.minimum(N, s0 + per)
-    nt = np.array([hist[a:b].sum() for a, b in zip(s0, s1)], np.int64)
-    nc = np.array([(-(-hist[a:b] // G)).sum() for a, b in zip(s0, s1)], np.int64)
+    nt = np.array([hist[a:b].sum() for a, b in zip(s0, s1, strict=True)], np.int64)
+    nc = np.array([(-(-hist[a:b] // G)).sum() for a, b in zip(s0, s1, strict=True)], np.int64)
     scan_tok, scan_chk = nt.copy(), nc.copy()
     d = 1
     while d < THREADS:  # inclusive Hillis-Steele scan, read all then write all (the two barriers)
@@ -94,26 +126,7 @@ def build_table(tab: np.ndarray, nchunks: int, start: int, clen: int, cslot: int
                 c += 1
             off += n
     tab[nchunks] = scan_chk[THREADS - 1]
-    written = np.zeros(T, int)
-    for t0 in range(0, T, THREADS * UNROLL):
-        sv = [slot_of(t0 + u * THREADS + tid) for u in range(UNROLL)]
-        for u in range(UNROLL):
-            for w in rng.permutation(THREADS // 32):  # warps race for the cursors in any order
-                ws = sv[u][w * 32:(w + 1) * 32]
-                peers, leader = _warp_groups(ws)
-                base = np.zeros(32, np.int64)
-                for i in range(32):
-                    if ws[i] >= 0 and leader[i] == i:
-                        base[i] = cursor[ws[i]]
-                        cursor[ws[i]] += _popc(peers[i:i + 1])[0]
-                base = base[leader]  # __shfl_sync(base, leader)
-                below = _popc(peers & ((1 << lane[:32]) - 1))
-                for i in range(32):
-                    if ws[i] >= 0:
-                        pos = base[i] + below[i]
-                        assert pos < T and written[pos] == 0, "two tokens sorted into one position"
-                        written[pos] = 1
-                        st(tab, sorted_ + pos, t0 + u * THREADS + w * 32 + i)
+    _scatter(tab, sorted_, cursor, ids, T, tps, N, rng)
 
 
 def prepare_launch(meta: np.ndarray, ids, T: int, tps: int, N: int, max_chunks: int, rng) -> None:  # type: ignore[no-untyped-def]

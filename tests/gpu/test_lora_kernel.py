@@ -168,22 +168,13 @@ def _nan_like(y: np.ndarray) -> np.ndarray:
 
 
 def run_kernel(dev: Device, case: dict, dtype: str, mode: str = "fused") -> tuple[np.ndarray, np.ndarray]:
-    """(output as float64, y as the kernel saw it, as float64). mode: fused (in place), prepared (lora_prepare then
-    fused with its metadata, in place), simple (out of place),
+    """(output as float64, y as the kernel saw it, as float64). mode: fused (in place), simple (out of place),
     simple_inplace, op (run_op out of place: y copied to out, then updated; y itself must stay unchanged),
     triton0..3 (the Triton kernel, out of place), plugin (run_variant under tactic AUTO, out of place)."""
     fields, y, ptr, common = _upload(dev, case, dtype)
     if mode == "fused":
         out_ptr = ptr["y"]
         dev.launcher.launch(0, fields, dtype, y=ptr["y"], **common)
-    elif mode == "prepared":  # sort once per forward: lora_prepare's table (garbage-filled buffer), then fused
-        from trtforge.plugins.lora.launch import meta_bytes
-
-        out_ptr = ptr["y"]
-        meta = dev.put(np.full(meta_bytes(common["num_tokens"], fields.num_slots) // 4, -7, np.int32))
-        dev.launcher.prepare(0, slot_ids=ptr["ids"], meta=meta, num_tokens=common["num_tokens"],
-                             num_slots=fields.num_slots, tokens_per_slot=common["tokens_per_slot"])
-        dev.launcher.launch(0, fields, dtype, y=ptr["y"], meta=meta, **common)
     elif mode == "simple":
         out_ptr = dev.put(_nan_like(y))  # NaN: every element must be written by the kernel
         dev.launcher.launch_simple(0, fields, dtype, y=ptr["y"], out=out_ptr, **common)
@@ -261,7 +252,7 @@ def test_fused_kernel_matches_float64_reference(dev, tokens, hw, rank, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_simple_kernel_run_op_and_per_sequence(dev, dtype):
     case = make_case(128, 1000, 1500, 16, 8, seed=7)
-    for mode in ("simple", "simple_inplace", "op", "prepared"):
+    for mode in ("simple", "simple_inplace", "op"):
         got, y_seen = run_kernel(dev, case, dtype, mode)
         check(case, got, y_seen, dtype, f"{mode} {dtype}")
     dev.launcher.simple_max_tokens = 128  # run_op through the scratch-free kernel (no copy of y)
@@ -271,7 +262,7 @@ def test_simple_kernel_run_op_and_per_sequence(dev, dtype):
         dev.launcher.simple_max_tokens = 0
     check(case, got, y_seen, dtype, f"op via simple {dtype}")
     seq = make_case(64, 512, 384, 8, 4, seed=8, per_sequence=True)
-    for mode in ("fused", "simple", "prepared"):
+    for mode in ("fused", "simple"):
         got, y_seen = run_kernel(dev, seq, dtype, mode)
         check(seq, got, y_seen, dtype, f"per-sequence {mode} {dtype}")
 

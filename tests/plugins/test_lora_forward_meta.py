@@ -51,7 +51,7 @@ def test_metadata_built_once_per_forward_for_all_nodes():
         ids = g.integers(-1, n_slots + 1, size=tokens).astype(np.int32)  # -1 and out of range: no adapter
         prepares, outs = _forward(registry, nodes, metas, scratches, ids, stream=3, seed=fwd)
         assert prepares == 1
-        for case, y in zip(nodes, outs):
+        for case, y in zip(nodes, outs, strict=True):
             case["ids"] = ids
             check(case, y, "float16", ids)
     assert len(registry) == 2  # one leader per batch shape (40 and 23 tokens)
@@ -89,4 +89,4 @@ def test_prepare_table_is_the_stable_sort_by_slot():
     assert np.array_equal(ids[got], want_slots) and sorted(got.tolist()) == np.flatnonzero(used).tolist()
     assert (length >= 1).all() and (length <= 16).all() and length.sum() == used.sum()
     assert np.array_equal(start, np.concatenate([[0], np.cumsum(length)[:-1]]))
-    assert all((ids[order[s:s + ln]] == sl).all() for s, ln, sl in zip(start, length, slot))
+    assert all((ids[order[s:s + ln]] == sl).all() for s, ln, sl in zip(start, length, slot, strict=True))

@@ -9,8 +9,14 @@ import pytest
 from trtforge.build_engine.core.errors import InputError
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.launch import kernel_args, max_chunks, plan_launch, scratch_bytes
-from trtforge.plugins.lora.ptx import (ENTRY_NAMES, PREPARE_ENTRY, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define,
-                                       normalize_arch)
+from trtforge.plugins.lora.ptx import (
+    ENTRY_NAMES,
+    PREPARE_ENTRY,
+    SIMPLE_ENTRY_NAMES,
+    compile_ptx,
+    kernel_define,
+    normalize_arch,
+)
 
 
 def _compiler_or_skip() -> None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lora_kernel_mirror import DTYPES, EPS, check, fused_launch, make_case, simple_launch
+from lora_kernel_mirror import check, fused_launch, make_case, simple_launch
 
-from trtforge.plugins.lora import reference, spec
+from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.launch import plan_launch
 
 
