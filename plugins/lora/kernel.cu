@@ -10,7 +10,9 @@
 //                                         LORA_TOKENS tokens of one slot; publishes the chunk table.
 //   tickets 1 .. C*n_hs           SHRINK: chunk c, H slice k: partial v[k][pos][r] = x[tok] . A[s][h in slice k][r]
 //   the next C*n_ot tickets       EXPAND: chunk c, O tile j: waits for c's n_hs shrink slices, v = scale * sum_k,
-//                                         y[tok][o] += v . B[s][:, o] for o in tile j.
+//                                         out[tok][o] = y[tok][o] + v . B[s][:, o] for o in tile j.
+//   the last n_copy tickets       COPY:   (out != y only) rows of tokens without an adapter, y -> out; no waiting.
+// So an out-of-place launch needs no y -> out copy before it (issue 17 item 4): y is read once, out written once.
 // Grouping tokens by slot makes each block read A[s] / B[s] once for up to LORA_TOKENS tokens, so at 2048 tokens
 // the adapter pools cost ~(T/16 + N) * (H*R + R*O) L2 bytes instead of T * (H*R + R*O); splitting H (shrink) and O
 // (expand) across blocks keeps small batches parallel. Tokens with slot -1 are never touched (y passes through).
@@ -296,7 +298,7 @@ __device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_
 // tile (one per thread at a time, coalesced): acc[g] = sum_r v[g][r] * B[s][r][o] for the chunk's tokens, and
 // y[tok][o] += acc[g]. Each B element is loaded once per block and reused for all tokens of the chunk.
 template <typename T>
-__device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, const float* __restrict__ scales,
+__device__ void lora_expand(const T* y, T* out, const T* __restrict__ lora_b, const float* __restrict__ scales,
                             int out_features, int rank, int n_hs, int o_tile, int num_tokens, int c, int j,
                             LoraScratch sc) {
     const int tid = threadIdx.x;
@@ -335,26 +337,42 @@ __device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, con
             if (g < count) acc[g] += lora_to_f(y[(size_t)tok[g] * out_features + o]);
 #pragma unroll
         for (int g = 0; g < LORA_TOKENS; ++g)
-            if (g < count) y[(size_t)tok[g] * out_features + o] = lora_from_f<T>(acc[g]);
+            if (g < count) out[(size_t)tok[g] * out_features + o] = lora_from_f<T>(acc[g]);
+    }
+}
+
+// COPY role (out of place only): copy block b of n_copy copies the rows of tokens b, b + n_copy, ... that have no
+// adapter (slot -1 or out of range) from y to out, bit for bit; the expand blocks write every other row.
+template <typename T>
+__device__ void lora_copy(const T* y, T* out, const int* __restrict__ slot_ids, int num_tokens, int out_features,
+                          int num_slots, int tokens_per_slot, int b, int n_copy) {
+    for (int t = b; t < num_tokens; t += n_copy) {
+        if (lora_slot_of(slot_ids, t, num_tokens, tokens_per_slot, num_slots) >= 0) continue;
+        const T* yr = y + (size_t)t * out_features;
+        T* outr = out + (size_t)t * out_features;
+        for (int o = threadIdx.x; o < out_features; o += LORA_THREADS) outr[o] = yr[o];
     }
 }
 
 template <typename T>
-__device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ lora_a,
+__device__ void lora_fused(const T* __restrict__ x, const T* y, const T* __restrict__ lora_a,
                            const T* __restrict__ lora_b, const int* __restrict__ slot_ids,
-                           const float* __restrict__ scales, int* __restrict__ scratch, int* meta, int num_tokens,
-                           int in_features, int out_features, int rank, int num_slots, int tokens_per_slot, int tile,
-                           int n_hs, int n_ot, int max_chunks) {
+                           const float* __restrict__ scales, int* __restrict__ scratch, int* meta, T* out,
+                           int num_tokens, int in_features, int out_features, int rank, int num_slots,
+                           int tokens_per_slot, int tile, int n_hs, int n_ot, int max_chunks, int n_copy) {
     extern __shared__ float smem[];
     __shared__ int ticket_s, last_s;
     const LoraScratch sc = lora_scratch(scratch, meta, max_chunks, num_tokens);
     if (threadIdx.x == 0) ticket_s = atomicAdd(&sc.ctrl[0], 1);
     __syncthreads();
     const int ticket = ticket_s;
-    const int n_shrink = max_chunks * n_hs;
+    const int n_shrink = max_chunks * n_hs, n_work = n_shrink + max_chunks * n_ot;
     if (ticket == 0) {
         lora_sort(slot_ids, num_tokens, tokens_per_slot, num_slots, max_chunks, sc, meta != nullptr,
                   reinterpret_cast<int*>(smem));
+    } else if (ticket - 1 >= n_work) {
+        lora_copy<T>(y, out, slot_ids, num_tokens, out_features, num_slots, tokens_per_slot, ticket - 1 - n_work,
+                     n_copy);
     } else {
         if (threadIdx.x == 0) lora_spin_until(&sc.ctrl[2], 1);
         __syncthreads();
@@ -371,7 +389,7 @@ __device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* 
             const int e = i - n_shrink, c = e / n_ot, j = e - c * n_ot;
             const int o_tile = ((out_features + n_ot - 1) / n_ot + 31) / 32 * 32;
             if (c < n_chunks && j * o_tile < out_features)
-                lora_expand<T>(y, lora_b, scales, out_features, rank, n_hs, o_tile, num_tokens, c, j, sc);
+                lora_expand<T>(y, out, lora_b, scales, out_features, rank, n_hs, o_tile, num_tokens, c, j, sc);
         }
     }
     // The last block out resets the control words for the next launch (same stream => launches do not overlap).
@@ -463,13 +481,14 @@ LORA_SIMPLE_ENTRY(lora_simple_f32, float)
 #define LORA_ENTRY(NAME, TYPE)                                                                                        \
     extern "C" __global__ void __launch_bounds__(LORA_THREADS, 2) NAME(                                                 \
         const TYPE* __restrict__ x,         /* [T, H] activations, dtype D, row-major */                            \
-        TYPE* __restrict__ y,               /* [T, O] projection output, dtype D, updated in place */               \
+        const TYPE* y,                      /* [T, O] projection output, dtype D (may equal out) */                 \
         const TYPE* __restrict__ lora_a,    /* [N, H, R] down-projection pool, dtype D */                           \
         const TYPE* __restrict__ lora_b,    /* [N, R, O] up-projection pool, dtype D */                             \
         const int* __restrict__ slot_ids,   /* [T / tokens_per_slot] int32, slot in [0, N) or -1 (no adapter) */    \
         const float* __restrict__ scales,   /* [N] float32, alpha / rank per slot */                                \
         int* __restrict__ scratch,          /* scratch_bytes() bytes, zeroed once at allocation, int32 words */     \
         int* meta,                          /* null, or this forward's lora_prepare output (meta_bytes() bytes) */   \
+        TYPE* out,                          /* [T, O] y + update; == y: in place (then n_copy = 0) */               \
         int num_tokens,                     /* T */                                                                 \
         int in_features,                    /* H */                                                                 \
         int out_features,                   /* O */                                                                 \
@@ -479,9 +498,10 @@ LORA_SIMPLE_ENTRY(lora_simple_f32, float)
         int tile,                           /* H elements staged per shared-memory step (the tactic) */             \
         int n_hs,                           /* H slices per chunk (shrink blocks per chunk) */                      \
         int n_ot,                           /* O tiles per chunk (expand blocks per chunk) */                       \
-        int max_chunks) {                   /* upper bound on chunks: ceil(T / 16) + min(N, T) */                   \
-        lora_fused<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, scratch, meta, num_tokens, in_features,          \
-                         out_features, rank, num_slots, tokens_per_slot, tile, n_hs, n_ot, max_chunks);              \
+        int max_chunks,                     /* upper bound on chunks: ceil(T / 16) + min(N, T) */                   \
+        int n_copy) {                       /* COPY blocks (rows without adapter, y -> out); 0 when out == y */     \
+        lora_fused<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, scratch, meta, out, num_tokens, in_features,     \
+                         out_features, rank, num_slots, tokens_per_slot, tile, n_hs, n_ot, max_chunks, n_copy);      \
     }
 
 LORA_ENTRY(lora_fused_f16, lora_f16)

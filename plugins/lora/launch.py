@@ -47,6 +47,7 @@ class LaunchParams:
     n_hs: int
     n_ot: int
     max_chunks: int
+    n_copy: int = 0  # fused, out of place: COPY blocks (rows without adapter, y -> out)
 
 
 def max_chunks(num_tokens: int, num_slots: int) -> int:
@@ -74,8 +75,9 @@ def prepare_args(*, slot_ids: int, meta: int, num_tokens: int, num_slots: int, t
 
 
 def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: int | None = None,
-                sm_count: int = DEFAULT_SM_COUNT) -> LaunchParams:
-    """Grid/block/shared memory/scratch for ``num_tokens`` tokens (product of x.shape[:-1]) of ``dtype``."""
+                sm_count: int = DEFAULT_SM_COUNT, out_of_place: bool = False) -> LaunchParams:
+    """Grid/block/shared memory/scratch for ``num_tokens`` tokens (product of x.shape[:-1]) of ``dtype``.
+    ``out_of_place``: out != y, so COPY blocks (one per SM at most) copy the rows of tokens without an adapter."""
     if dtype not in ENTRY_NAMES:
         raise InputError(f"{spec.PLUGIN_NAME}: dtype {dtype!r} is not supported; use one of {list(ENTRY_NAMES)}")
     if num_tokens < 1:
@@ -92,20 +94,22 @@ def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: i
     if shared + FUSED_STATIC_SHARED > DEFAULT_SHARED_LIMIT:  # cannot happen with num_slots <= 4096, tile <= 256
         raise InputError(f"{spec.PLUGIN_NAME}: {shared} bytes of shared memory (num_slots {fields.num_slots}, tile "
                          f"{tile}) exceed the {DEFAULT_SHARED_LIMIT}-byte default; use fewer slots or a smaller tile")
+    n_copy = min(num_tokens, sm_count) if out_of_place else 0
     return LaunchParams(
-        kernel=ENTRY_NAMES[dtype], grid=(1 + chunks * (n_hs + n_ot), 1, 1), block=(threads, 1, 1),
+        kernel=ENTRY_NAMES[dtype], grid=(1 + chunks * (n_hs + n_ot) + n_copy, 1, 1), block=(threads, 1, 1),
         shared_bytes=shared, scratch_bytes=scratch_bytes(num_tokens, fields.num_slots, fields.max_rank, n_hs),
-        tile=tile, n_hs=n_hs, n_ot=n_ot, max_chunks=chunks)
+        tile=tile, n_hs=n_hs, n_ot=n_ot, max_chunks=chunks, n_copy=n_copy)
 
 
 def kernel_args(p: LaunchParams, fields: spec.LoraFields, *, x: int, y: int, lora_a: int, lora_b: int,
-                slot_ids: int, scales: int, scratch: int, num_tokens: int, tokens_per_slot: int, meta: int = 0
-                ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+                slot_ids: int, scales: int, scratch: int, num_tokens: int, tokens_per_slot: int, meta: int = 0,
+                out: int = 0) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """cuLaunchKernel's (values, ctypes types) pair, in kernel.cu's parameter order (device pointers as ints).
-    ``meta``: 0 (the launch sorts the tokens itself) or this forward's ``lora_prepare`` output."""
-    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, scratch, meta)
+    ``meta``: 0 (the launch sorts the tokens itself) or this forward's ``lora_prepare`` output; ``out``: 0 or y (in
+    place) or another buffer (then ``p`` must be planned ``out_of_place``)."""
+    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, scratch, meta, out or y)
     ints = (num_tokens, fields.in_features, fields.out_features, fields.max_rank, fields.num_slots, tokens_per_slot,
-            p.tile, p.n_hs, p.n_ot, p.max_chunks)
+            p.tile, p.n_hs, p.n_ot, p.max_chunks, p.n_copy)
     return (*ptrs, *ints), (*(ctypes.c_void_p,) * len(ptrs), *(ctypes.c_int,) * len(ints))
 
 
@@ -269,18 +273,22 @@ class LoraLauncher:
 
     def launch(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int, lora_b: int,
                slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1, tile: int | None = None,
-               meta: int = 0) -> None:
-        """Enqueue y += update on ``stream`` (an int handle; 0 = legacy default stream). Pointers are device ints.
-        ``meta``: a buffer ``prepare`` filled for these slot_ids / num_tokens earlier in stream order, or 0."""
+               meta: int = 0, out: int = 0) -> None:
+        """Enqueue out = y + update (``out`` 0: y, in place) on ``stream`` (an int handle; 0 = legacy default
+        stream). Pointers are device ints. ``meta``: a buffer ``prepare`` filled for these slot_ids / num_tokens
+        earlier in stream order, or 0."""
         if num_tokens == 0:
             return
-        key = (fields, num_tokens, dtype, tile)
+        apart = bool(out) and int(out) != int(y)
+        key = (fields, num_tokens, dtype, tile, apart)
         p = self._plans.get(key)
         if p is None:
-            p = self._plans[key] = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count)
+            p = self._plans[key] = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count,
+                                               out_of_place=apart)
         scratch = self._ensure_scratch(p.scratch_bytes, stream)
         args = kernel_args(p, fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales,
-                           scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, meta=meta)
+                           scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, meta=meta,
+                           out=out)
         _check(self._drv.cuLaunchKernel(self._functions[dtype], *p.grid, *p.block, p.shared_bytes, stream, args, 0),
                f"cuLaunchKernel({p.kernel}, grid {p.grid}, shared {p.shared_bytes})")
 
@@ -296,8 +304,8 @@ class LoraLauncher:
                lora_b: int, slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1,
                tile: int | None = None, meta: int = 0) -> None:
         """The op as the TensorRT plugin runs it: out = y + update. ``out == y`` (aliased output) updates y in
-        place; otherwise y is first copied to out (``cuMemcpyDtoDAsync``, same stream) and out is updated. Up to
-        ``simple_max_tokens`` tokens the scratch-free kernel does it in one launch (out of place, no copy)."""
+        place; otherwise the fused kernel writes out itself (its COPY blocks copy the rows without an adapter; no
+        y -> out copy before it). Up to ``simple_max_tokens`` tokens the scratch-free kernel does it instead."""
         if num_tokens == 0:
             return
         if num_tokens <= self.simple_max_tokens:
@@ -305,11 +313,9 @@ class LoraLauncher:
                                slot_ids=slot_ids, scales=scales, num_tokens=num_tokens,
                                tokens_per_slot=tokens_per_slot)
             return
-        if int(out) != int(y):
-            nbytes = num_tokens * fields.out_features * spec_itemsize(dtype)
-            _check(self._drv.cuMemcpyDtoDAsync(int(out), int(y), nbytes, stream), "cuMemcpyDtoDAsync(y -> out)")
-        self.launch(stream, fields, dtype, x=x, y=out, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
-                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile, meta=meta)
+        self.launch(stream, fields, dtype, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
+                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile, meta=meta,
+                    out=out)
 
     def launch_simple(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int,
                       lora_b: int, slot_ids: int, scales: int, out: int, num_tokens: int,

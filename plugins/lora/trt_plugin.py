@@ -14,12 +14,13 @@ Output aliasing: with ``TRTFORGE_LORA_ALIAS=1`` in the environment (read when Te
 and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y``. TensorRT and TensorRT-RTX then refuse
 to build unless the builder config enables the preview feature ``ALIASED_PLUGIN_IO_10_03``
 (``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec do not do by default; so
-aliasing is opt-in. By default the Triton kernel (AUTO up to 128 tokens) writes ``out = y + delta`` itself; the
-fused kernel (above) copies y to the output first. Run time (needs a GPU; tests/gpu exercises
+aliasing is opt-in. By default both kernels write ``out = y + delta`` themselves (the fused one's COPY blocks copy
+the rows without an adapter), so there is no y -> out copy. Run time (needs a GPU; tests/gpu exercises
 ``small_launch.run_variant``, the exact call ``enqueue`` makes, without TensorRT): ``attach_to_context`` loads the
 kernel module (shared per CUDA context) and reserves the fused kernel's scratch for the profile's maximum, outside
-any capture; ``enqueue`` launches on TensorRT's stream. One scratch per plugin clone (layer and execution context):
-TensorRT may run parallel LoRA layers on auxiliary streams, so they must not share one.
+any capture, plus the metadata buffer of the once-per-forward sort (forward_meta.py); ``enqueue`` launches on
+TensorRT's stream. One scratch per plugin clone (layer and execution context): TensorRT may run parallel LoRA
+layers on auxiliary streams, and two fused launches that overlap must not share the ticket words.
 """
 
 from __future__ import annotations

@@ -154,13 +154,17 @@ class Layout:  # lora_scratch(base, meta, max_chunks, num_tokens): word offsets 
 
 
 def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resident: int,  # type: ignore[no-untyped-def]
-                 old_reset: bool = False, meta: np.ndarray | None = None) -> None:
+                 old_reset: bool = False, meta: np.ndarray | None = None, out: np.ndarray | None = None) -> None:
     """One launch of lora_fused_* on flat buffers (y updated in place). ``old_reset`` replays the pre-fix kernel.
-    ``meta``: a lora_prepare output for these ids (the launch then reads its table there and does not sort)."""
+    ``meta``: a lora_prepare output for these ids (the launch then reads its table there and does not sort).
+    ``out``: out of place (``p`` planned with ``out_of_place``): out = y + update, y unchanged."""
     memf = mem.view(np.float32)
     T, H, Of, R, N = len(y) // f.out_features, f.in_features, f.out_features, f.max_rank, f.num_slots
     L = Layout.of(p.max_chunks, T)
     n_shrink = p.max_chunks * p.n_hs
+    n_work = n_shrink + p.max_chunks * p.n_ot
+    dst = y if out is None else out
+    assert (p.n_copy > 0) == (out is not None), "out of place needs COPY blocks, in place none"
     smem_words = p.shared_bytes // 4
     dt = y.dtype
     # the chunk table: in the scratch, or in the forward's metadata buffer (lora_scratch's pointers)
@@ -248,11 +252,18 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
                     acc[gg] = acc[gg] + ld(v, gg * MAXR + r_) * bv
             for gg in range(count):
                 yi = tok[gg] * Of + o
-                st(y, yi, (ld(y, yi).astype(f32) + acc[gg]).astype(dt))
+                st(dst, yi, (ld(y, yi).astype(f32) + acc[gg]).astype(dt))
 
     def wait(pred) -> Generator:  # type: ignore[no-untyped-def]  # lora_spin_until
         while not pred():
             yield pred
+
+    def copy(b: int) -> None:  # lora_copy: rows of tokens without an adapter, y -> out
+        for t in range(b, T, p.n_copy):
+            if int(ld(ids, t // tps)) in range(N):
+                continue
+            o = np.arange(Of)
+            st(dst, t * Of + o, ld(y, t * Of + o))
 
     def block() -> Generator:
         ticket = int(mem[0])  # atomicAdd(&ctrl[0], 1)
@@ -260,6 +271,8 @@ def fused_launch(mem: np.ndarray, x, y, a, b, ids, scales, tps, p, f, rng, resid
         yield None
         if ticket == 0:
             sort()
+        elif ticket - 1 >= n_work:
+            copy(ticket - 1 - n_work)
         else:
             yield from wait(lambda: mem[2] >= 1)
             n_chunks = int(tab[tw[4]])

@@ -40,9 +40,9 @@ def test_ptx_compiles_with_entry_points(arch, tmp_path, monkeypatch):
     assert ptx.target == arch
     assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values()) | {PREPARE_ENTRY}
     assert b".version" in ptx.text and b"\0" not in ptx.text
-    # parameters as launch.kernel_args / simple_args / prepare_args pass them: 8 pointers + 10 int32s (fused),
+    # parameters as launch.kernel_args / simple_args / prepare_args pass them: 9 pointers + 11 int32s (fused),
     # 7 + 6 (simple), 2 + 4 (prepare)
-    for names, n_ptr, n_int in ((ENTRY_NAMES, 8, 10), (SIMPLE_ENTRY_NAMES, 7, 6), ({"": PREPARE_ENTRY}, 2, 4)):
+    for names, n_ptr, n_int in ((ENTRY_NAMES, 9, 11), (SIMPLE_ENTRY_NAMES, 7, 6), ({"": PREPARE_ENTRY}, 2, 4)):
         for name in names.values():
             body = ptx.text.split(f".entry {name}(".encode(), 1)[1].split(b")", 1)[0]
             assert body.count(b".param .u64") == n_ptr and body.count(b".param .u32") == n_int, body
@@ -107,9 +107,14 @@ def test_plan_launch_refusals_and_args():
     p = plan_launch(f, 5, "float32")
     values, types = kernel_args(p, f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, scratch=7, num_tokens=5,
                                 tokens_per_slot=1, meta=8)
-    assert len(values) == len(types) == 18
-    assert values[:8] == (1, 2, 3, 4, 5, 6, 7, 8)
-    assert values[8:] == (5, 64, 32, 8, 4, 1, 64, p.n_hs, p.n_ot, p.max_chunks)
+    assert len(values) == len(types) == 20
+    assert values[:9] == (1, 2, 3, 4, 5, 6, 7, 8, 2)  # out = y: in place
+    assert values[9:] == (5, 64, 32, 8, 4, 1, 64, p.n_hs, p.n_ot, p.max_chunks, 0)
+    q = plan_launch(f, 5, "float32", sm_count=2, out_of_place=True)
+    values, _ = kernel_args(q, f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, scratch=7, num_tokens=5,
+                            tokens_per_slot=1, out=9)
+    assert values[8] == 9 and values[-1] == q.n_copy == 2 and q.grid[0] == 1 + q.max_chunks * (q.n_hs + q.n_ot) + 2
+
 
 
 def test_plan_simple():

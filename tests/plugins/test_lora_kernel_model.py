@@ -58,6 +58,27 @@ def test_fused_kernel_model_matches_reference(tokens, h, o, max_rank, rank, n, d
 
 
 @pytest.mark.parametrize("tokens,h,o,max_rank,rank,n,dt,tile,per_seq", SHAPES)
+def test_fused_kernel_model_out_of_place(tokens, h, o, max_rank, rank, n, dt, tile, per_seq):
+    """out = y + update written by the kernel itself (expand + COPY blocks): every element of a NaN-filled out
+    written, rows without adapter bit-exact copies of y, y untouched; a few copy blocks so each loops."""
+    case = make_case(tokens, h, o, max_rank, rank, n, dt, seed=tokens * 13 + h, per_seq=per_seq)
+    if not per_seq:
+        case["ids"][0] = n
+    f = case["fields"]
+    tps = spec.tokens_per_slot(case["x"].shape, case["ids"].shape)
+    p = plan_launch(f, tokens, dt, tile=tile, sm_count=3, out_of_place=True)
+    assert p.n_copy == min(tokens, 3) and p.grid[0] == 1 + p.max_chunks * (p.n_hs + p.n_ot) + p.n_copy
+    mem = np.zeros(1 << 16, np.int32)
+    y = case["y"].reshape(-1).copy()
+    out = np.full_like(y, np.nan)
+    fused_launch(mem, case["x"].reshape(-1), y, case["a"].reshape(-1), case["b"].reshape(-1), case["ids"],
+                 case["scales"], tps, p, f, np.random.default_rng(tokens), 3, out=out)
+    assert np.array_equal(y.view(np.uint8), case["y"].reshape(-1).view(np.uint8)), "y must stay unchanged"
+    assert not mem[:4].any()
+    check(case, out, dt, case["ids"])
+
+
+@pytest.mark.parametrize("tokens,h,o,max_rank,rank,n,dt,tile,per_seq", SHAPES)
 def test_simple_kernel_model_matches_reference(tokens, h, o, max_rank, rank, n, dt, tile, per_seq):
     case = make_case(tokens, h, o, max_rank, rank, n, dt, seed=tokens * 11 + o, per_seq=per_seq)
     f = case["fields"]
