@@ -10,10 +10,15 @@
 //                                         LORA_TOKENS tokens of one slot; publishes the chunk table.
 //   tickets 1 .. C*n_hs           SHRINK: chunk c, H slice k: partial v[k][pos][r] = x[tok] . A[s][h in slice k][r]
 //   the next C*n_ot tickets       EXPAND: chunk c, O tile j: waits for c's n_hs shrink slices, v = scale * sum_k,
-//                                         y[tok][o] += v . B[s][:, o] for o in tile j.
+//                                         out[tok][o] = y[tok][o] + v . B[s][:, o] for o in tile j.
+//   the last n_copy tickets       COPY:   (out != y only) rows of tokens without an adapter, y -> out; no waiting.
+// So an out-of-place launch needs no y -> out copy before it (issue 17 item 4): y is read once, out written once.
 // Grouping tokens by slot makes each block read A[s] / B[s] once for up to LORA_TOKENS tokens, so at 2048 tokens
 // the adapter pools cost ~(T/16 + N) * (H*R + R*O) L2 bytes instead of T * (H*R + R*O); splitting H (shrink) and O
 // (expand) across blocks keeps small batches parallel. Tokens with slot -1 are never touched (y passes through).
+// Sort once per forward (issue 17 item 5): all LoRA nodes of a forward share slot_ids, so `lora_prepare` (one
+// block) can build the token order and chunk table once into a metadata buffer (`meta`) that every node's launch
+// reads; a fused launch with meta != 0 skips its own sort (its ticket-0 block only zeroes the chunk counters).
 // Scratch state across launches: only ctrl[0..3] (fixed words at the start of the scratch, whatever T is) must be
 // zero when a launch starts; the last block to finish zeroes them again, so the scratch needs zeroing only once (at
 // allocation) and CUDA-graph replays work. The chunk_done counters are zeroed by the SORT block before it publishes
@@ -28,6 +33,7 @@
 #define LORA_WARPS (LORA_THREADS / 32)
 #define LORA_SPIN_LIMIT (1u << 25)  // ~8 s of 256 ns sleeps: a bug, never a legitimate wait
 #define LORA_SORT_UNROLL 8           // slot ids loaded per thread before use (one memory latency per 2048 tokens)
+#define LORA_META_WORDS 4            // metadata header: meta[0] = number of chunks (meta[1..3] unused, alignment)
 
 struct lora_f16 { unsigned short bits; };
 struct lora_bf16 { unsigned short bits; };
@@ -59,19 +65,29 @@ template <> __device__ __forceinline__ lora_bf16 lora_from_f<lora_bf16>(float f)
 //   (ctrl[0..3] are zero between launches; everything below is written before it is read in each launch)
 //   chunk_done[max_chunks]  chunk_start[max_chunks]  chunk_len[max_chunks]  chunk_slot[max_chunks]
 //   sorted[num_tokens]      then (float) vpart[n_hs][num_tokens][rank]
+// Metadata buffer (lora_prepare's output, meta_bytes() in launch.py): meta[0] = number of chunks, then from word
+// LORA_META_WORDS the same chunk_start / chunk_len / chunk_slot [max_chunks] and sorted[num_tokens] tables. With a
+// metadata buffer the scratch keeps its layout (vpart stays where it is); its table words are then unused.
 struct LoraScratch {
-    int* ctrl; int* chunk_done; int* chunk_start; int* chunk_len; int* chunk_slot; int* sorted; float* vpart;
+    int* ctrl; int* chunk_done; int* n_chunks; int* chunk_start; int* chunk_len; int* chunk_slot; int* sorted;
+    float* vpart;
 };
 
-__device__ __forceinline__ LoraScratch lora_scratch(int* base, int max_chunks, int num_tokens) {
+__device__ __forceinline__ void lora_tables(LoraScratch& s, int* table, int max_chunks) {
+    s.chunk_start = table;
+    s.chunk_len = table + max_chunks;
+    s.chunk_slot = table + 2 * max_chunks;
+    s.sorted = table + 3 * max_chunks;
+}
+
+// base = the scratch (may be null for lora_prepare); meta = a forward's metadata buffer or null (tables in scratch)
+__device__ __forceinline__ LoraScratch lora_scratch(int* base, int* meta, int max_chunks, int num_tokens) {
     LoraScratch s;
     s.ctrl = base;
     s.chunk_done = base + 4;
-    s.chunk_start = s.chunk_done + max_chunks;
-    s.chunk_len = s.chunk_start + max_chunks;
-    s.chunk_slot = s.chunk_len + max_chunks;
-    s.sorted = s.chunk_slot + max_chunks;
-    s.vpart = reinterpret_cast<float*>(s.sorted + num_tokens);
+    s.n_chunks = meta ? meta : base + 3;
+    lora_tables(s, meta ? meta + LORA_META_WORDS : s.chunk_done + max_chunks, max_chunks);
+    s.vpart = reinterpret_cast<float*>(base + 4 + 4 * max_chunks + num_tokens);
     return s;
 }
 
@@ -114,14 +130,17 @@ __device__ __forceinline__ int lora_slot_of(const int* __restrict__ slot_ids, in
     return (s >= 0 && s < num_slots) ? s : -1;
 }
 
-// SORT role: one block. Warp-aggregated shared atomics (__match_any_sync) keep 8 hot slots from serializing.
-// Token t = t0 + u * LORA_THREADS + tid; the LORA_SORT_UNROLL loads of a batch are issued before any is used.
-__device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int tokens_per_slot, int num_slots,
-                          int max_chunks, LoraScratch sc, int* hist /* shared, 2*num_slots ints */) {
+// Chunk table and token order of one forward (one block; the caller publishes them). Warp-aggregated shared
+// atomics (__match_any_sync) keep 8 hot slots from serializing. Token t = t0 + u * LORA_THREADS + tid; the
+// LORA_SORT_UNROLL loads of a batch are issued before any is used. The prefix over the slots is parallel: thread tid
+// owns slots [tid * per, (tid + 1) * per) and a block scan of the per-thread token and chunk counts gives each its
+// offsets (a serial loop over 4096 slots by one thread cost 70-100 us).
+__device__ void lora_build_table(const int* __restrict__ slot_ids, int num_tokens, int tokens_per_slot,
+                                 int num_slots, LoraScratch sc, int* hist /* shared, 2*num_slots ints */) {
     const int tid = threadIdx.x, lane = tid & 31;
+    __shared__ int scan_tok[LORA_THREADS], scan_chk[LORA_THREADS];
     int* cursor = hist + num_slots;
     for (int s = tid; s < num_slots; s += LORA_THREADS) hist[s] = 0;
-    for (int c = tid; c < max_chunks; c += LORA_THREADS) sc.chunk_done[c] = 0;  // published by the fence below
     __syncthreads();
     for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS * LORA_SORT_UNROLL) {
         int s[LORA_SORT_UNROLL];
@@ -135,20 +154,36 @@ __device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int 
         }
     }
     __syncthreads();
-    if (tid == 0) {  // serial prefix + chunk table: num_slots and the chunk count are small
-        int off = 0, c = 0;
-        for (int s = 0; s < num_slots; ++s) {
-            const int n = hist[s];
-            cursor[s] = off;
-            for (int i = 0; i < n; i += LORA_TOKENS, ++c) {
-                sc.chunk_start[c] = off + i;
-                sc.chunk_len[c] = min(LORA_TOKENS, n - i);
-                sc.chunk_slot[c] = s;
-            }
-            off += n;
-        }
-        sc.ctrl[3] = c;
+    const int per = (num_slots + LORA_THREADS - 1) / LORA_THREADS;
+    const int s0 = min(num_slots, tid * per), s1 = min(num_slots, s0 + per);
+    int nt = 0, nc = 0;
+    for (int s = s0; s < s1; ++s) {
+        const int n = hist[s];
+        nt += n;
+        nc += (n + LORA_TOKENS - 1) / LORA_TOKENS;
     }
+    scan_tok[tid] = nt;
+    scan_chk[tid] = nc;
+    __syncthreads();
+    for (int d = 1; d < LORA_THREADS; d <<= 1) {  // inclusive Hillis-Steele scan, 8 steps
+        const int at = tid >= d ? scan_tok[tid - d] : 0, ac = tid >= d ? scan_chk[tid - d] : 0;
+        __syncthreads();
+        scan_tok[tid] += at;
+        scan_chk[tid] += ac;
+        __syncthreads();
+    }
+    int off = scan_tok[tid] - nt, c = scan_chk[tid] - nc;
+    for (int s = s0; s < s1; ++s) {
+        const int n = hist[s];
+        cursor[s] = off;
+        for (int i = 0; i < n; i += LORA_TOKENS, ++c) {
+            sc.chunk_start[c] = off + i;
+            sc.chunk_len[c] = min(LORA_TOKENS, n - i);
+            sc.chunk_slot[c] = s;
+        }
+        off += n;
+    }
+    if (tid == LORA_THREADS - 1) *sc.n_chunks = scan_chk[tid];
     __syncthreads();
     for (int t0 = 0; t0 < num_tokens; t0 += LORA_THREADS * LORA_SORT_UNROLL) {
         int s[LORA_SORT_UNROLL];
@@ -165,6 +200,14 @@ __device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int 
             if (s[u] >= 0) sc.sorted[base + __popc(peers & ((1u << lane) - 1u))] = t0 + u * LORA_THREADS + tid;
         }
     }
+}
+
+// SORT role (ticket 0): zero this launch's chunk counters, build the table unless a forward's metadata buffer
+// already holds it, publish.
+__device__ void lora_sort(const int* __restrict__ slot_ids, int num_tokens, int tokens_per_slot, int num_slots,
+                          int max_chunks, LoraScratch sc, bool presorted, int* hist) {
+    for (int c = threadIdx.x; c < max_chunks; c += LORA_THREADS) sc.chunk_done[c] = 0;  // published below
+    if (!presorted) lora_build_table(slot_ids, num_tokens, tokens_per_slot, num_slots, sc, hist);
     lora_release(&sc.ctrl[2], 1);
 }
 
@@ -255,7 +298,7 @@ __device__ void lora_shrink(const T* __restrict__ x, const T* __restrict__ lora_
 // tile (one per thread at a time, coalesced): acc[g] = sum_r v[g][r] * B[s][r][o] for the chunk's tokens, and
 // y[tok][o] += acc[g]. Each B element is loaded once per block and reused for all tokens of the chunk.
 template <typename T>
-__device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, const float* __restrict__ scales,
+__device__ void lora_expand(const T* y, T* out, const T* __restrict__ lora_b, const float* __restrict__ scales,
                             int out_features, int rank, int n_hs, int o_tile, int num_tokens, int c, int j,
                             LoraScratch sc) {
     const int tid = threadIdx.x;
@@ -294,29 +337,46 @@ __device__ void lora_expand(T* __restrict__ y, const T* __restrict__ lora_b, con
             if (g < count) acc[g] += lora_to_f(y[(size_t)tok[g] * out_features + o]);
 #pragma unroll
         for (int g = 0; g < LORA_TOKENS; ++g)
-            if (g < count) y[(size_t)tok[g] * out_features + o] = lora_from_f<T>(acc[g]);
+            if (g < count) out[(size_t)tok[g] * out_features + o] = lora_from_f<T>(acc[g]);
+    }
+}
+
+// COPY role (out of place only): copy block b of n_copy copies the rows of tokens b, b + n_copy, ... that have no
+// adapter (slot -1 or out of range) from y to out, bit for bit; the expand blocks write every other row.
+template <typename T>
+__device__ void lora_copy(const T* y, T* out, const int* __restrict__ slot_ids, int num_tokens, int out_features,
+                          int num_slots, int tokens_per_slot, int b, int n_copy) {
+    for (int t = b; t < num_tokens; t += n_copy) {
+        if (lora_slot_of(slot_ids, t, num_tokens, tokens_per_slot, num_slots) >= 0) continue;
+        const T* yr = y + (size_t)t * out_features;
+        T* outr = out + (size_t)t * out_features;
+        for (int o = threadIdx.x; o < out_features; o += LORA_THREADS) outr[o] = yr[o];
     }
 }
 
 template <typename T>
-__device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ lora_a,
+__device__ void lora_fused(const T* __restrict__ x, const T* y, const T* __restrict__ lora_a,
                            const T* __restrict__ lora_b, const int* __restrict__ slot_ids,
-                           const float* __restrict__ scales, int* __restrict__ scratch, int num_tokens,
-                           int in_features, int out_features, int rank, int num_slots, int tokens_per_slot, int tile,
-                           int n_hs, int n_ot, int max_chunks) {
+                           const float* __restrict__ scales, int* __restrict__ scratch, int* meta, T* out,
+                           int num_tokens, int in_features, int out_features, int rank, int num_slots,
+                           int tokens_per_slot, int tile, int n_hs, int n_ot, int max_chunks, int n_copy) {
     extern __shared__ float smem[];
     __shared__ int ticket_s, last_s;
-    const LoraScratch sc = lora_scratch(scratch, max_chunks, num_tokens);
+    const LoraScratch sc = lora_scratch(scratch, meta, max_chunks, num_tokens);
     if (threadIdx.x == 0) ticket_s = atomicAdd(&sc.ctrl[0], 1);
     __syncthreads();
     const int ticket = ticket_s;
-    const int n_shrink = max_chunks * n_hs;
+    const int n_shrink = max_chunks * n_hs, n_work = n_shrink + max_chunks * n_ot;
     if (ticket == 0) {
-        lora_sort(slot_ids, num_tokens, tokens_per_slot, num_slots, max_chunks, sc, reinterpret_cast<int*>(smem));
+        lora_sort(slot_ids, num_tokens, tokens_per_slot, num_slots, max_chunks, sc, meta != nullptr,
+                  reinterpret_cast<int*>(smem));
+    } else if (ticket - 1 >= n_work) {
+        lora_copy<T>(y, out, slot_ids, num_tokens, out_features, num_slots, tokens_per_slot, ticket - 1 - n_work,
+                     n_copy);
     } else {
         if (threadIdx.x == 0) lora_spin_until(&sc.ctrl[2], 1);
         __syncthreads();
-        const int n_chunks = lora_load_volatile(&sc.ctrl[3]);
+        const int n_chunks = lora_load_volatile(sc.n_chunks);
         const int i = ticket - 1;
         if (i < n_shrink) {
             const int c = i / n_hs, k = i - c * n_hs;
@@ -329,7 +389,7 @@ __device__ void lora_fused(const T* __restrict__ x, T* __restrict__ y, const T* 
             const int e = i - n_shrink, c = e / n_ot, j = e - c * n_ot;
             const int o_tile = ((out_features + n_ot - 1) / n_ot + 31) / 32 * 32;
             if (c < n_chunks && j * o_tile < out_features)
-                lora_expand<T>(y, lora_b, scales, out_features, rank, n_hs, o_tile, num_tokens, c, j, sc);
+                lora_expand<T>(y, out, lora_b, scales, out_features, rank, n_hs, o_tile, num_tokens, c, j, sc);
         }
     }
     // The last block out resets the control words for the next launch (same stream => launches do not overlap).
@@ -421,12 +481,14 @@ LORA_SIMPLE_ENTRY(lora_simple_f32, float)
 #define LORA_ENTRY(NAME, TYPE)                                                                                        \
     extern "C" __global__ void __launch_bounds__(LORA_THREADS, 2) NAME(                                                 \
         const TYPE* __restrict__ x,         /* [T, H] activations, dtype D, row-major */                            \
-        TYPE* __restrict__ y,               /* [T, O] projection output, dtype D, updated in place */               \
+        const TYPE* y,                      /* [T, O] projection output, dtype D (may equal out) */                 \
         const TYPE* __restrict__ lora_a,    /* [N, H, R] down-projection pool, dtype D */                           \
         const TYPE* __restrict__ lora_b,    /* [N, R, O] up-projection pool, dtype D */                             \
         const int* __restrict__ slot_ids,   /* [T / tokens_per_slot] int32, slot in [0, N) or -1 (no adapter) */    \
         const float* __restrict__ scales,   /* [N] float32, alpha / rank per slot */                                \
         int* __restrict__ scratch,          /* scratch_bytes() bytes, zeroed once at allocation, int32 words */     \
+        int* meta,                          /* null, or this forward's lora_prepare output (meta_bytes() bytes) */   \
+        TYPE* out,                          /* [T, O] y + update; == y: in place (then n_copy = 0) */               \
         int num_tokens,                     /* T */                                                                 \
         int in_features,                    /* H */                                                                 \
         int out_features,                   /* O */                                                                 \
@@ -436,11 +498,29 @@ LORA_SIMPLE_ENTRY(lora_simple_f32, float)
         int tile,                           /* H elements staged per shared-memory step (the tactic) */             \
         int n_hs,                           /* H slices per chunk (shrink blocks per chunk) */                      \
         int n_ot,                           /* O tiles per chunk (expand blocks per chunk) */                       \
-        int max_chunks) {                   /* upper bound on chunks: ceil(T / 16) + min(N, T) */                   \
-        lora_fused<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, scratch, num_tokens, in_features, out_features,    \
-                         rank, num_slots, tokens_per_slot, tile, n_hs, n_ot, max_chunks);                            \
+        int max_chunks,                     /* upper bound on chunks: ceil(T / 16) + min(N, T) */                   \
+        int n_copy) {                       /* COPY blocks (rows without adapter, y -> out); 0 when out == y */     \
+        lora_fused<TYPE>(x, y, lora_a, lora_b, slot_ids, scales, scratch, meta, out, num_tokens, in_features,     \
+                         out_features, rank, num_slots, tokens_per_slot, tile, n_hs, n_ot, max_chunks, n_copy);      \
     }
 
 LORA_ENTRY(lora_fused_f16, lora_f16)
 LORA_ENTRY(lora_fused_bf16, lora_bf16)
 LORA_ENTRY(lora_fused_f32, float)
+
+// Once per forward: the token order and chunk table of slot_ids into `meta` (meta_bytes() bytes), for every fused
+// launch of the forward that passes it. One block of LORA_THREADS threads, 8 * num_slots bytes of dynamic shared
+// memory; on the same stream before those launches (stream order publishes the writes). No scratch.
+extern "C" __global__ void __launch_bounds__(LORA_THREADS) lora_prepare(
+    const int* __restrict__ slot_ids,   /* [T / tokens_per_slot] int32 */
+    int* __restrict__ meta,             /* output: meta[0] = chunks, tables from word LORA_META_WORDS */
+    int num_tokens, int num_slots, int tokens_per_slot,
+    int max_chunks) {                   /* ceil(T / 16) + min(N, T), as the fused launches of this T use */
+    extern __shared__ int hist[];
+    LoraScratch sc;
+    sc.ctrl = sc.chunk_done = nullptr;
+    sc.vpart = nullptr;
+    sc.n_chunks = meta;
+    lora_tables(sc, meta + LORA_META_WORDS, max_chunks);
+    lora_build_table(slot_ids, num_tokens, tokens_per_slot, num_slots, sc, hist);
+}

@@ -29,11 +29,11 @@ from trtforge.build_engine.core import env
 from trtforge.build_engine.core.errors import BackendError, InputError
 
 from . import spec
-from .ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
+from .ptx import ENTRY_NAMES, PREPARE_ENTRY, SIMPLE_ENTRY_NAMES, Ptx, compile_cubin, compile_ptx, kernel_define
 
 DEFAULT_SM_COUNT = 132  # H100/H200 SXM; the launcher reads the real count from the device
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic + static shared memory a block may use without opting in
-FUSED_STATIC_SHARED = 4352  # kernel.cu's static __shared__ in lora_fused_* (ptxas -v: 4240 bytes), with margin
+FUSED_STATIC_SHARED = 6400  # kernel.cu's static __shared__ in lora_fused_* (ptxas -v: 6288 bytes), with margin
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class LaunchParams:
     n_hs: int
     n_ot: int
     max_chunks: int
+    n_copy: int = 0  # fused, out of place: COPY blocks (rows without adapter, y -> out)
 
 
 def max_chunks(num_tokens: int, num_slots: int) -> int:
@@ -61,9 +62,22 @@ def scratch_bytes(num_tokens: int, num_slots: int, rank: int, n_hs: int) -> int:
     return 4 * words
 
 
+def meta_bytes(num_tokens: int, num_slots: int) -> int:
+    """lora_prepare's output: LORA_META_WORDS header words + 3 chunk tables + sorted[T] (int32); see kernel.cu."""
+    return 4 * (kernel_define("LORA_META_WORDS") + 3 * max_chunks(num_tokens, num_slots) + num_tokens)
+
+
+def prepare_args(*, slot_ids: int, meta: int, num_tokens: int, num_slots: int, tokens_per_slot: int
+                 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """lora_prepare's (values, ctypes types); one block, 8 * num_slots bytes of dynamic shared memory."""
+    values = (slot_ids, meta, num_tokens, num_slots, tokens_per_slot, max_chunks(num_tokens, num_slots))
+    return values, (ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int,) * 4)
+
+
 def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: int | None = None,
-                sm_count: int = DEFAULT_SM_COUNT) -> LaunchParams:
-    """Grid/block/shared memory/scratch for ``num_tokens`` tokens (product of x.shape[:-1]) of ``dtype``."""
+                sm_count: int = DEFAULT_SM_COUNT, out_of_place: bool = False) -> LaunchParams:
+    """Grid/block/shared memory/scratch for ``num_tokens`` tokens (product of x.shape[:-1]) of ``dtype``.
+    ``out_of_place``: out != y, so COPY blocks (one per SM at most) copy the rows of tokens without an adapter."""
     if dtype not in ENTRY_NAMES:
         raise InputError(f"{spec.PLUGIN_NAME}: dtype {dtype!r} is not supported; use one of {list(ENTRY_NAMES)}")
     if num_tokens < 1:
@@ -80,19 +94,22 @@ def plan_launch(fields: spec.LoraFields, num_tokens: int, dtype: str, *, tile: i
     if shared + FUSED_STATIC_SHARED > DEFAULT_SHARED_LIMIT:  # cannot happen with num_slots <= 4096, tile <= 256
         raise InputError(f"{spec.PLUGIN_NAME}: {shared} bytes of shared memory (num_slots {fields.num_slots}, tile "
                          f"{tile}) exceed the {DEFAULT_SHARED_LIMIT}-byte default; use fewer slots or a smaller tile")
+    n_copy = min(num_tokens, sm_count) if out_of_place else 0
     return LaunchParams(
-        kernel=ENTRY_NAMES[dtype], grid=(1 + chunks * (n_hs + n_ot), 1, 1), block=(threads, 1, 1),
+        kernel=ENTRY_NAMES[dtype], grid=(1 + chunks * (n_hs + n_ot) + n_copy, 1, 1), block=(threads, 1, 1),
         shared_bytes=shared, scratch_bytes=scratch_bytes(num_tokens, fields.num_slots, fields.max_rank, n_hs),
-        tile=tile, n_hs=n_hs, n_ot=n_ot, max_chunks=chunks)
+        tile=tile, n_hs=n_hs, n_ot=n_ot, max_chunks=chunks, n_copy=n_copy)
 
 
 def kernel_args(p: LaunchParams, fields: spec.LoraFields, *, x: int, y: int, lora_a: int, lora_b: int,
-                slot_ids: int, scales: int, scratch: int, num_tokens: int, tokens_per_slot: int
-                ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """cuLaunchKernel's (values, ctypes types) pair, in kernel.cu's parameter order (device pointers as ints)."""
-    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, scratch)
+                slot_ids: int, scales: int, scratch: int, num_tokens: int, tokens_per_slot: int, meta: int = 0,
+                out: int = 0) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """cuLaunchKernel's (values, ctypes types) pair, in kernel.cu's parameter order (device pointers as ints).
+    ``meta``: 0 (the launch sorts the tokens itself) or this forward's ``lora_prepare`` output; ``out``: 0 or y (in
+    place) or another buffer (then ``p`` must be planned ``out_of_place``)."""
+    ptrs = (x, y, lora_a, lora_b, slot_ids, scales, scratch, meta, out or y)
     ints = (num_tokens, fields.in_features, fields.out_features, fields.max_rank, fields.num_slots, tokens_per_slot,
-            p.tile, p.n_hs, p.n_ot, p.max_chunks)
+            p.tile, p.n_hs, p.n_ot, p.max_chunks, p.n_copy)
     return (*ptrs, *ints), (*(ctypes.c_void_p,) * len(ptrs), *(ctypes.c_int,) * len(ints))
 
 
@@ -180,6 +197,7 @@ class LoraLauncher:
         self.cc = 10 * int(major) + int(minor)
         self._retired: list[int] = []  # outgrown scratch buffers: kept until close (captured graphs may use them)
         self.fixed_scratch = False
+        self.meta, self.meta_size = 0, 0  # this layer's lora_prepare buffer (forward_meta.py), reserve_meta()
         key = (int(ctx), self.arch)
         if key not in _MODULES:  # one module per CUDA context, shared by every layer and execution context
             _MODULES[key] = self._load_module()
@@ -188,6 +206,7 @@ class LoraLauncher:
                            for dt, name in ENTRY_NAMES.items()}
         self._simple = {dt: _check(driver.cuModuleGetFunction(self._module, name.encode()), f"get {name}")
                         for dt, name in SIMPLE_ENTRY_NAMES.items()}
+        self._prepare = _check(driver.cuModuleGetFunction(self._module, PREPARE_ENTRY.encode()), "get lora_prepare")
 
     def _load_module(self) -> tuple[Any, Ptx, str]:
         """Load the kernel: a cubin for this exact GPU first (no driver JIT, so a compiler newer than the driver is
@@ -219,6 +238,14 @@ class LoraLauncher:
             _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize after zeroing the scratch")
         self.fixed_scratch = True
 
+    def reserve_meta(self, nbytes: int) -> None:
+        """Allocate this layer's metadata buffer (outside any capture); kept until close, like the scratch."""
+        if nbytes > self.meta_size:
+            if self.meta:
+                self._retired.append(self.meta)
+            self.meta = int(_check(self._drv.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes}) for the LoRA metadata"))
+            self.meta_size = nbytes
+
     def _ensure_scratch(self, nbytes: int, stream: int) -> int:
         if nbytes <= self._scratch_size:
             return self._scratch
@@ -245,26 +272,40 @@ class LoraLauncher:
         return ptr
 
     def launch(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int, lora_b: int,
-               slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1, tile: int | None = None) -> None:
-        """Enqueue y += update on ``stream`` (an int handle; 0 = legacy default stream). Pointers are device ints."""
+               slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1, tile: int | None = None,
+               meta: int = 0, out: int = 0) -> None:
+        """Enqueue out = y + update (``out`` 0: y, in place) on ``stream`` (an int handle; 0 = legacy default
+        stream). Pointers are device ints. ``meta``: a buffer ``prepare`` filled for these slot_ids / num_tokens
+        earlier in stream order, or 0."""
         if num_tokens == 0:
             return
-        key = (fields, num_tokens, dtype, tile)
+        apart = bool(out) and int(out) != int(y)
+        key = (fields, num_tokens, dtype, tile, apart)
         p = self._plans.get(key)
         if p is None:
-            p = self._plans[key] = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count)
+            p = self._plans[key] = plan_launch(fields, num_tokens, dtype, tile=tile, sm_count=self.sm_count,
+                                               out_of_place=apart)
         scratch = self._ensure_scratch(p.scratch_bytes, stream)
         args = kernel_args(p, fields, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids, scales=scales,
-                           scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot)
+                           scratch=scratch, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, meta=meta,
+                           out=out)
         _check(self._drv.cuLaunchKernel(self._functions[dtype], *p.grid, *p.block, p.shared_bytes, stream, args, 0),
                f"cuLaunchKernel({p.kernel}, grid {p.grid}, shared {p.shared_bytes})")
 
+    def prepare(self, stream: int, *, slot_ids: int, meta: int, num_tokens: int, num_slots: int,
+                tokens_per_slot: int = 1) -> None:
+        """Enqueue lora_prepare: the token order and chunk table of ``slot_ids`` into ``meta`` (``meta_bytes``)."""
+        args = prepare_args(slot_ids=slot_ids, meta=meta, num_tokens=num_tokens, num_slots=num_slots,
+                            tokens_per_slot=tokens_per_slot)
+        _check(self._drv.cuLaunchKernel(self._prepare, 1, 1, 1, kernel_define("LORA_THREADS"), 1, 1, 8 * num_slots,
+                                        stream, args, 0), "cuLaunchKernel(lora_prepare)")
+
     def run_op(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, out: int, lora_a: int,
                lora_b: int, slot_ids: int, scales: int, num_tokens: int, tokens_per_slot: int = 1,
-               tile: int | None = None) -> None:
+               tile: int | None = None, meta: int = 0) -> None:
         """The op as the TensorRT plugin runs it: out = y + update. ``out == y`` (aliased output) updates y in
-        place; otherwise y is first copied to out (``cuMemcpyDtoDAsync``, same stream) and out is updated. Up to
-        ``simple_max_tokens`` tokens the scratch-free kernel does it in one launch (out of place, no copy)."""
+        place; otherwise the fused kernel writes out itself (its COPY blocks copy the rows without an adapter; no
+        y -> out copy before it). Up to ``simple_max_tokens`` tokens the scratch-free kernel does it instead."""
         if num_tokens == 0:
             return
         if num_tokens <= self.simple_max_tokens:
@@ -272,11 +313,9 @@ class LoraLauncher:
                                slot_ids=slot_ids, scales=scales, num_tokens=num_tokens,
                                tokens_per_slot=tokens_per_slot)
             return
-        if int(out) != int(y):
-            nbytes = num_tokens * fields.out_features * spec_itemsize(dtype)
-            _check(self._drv.cuMemcpyDtoDAsync(int(out), int(y), nbytes, stream), "cuMemcpyDtoDAsync(y -> out)")
-        self.launch(stream, fields, dtype, x=x, y=out, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
-                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile)
+        self.launch(stream, fields, dtype, x=x, y=y, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
+                    scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=tile, meta=meta,
+                    out=out)
 
     def launch_simple(self, stream: int, fields: spec.LoraFields, dtype: str, *, x: int, y: int, lora_a: int,
                       lora_b: int, slot_ids: int, scales: int, out: int, num_tokens: int,
@@ -293,11 +332,14 @@ class LoraLauncher:
     def close(self) -> None:
         """Free the scratch buffers (waits for this context's queued work first). The module stays loaded: it is
         shared by every launcher of this CUDA context and lives as long as the context."""
-        if self._scratch or self._retired:
+        if self._scratch or self._retired or self.meta:
             _check(self._drv.cuCtxSynchronize(), "cuCtxSynchronize before closing")
         for ptr in [*self._retired, self._scratch] if self._scratch else self._retired:
             _check(self._drv.cuMemFree(ptr), "cuMemFree(scratch)")
+        if self.meta:
+            _check(self._drv.cuMemFree(self.meta), "cuMemFree(metadata)")
         self._retired, self._scratch, self._scratch_size = [], 0, 0
+        self.meta, self.meta_size = 0, 0
 
 
 def spec_itemsize(dtype: str) -> int:

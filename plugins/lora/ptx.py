@@ -27,6 +27,7 @@ ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_90")  # A100, A10, H100/H200 (wh
 ENTRY_NAMES: dict[str, str] = {"float16": "lora_fused_f16", "bfloat16": "lora_fused_bf16", "float32": "lora_fused_f32"}
 SIMPLE_ENTRY_NAMES: dict[str, str] = {"float16": "lora_simple_f16", "bfloat16": "lora_simple_bf16",
                                       "float32": "lora_simple_f32"}
+PREPARE_ENTRY = "lora_prepare"  # once per forward: token order + chunk table (dtype-free)
 
 _memory: dict[tuple[str, str], Ptx] = {}
 

@@ -12,7 +12,8 @@ import ctypes
 from typing import Any
 
 from . import spec
-from .launch import _SMALL, LoraLauncher, _check
+from .forward_meta import REGISTRY
+from .launch import _SMALL, LoraLauncher, _check, meta_bytes
 from .triton_build import compile_image
 from .triton_kernel import SMALL_CONFIGS
 from .variants import choose
@@ -51,13 +52,26 @@ def launch_small(launcher: LoraLauncher, stream: int, fields: spec.LoraFields, d
 
 def run_variant(launcher: LoraLauncher, stream: int, fields: spec.LoraFields, dtype: str, variant: int, *, x: int,
                 y: int, out: int, lora_a: int, lora_b: int, slot_ids: int, scales: int, num_tokens: int,
-                tokens_per_slot: int = 1) -> None:
-    """The op under tactic ``variant`` (variants.py): the Triton kernel or the fused one (``run_op``)."""
+                tokens_per_slot: int = 1, context: int | None = None, owner: int = 0) -> None:
+    """The op under tactic ``variant`` (variants.py): the Triton kernel or the fused one (``run_op``).
+
+    ``context`` (an execution-context token) and ``owner`` (this layer's id) share the fused kernel's sort across
+    the layers of one forward (forward_meta.py); without them every fused launch sorts for itself."""
     c = choose(variant, fields.tile, num_tokens)
     if c.kernel == "triton":
         launch_small(launcher, stream, fields, dtype, c.config, x=x, y=y, lora_a=lora_a, lora_b=lora_b,
                      slot_ids=slot_ids, scales=scales, out=out, num_tokens=num_tokens,
                      tokens_per_slot=tokens_per_slot)
     else:
+        meta = 0
+        if context is not None:
+            own = launcher.meta if meta_bytes(num_tokens, fields.num_slots) <= launcher.meta_size else 0
+            role = REGISTRY.role((context, stream, slot_ids, num_tokens, tokens_per_slot, fields.num_slots), owner,
+                                 own)
+            if role.prepare:
+                launcher.prepare(stream, slot_ids=slot_ids, meta=role.meta, num_tokens=num_tokens,
+                                 num_slots=fields.num_slots, tokens_per_slot=tokens_per_slot)
+            meta = role.meta
         launcher.run_op(stream, fields, dtype, x=x, y=y, out=out, lora_a=lora_a, lora_b=lora_b, slot_ids=slot_ids,
-                        scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=c.tile)
+                        scales=scales, num_tokens=num_tokens, tokens_per_slot=tokens_per_slot, tile=c.tile,
+                        meta=meta)

@@ -14,12 +14,13 @@ Output aliasing: with ``TRTFORGE_LORA_ALIAS=1`` in the environment (read when Te
 and a module that has ``IPluginV3OneBuildV2``, output 0 aliases input ``y``. TensorRT and TensorRT-RTX then refuse
 to build unless the builder config enables the preview feature ``ALIASED_PLUGIN_IO_10_03``
 (``trtforge.plugins.configure_builder`` does), which tools such as Polygraphy or trtexec do not do by default; so
-aliasing is opt-in. By default the Triton kernel (AUTO up to 128 tokens) writes ``out = y + delta`` itself; the
-fused kernel (above) copies y to the output first. Run time (needs a GPU; tests/gpu exercises
+aliasing is opt-in. By default both kernels write ``out = y + delta`` themselves (the fused one's COPY blocks copy
+the rows without an adapter), so there is no y -> out copy. Run time (needs a GPU; tests/gpu exercises
 ``small_launch.run_variant``, the exact call ``enqueue`` makes, without TensorRT): ``attach_to_context`` loads the
 kernel module (shared per CUDA context) and reserves the fused kernel's scratch for the profile's maximum, outside
-any capture; ``enqueue`` launches on TensorRT's stream. One scratch per plugin clone (layer and execution context):
-TensorRT may run parallel LoRA layers on auxiliary streams, so they must not share one.
+any capture, plus the metadata buffer of the once-per-forward sort (forward_meta.py); ``enqueue`` launches on
+TensorRT's stream. One scratch per plugin clone (layer and execution context): TensorRT may run parallel LoRA
+layers on auxiliary streams, and two fused launches that overlap must not share the ticket words.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 from trtforge.build_engine.core import env
 
 from . import spec
+from .forward_meta import REGISTRY
 from .variants import AUTO, EXTRA_FIELDS, profile_max_tokens, reserved_scratch_bytes, valid_tactics
 
 ALIAS_ENV = env.LORA_ALIAS.name
@@ -95,6 +97,7 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             self.num_tokens = 0
             self.tokens_per_slot = 1
             self._launcher: Any = None
+            self._context: int | None = None  # execution-context token (forward_meta.py), set at attach
 
         # --- core ---------------------------------------------------------------------------------------
         def get_capability_interface(self, capability_type: Any) -> Any:
@@ -107,6 +110,7 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
 
         def destroy(self) -> None:
             launcher, self._launcher = self._launcher, None
+            REGISTRY.forget(id(self))  # before the buffer goes: no later forward may read it
             if launcher is not None:
                 # teardown (e.g. the CUDA context is already gone): nothing more to do
                 with contextlib.suppress(Exception):
@@ -170,11 +174,13 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
             """Per execution context: load the (shared) module and reserve the scratch now, outside any capture."""
             other = self.clone()
             if self.max_tokens > 0:
-                from .launch import LoraLauncher
+                from .launch import LoraLauncher, meta_bytes
 
                 other._launcher = LoraLauncher()
                 other._launcher.reserve_scratch(
                     reserved_scratch_bytes(self.fields, self.max_tokens, other._launcher.sm_count))
+                other._launcher.reserve_meta(meta_bytes(self.max_tokens, self.fields.num_slots))
+                other._context = id(context)
             return other
 
         def enqueue(self, input_desc: list[Any], output_desc: list[Any], inputs: list[int], outputs: list[int],
@@ -193,7 +199,8 @@ def make_plugin_classes(trt: ModuleType) -> tuple[type, type]:
                 y=int(inputs[spec.Y]), out=int(outputs[0]),
                 lora_a=int(inputs[spec.LORA_A]), lora_b=int(inputs[spec.LORA_B]),
                 slot_ids=int(inputs[spec.SLOT_IDS]), scales=int(inputs[spec.SCALES]),
-                num_tokens=self.num_tokens, tokens_per_slot=self.tokens_per_slot)
+                num_tokens=self.num_tokens, tokens_per_slot=self.tokens_per_slot, context=self._context,
+                owner=id(self))
 
     class LoraPluginCreator(trt.IPluginCreatorV3One):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:

@@ -59,16 +59,17 @@ assert int(driver.cuInit(0)[0]) == 0 and driver.cuDeviceGetCount()[1] > 0" >/dev
 fi
 
 echo "== GPU tests (every variant vs float64)"
-TESTS="tests/gpu/test_lora_kernel.py tests/gpu/test_lora_triton_gpu.py"
+TESTS="tests/gpu/test_lora_kernel.py tests/gpu/test_lora_triton_gpu.py tests/gpu/test_lora_prepare_gpu.py"
 if "$PY" -c "import pytest" 2>/dev/null; then
   timeout "${GPU_TEST_TIMEOUT:-230}" "$PY" -m pytest $TESTS -q -rs --tb=short --maxfail=20 --durations=8 \
     -p no:cacheprovider --import-mode=importlib 2>&1 | log gpu_tests.txt
   status=${PIPESTATUS[0]}
 else
-  HALF=$(( ${GPU_TEST_TIMEOUT:-230} / 2 ))  # two files in turn share the stage's limit
-  { timeout "$HALF" "$PY" tests/gpu/test_lora_kernel.py; a=$?
-    timeout "$HALF" "$PY" tests/gpu/test_lora_triton_gpu.py; b=$?
-    exit $(( a != 0 ? a : b )); } 2>&1 | log gpu_tests.txt
+  THIRD=$(( ${GPU_TEST_TIMEOUT:-230} / 3 ))  # three files in turn share the stage's limit
+  { timeout "$THIRD" "$PY" tests/gpu/test_lora_kernel.py; a=$?
+    timeout "$THIRD" "$PY" tests/gpu/test_lora_triton_gpu.py; b=$?
+    timeout "$THIRD" "$PY" tests/gpu/test_lora_prepare_gpu.py; c=$?
+    exit $(( a != 0 ? a : (b != 0 ? b : c) )); } 2>&1 | log gpu_tests.txt
   status=${PIPESTATUS[0]}
 fi
 T1=$SECONDS

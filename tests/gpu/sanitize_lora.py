@@ -4,8 +4,9 @@
 
 Covers the fused kernel (sort, shrink, expand; tail tiles; slot -1 and out-of-range ids; per-sequence; a launch
 sequence on one scratch), the scratch-free kernel (in place and out of place), run_op's copy path, the Triton
-kernel (three configs) and the plugin's default path, on sizes small enough for the sanitizer's slowdown. Exits 1
-if a result is wrong (the sanitizer reports memory errors).
+kernel (three configs), the plugin's default path and lora_prepare + a fused launch reading its metadata, on
+sizes small enough for the sanitizer's slowdown. Exits 1 if a result is wrong (the sanitizer reports memory
+errors).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_lora_kernel as t  # noqa: E402
+import test_lora_prepare_gpu as pg  # noqa: E402
 
 
 def main() -> int:
@@ -34,12 +36,17 @@ def main() -> int:
         ("triton1 T40 fp32 r64", t.make_case(40, 257, 130, 64, 3, seed=10), "float32", "triton1"),
         ("triton3 T70 fp16 r8", t.make_case(70, 130, 300, 8, 5, seed=11), "float16", "triton3"),
         ("plugin T129 fp16", t.make_case(129, 200, 100, 16, 8, seed=12), "float16", "plugin"),
+        ("prepared T300 bf16", t.make_case(300, 512, 640, 16, 8, seed=13), "bfloat16", "prepared"),
+        ("prepared T5 fp16 4096 slots", t.make_case(5, 130, 96, 8, 4096, seed=14), "float16", "prepared"),
     ]
     cases[1][1]["ids"][:3] = 8  # out of range: no adapter
     failures = 0
     for name, case, dtype, mode in cases:
         try:
-            got, y_seen = t.run_kernel(dev, case, dtype, mode)
+            if mode == "prepared":
+                got, y_seen = pg.run_prepared(dev, case, dtype)
+            else:
+                got, y_seen = t.run_kernel(dev, case, dtype, mode)
             t.check(case, got, y_seen, dtype, name)
             print(f"ok   {name}", flush=True)
         except AssertionError as exc:

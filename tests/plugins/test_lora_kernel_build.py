@@ -9,7 +9,14 @@ import pytest
 from trtforge.build_engine.core.errors import InputError
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.launch import kernel_args, max_chunks, plan_launch, scratch_bytes
-from trtforge.plugins.lora.ptx import ENTRY_NAMES, SIMPLE_ENTRY_NAMES, compile_ptx, kernel_define, normalize_arch
+from trtforge.plugins.lora.ptx import (
+    ENTRY_NAMES,
+    PREPARE_ENTRY,
+    SIMPLE_ENTRY_NAMES,
+    compile_ptx,
+    kernel_define,
+    normalize_arch,
+)
 
 
 def _compiler_or_skip() -> None:
@@ -31,13 +38,14 @@ def test_ptx_compiles_with_entry_points(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     ptx = compile_ptx(arch, use_cache=False)
     assert ptx.target == arch
-    assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values())
+    assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values()) | {PREPARE_ENTRY}
     assert b".version" in ptx.text and b"\0" not in ptx.text
-    # parameters as launch.kernel_args / simple_args pass them: 7 pointers + 10 (fused) or 6 (simple) int32s
-    for names, n_int in ((ENTRY_NAMES, 10), (SIMPLE_ENTRY_NAMES, 6)):
+    # parameters as launch.kernel_args / simple_args / prepare_args pass them: 9 pointers + 11 int32s (fused),
+    # 7 + 6 (simple), 2 + 4 (prepare)
+    for names, n_ptr, n_int in ((ENTRY_NAMES, 9, 11), (SIMPLE_ENTRY_NAMES, 7, 6), ({"": PREPARE_ENTRY}, 2, 4)):
         for name in names.values():
             body = ptx.text.split(f".entry {name}(".encode(), 1)[1].split(b")", 1)[0]
-            assert body.count(b".param .u64") == 7 and body.count(b".param .u32") == n_int, body
+            assert body.count(b".param .u64") == n_ptr and body.count(b".param .u32") == n_int, body
 
 
 def test_ptx_disk_cache_round_trip(tmp_path, monkeypatch):
@@ -98,9 +106,15 @@ def test_plan_launch_refusals_and_args():
         plan_launch(f, 4, "float32", tile=48)
     p = plan_launch(f, 5, "float32")
     values, types = kernel_args(p, f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, scratch=7, num_tokens=5,
-                                tokens_per_slot=1)
-    assert len(values) == len(types) == 17
-    assert values[7:] == (5, 64, 32, 8, 4, 1, 64, p.n_hs, p.n_ot, p.max_chunks)
+                                tokens_per_slot=1, meta=8)
+    assert len(values) == len(types) == 20
+    assert values[:9] == (1, 2, 3, 4, 5, 6, 7, 8, 2)  # out = y: in place
+    assert values[9:] == (5, 64, 32, 8, 4, 1, 64, p.n_hs, p.n_ot, p.max_chunks, 0)
+    q = plan_launch(f, 5, "float32", sm_count=2, out_of_place=True)
+    values, _ = kernel_args(q, f, x=1, y=2, lora_a=3, lora_b=4, slot_ids=5, scales=6, scratch=7, num_tokens=5,
+                            tokens_per_slot=1, out=9)
+    assert values[8] == 9 and values[-1] == q.n_copy == 2 and q.grid[0] == 1 + q.max_chunks * (q.n_hs + q.n_ot) + 2
+
 
 
 def test_plan_simple():
@@ -148,7 +162,7 @@ def test_each_compiler_when_available(compiler, tmp_path, monkeypatch):
     except BackendError as exc:
         pytest.skip(f"{compiler} not available here: {exc.message[:120]}")
     assert ptx.compiler == compiler and ptx.target == "sm_90"
-    assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values())
+    assert set(ptx.entries) == set(ENTRY_NAMES.values()) | set(SIMPLE_ENTRY_NAMES.values()) | {PREPARE_ENTRY}
 
 
 @pytest.mark.parametrize("compiler", ["nvrtc", "nvcc"])

@@ -16,44 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lora_kernel_mirror import DTYPES, EPS, fused_launch, simple_launch
+from lora_kernel_mirror import check, fused_launch, make_case, simple_launch
 
-from trtforge.plugins.lora import reference, spec
+from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.launch import plan_launch
-
-
-def make_case(tokens: int, h: int, o: int, max_rank: int, rank: int, n: int, dt: str, seed: int, per_seq: int = 0):
-    """Random op inputs in dtype ``dt``; adapters of rank ``rank`` zero-padded to ``max_rank``; slot ids include -1
-    and (per token) an out-of-range id, which the kernels treat as no adapter."""
-    g = np.random.default_rng(seed)
-    d = DTYPES[dt]
-    x_shape = (tokens // per_seq, per_seq, h) if per_seq else (tokens, h)
-    a = np.zeros((n, h, max_rank))
-    b = np.zeros((n, max_rank, o))
-    a[:, :, :rank] = g.standard_normal((n, h, rank)) / np.sqrt(h)
-    b[:, :rank] = g.standard_normal((n, rank, o)) / np.sqrt(rank)
-    ids = g.integers(-1, n, size=x_shape[:1] if per_seq else (tokens,)).astype(np.int32)
-    return dict(x=g.standard_normal(x_shape).astype(d), y=g.standard_normal((*x_shape[:-1], o)).astype(d),
-                a=a.astype(d), b=b.astype(d), ids=ids, scales=g.uniform(0.5, 2, n).astype(np.float32),
-                fields=spec.LoraFields(max_rank, n, h, o, spec.DEFAULT_TILE))
-
-
-def check(case: dict, got: np.ndarray, dt: str, ids_used: np.ndarray) -> None:
-    """Against the float64 reference on the inputs as stored; slot -1 (or out of range) rows keep y's bits."""
-    x, y = case["x"], case["y"]
-    ok_ids = np.where((ids_used >= 0) & (ids_used < case["fields"].num_slots), ids_used, -1)
-    upd = reference.lora_update(x.astype(np.float64), case["a"].astype(np.float64), case["b"].astype(np.float64),
-                                ok_ids, case["scales"])
-    want = y.astype(np.float64) + upd
-    got = got.reshape(want.shape)
-    off = reference.expand_slots(ok_ids, x.shape) < 0
-    assert np.array_equal(got[off].view(np.uint8), y[off].view(np.uint8)), "rows without adapter must keep y's bits"
-    got64 = got.astype(np.float64)
-    assert np.isfinite(got64).all(), "NaN: a read of shared memory no thread wrote, or of a stale buffer"
-    rms = float(np.sqrt(np.mean(upd**2))) if upd.size else 0.0
-    bound = EPS[dt] * np.abs(want) + 1e-5 * (rms + 1.0)
-    worst = float(np.max(np.abs(got64 - want) / bound))
-    assert worst <= 1.0, f"max error {worst:.2f}x the bound (dtype {dt})"
 
 
 def run_fused(case: dict, mem: np.ndarray, dt: str, resident: int, seed: int, old_reset: bool = False,
@@ -89,6 +55,27 @@ def test_fused_kernel_model_matches_reference(tokens, h, o, max_rank, rank, n, d
     for resident in (10**9, 1, 3):  # everything resident; one block at a time; a few
         got = run_fused(case, mem, dt, resident, seed=resident, tile=tile)
         check(case, got, dt, case["ids"])
+
+
+@pytest.mark.parametrize("tokens,h,o,max_rank,rank,n,dt,tile,per_seq", SHAPES)
+def test_fused_kernel_model_out_of_place(tokens, h, o, max_rank, rank, n, dt, tile, per_seq):
+    """out = y + update written by the kernel itself (expand + COPY blocks): every element of a NaN-filled out
+    written, rows without adapter bit-exact copies of y, y untouched; a few copy blocks so each loops."""
+    case = make_case(tokens, h, o, max_rank, rank, n, dt, seed=tokens * 13 + h, per_seq=per_seq)
+    if not per_seq:
+        case["ids"][0] = n
+    f = case["fields"]
+    tps = spec.tokens_per_slot(case["x"].shape, case["ids"].shape)
+    p = plan_launch(f, tokens, dt, tile=tile, sm_count=3, out_of_place=True)
+    assert p.n_copy == min(tokens, 3) and p.grid[0] == 1 + p.max_chunks * (p.n_hs + p.n_ot) + p.n_copy
+    mem = np.zeros(1 << 16, np.int32)
+    y = case["y"].reshape(-1).copy()
+    out = np.full_like(y, np.nan)
+    fused_launch(mem, case["x"].reshape(-1), y, case["a"].reshape(-1), case["b"].reshape(-1), case["ids"],
+                 case["scales"], tps, p, f, np.random.default_rng(tokens), 3, out=out)
+    assert np.array_equal(y.view(np.uint8), case["y"].reshape(-1).view(np.uint8)), "y must stay unchanged"
+    assert not mem[:4].any()
+    check(case, out, dt, case["ids"])
 
 
 @pytest.mark.parametrize("tokens,h,o,max_rank,rank,n,dt,tile,per_seq", SHAPES)
