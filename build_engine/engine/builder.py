@@ -31,7 +31,7 @@ from trtforge.profiles.loader import Profile, load_profile
 
 from ..core import fsutil, interrupt, onnx_io
 from ..core.errors import BuildError, InputError, ModelError
-from . import plan_stream
+from . import plan_stream, worker_priority
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
 from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
 from .quantized import check_fp8_allowed
@@ -141,7 +141,8 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
     # writes release the GIL, so it overlaps conversion, folding and TensorRT's build instead of adding to them. A
     # worker's exception is re-raised where its result is collected, inside atomic_dir, so a failure still leaves
     # nothing behind; leaving the ``with`` waits for every worker before OUTDIR appears or the temporary is removed.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtforge-build") as io_pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trtforge-build",
+                            initializer=worker_priority.lower_priority) as io_pool:
         # The hash is of the bytes that are built, not of a second read of the file; then of every external data
         # file the model names (streamed, while conversion and TensorRT's build run), so changed weights show.
         head = timings.submit(io_pool, "hash_source", _hash_bytes, data)

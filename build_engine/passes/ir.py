@@ -218,15 +218,17 @@ class GraphCtx:
         """Each node that ``Node.is_cast`` when the walk reaches it (lazy: earlier rewrites are seen)."""
         if self._casts is None:
             self._casts = [n for n in self.nodes if n.to is not None]
-        return (n for n in self._casts if n.is_cast)
+        else:  # a removed node never comes back (``replace_node`` makes a new one); then ``is_cast`` inlined
+            self._casts = [n for n in self._casts if n.alive]
+        return (n for n in self._casts if n.alive and n.inputs and n.inputs[0])
 
     def cast_pairs(self) -> Iterator[tuple[Node, Node]]:
         """``(outer, inner)``: each Cast whose input another Cast produces, in this graph or an enclosing one.
 
         Lazy like ``casts``: a pair is looked up when the walk reaches ``outer``, after earlier rewrites.
         """
-        for outer in self.casts():
-            inner = self.source(outer.inputs[0])
+        for outer in self.casts():  # a local producer shadows every outer one (a dead one fails ``is_cast``)
+            inner = self.producer.get(outer.inputs[0]) or self.source(outer.inputs[0])
             if inner is not None and inner.is_cast:
                 yield outer, inner
 
