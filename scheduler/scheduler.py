@@ -310,10 +310,11 @@ class Scheduler:
 
     def _register(self, seq: Seq) -> None:
         full = min(seq.computed // self.config.tokens_per_block, len(seq.keys))
-        for i in range(seq.registered, full):
-            if self.cache.register(seq.blocks[i], seq.keys[i]) and self.policy.credit_prefix:
-                self._changed += 1  # a new cached prefix lowers what a queued request costs
-        seq.registered = max(seq.registered, full)
+        if full > seq.registered:
+            new = self.cache.register_many(seq.blocks, seq.keys, seq.registered, full)
+            if self.policy.credit_prefix:
+                self._changed += new  # a new cached prefix lowers what a queued request costs
+            seq.registered = full
 
     # ------------------------------------------------------------------------------- max-utilization growth
     def _push_grow(self, seq: Seq) -> None:
