@@ -18,7 +18,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from .block_pool import BlockPool, BlockPoolError
-from .request import Request
+from .request import Request, Seq
+
+
+def num_block_keys(request: Request, tokens_per_block: int) -> int:
+    """``len(block_keys(request, tokens_per_block))``, without hashing."""
+    if not request.block_hashes:
+        return 0
+    return min(request.prompt_tokens, len(request.block_hashes) * request.hash_block_tokens) // tokens_per_block
 
 
 def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
@@ -59,6 +66,13 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
         parent = hash((parent, ids, start % hb))
         keys.append(parent)
     return tuple(keys)
+
+
+def seq_keys(seq: Seq, tokens_per_block: int) -> tuple[int, ...]:
+    """``seq``'s block keys, hashed on first use (an overloaded replay never admits most of its queue)."""
+    if seq.keys is None:
+        seq.keys = block_keys(seq.req, tokens_per_block)
+    return seq.keys
 
 
 class PrefixCache:
