@@ -25,7 +25,8 @@ from trtforge.build_engine.core.errors import InputError
 from .block_pool import BlockPool
 from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
-from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, reject_reason
+from .plan import (RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound,
+                   reject_reason)
 from .policies import Policy, get_policy
 from .prefix_cache import PrefixCache, num_block_keys, seq_keys
 from .request import Request, Seq
@@ -266,10 +267,8 @@ class Scheduler:
         # never hit the block holding the last prompt token: at least one token must be computed to sample
         usable = (seq.prompt_len - 1) // tpb
         room = self.cache.available - self.outside_blocks
-        if self.policy.reserve_to_completion:  # a lower bound first: most queued requests fail here, O(1)
-            least = math.ceil((seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) / tpb)
-            if least - (min(usable, seq.num_keys) if self.policy.credit_prefix else 0) > room:
-                return False
+        if admit_lower_bound(self.policy, seq, usable, tpb, self.config.token_budget) > room:
+            return False  # a lower bound first: most queued requests fail here, O(1), before any hashing
         hits, idle = self.cache.match(seq_keys(seq, tpb)[:usable]) if seq.num_keys else ([], 0)
         if self.policy.reserve_to_completion:
             tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
