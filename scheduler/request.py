@@ -70,8 +70,9 @@ class Seq:
     (computed, not counted per step, so a step costs O(requests that change) rather than O(running)).
     """
 
-    __slots__ = ("req", "state", "blocks", "keys", "num_keys", "prompt_len", "computed", "gen_base", "dec_base", "skips",
-                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits", "slot_wait_since")
+    __slots__ = ("req", "state", "blocks", "keys", "num_keys", "prompt_len", "computed", "gen_base", "dec_base",
+                 "skips", "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits",
+                 "slot_wait_since")
 
     def __init__(self, req: Request, num_keys: int, keys: tuple[int, ...] | None = None) -> None:
         """``keys``: the prefix-cache keys of the prompt's full blocks, hashed when first needed (``None`` until

@@ -25,8 +25,7 @@ from trtforge.build_engine.core.errors import InputError
 from .block_pool import BlockPool
 from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
-from .plan import (RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound,
-                   reject_reason)
+from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound, reject_reason
 from .policies import Policy, get_policy
 from .prefix_cache import PrefixCache, num_block_keys, seq_keys
 from .request import Request, Seq
