@@ -12,6 +12,7 @@ No GPU memory is touched: the block ids index the engine's KV-cache pages.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from trtforge.build_engine.core.errors import TrtforgeError
 
@@ -62,6 +63,14 @@ class BlockPool:
         if self._is_free[block]:
             raise BlockPoolError(f"block {block} is free; it cannot be shared")
         self.ref_count[block] += 1
+
+    def ref_many(self, blocks: Sequence[int]) -> None:
+        """``ref`` of each block, in one pass (a replay takes ~10^6 prefix hits)."""
+        rc, is_free = self.ref_count, self._is_free
+        for b in blocks:
+            if is_free[b]:
+                raise BlockPoolError(f"block {b} is free; it cannot be shared")
+            rc[b] += 1
 
     def unref(self, block: int) -> int:
         """One owner less; returns the new count. The caller decides what a count of 0 means (``release``)."""

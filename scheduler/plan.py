@@ -9,7 +9,8 @@ from typing import Literal
 
 from trtforge.build_engine.core.errors import InputError
 
-from .request import Request
+from .policies import Policy
+from .request import Request, Seq
 
 RejectKind = Literal["kv-never-fits", "prompt-too-long", "unknown-adapter", "no-lora-slot"]
 
@@ -96,3 +97,16 @@ def reject_reason(req: Request, cfg: SchedulerConfig, reject_never_fit: bool, kn
                             f"max_new_tokens or the prompt to <= {fit} tokens in total, use fp8 KV, a GPU "
                             f"with more memory, or more tensor parallelism")
     return None
+
+
+def admit_lower_bound(policy: Policy, seq: Seq, usable: int, tpb: int, token_budget: int) -> int:
+    """A lower bound on the blocks ``Scheduler._try_admit`` would charge ``seq``, without hashing or matching its
+    prompt: the most prefix blocks it could hit is ``min(usable, seq.num_keys)`` (``h``), and the charge never
+    grows with more hits. Reserve-to-completion: ceil(tokens / tpb) - h. vLLM v1 (this step's chunk):
+    ceil(min(prompt, h * tpb + budget) / tpb) - h, non-increasing in h. 0 where no bound is known."""
+    h = min(usable, seq.num_keys) if policy.credit_prefix else 0
+    if policy.reserve_to_completion:
+        return math.ceil((seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) / tpb) - h
+    if policy.alloc_per_step and policy.credit_prefix:
+        return math.ceil(min(seq.prompt_len, h * tpb + token_budget) / tpb) - h
+    return 0

@@ -18,7 +18,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from .block_pool import BlockPool, BlockPoolError
-from .request import Request
+from .request import Request, Seq
+
+
+def num_block_keys(request: Request, tokens_per_block: int) -> int:
+    """``len(block_keys(request, tokens_per_block))``, without hashing."""
+    if not request.block_hashes:
+        return 0
+    return min(request.prompt_tokens, len(request.block_hashes) * request.hash_block_tokens) // tokens_per_block
 
 
 def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
@@ -38,10 +45,20 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
     parent = 0 if request.adapter is None and request.cache_salt is None else hash(
         ("extra", request.adapter, request.cache_salt))
     if hb % tokens_per_block == 0:  # each scheduler block lies inside one trace block (512 / 64): no slicing
-        per = hb // tokens_per_block
-        for i in range(covered // tokens_per_block):
-            parent = hash((parent, hashes[i // per], (i % per) * tokens_per_block))
-            keys.append(parent)
+        # the same keys as hash((parent, hashes[i // per], (i % per) * tpb)) for block i, without the index
+        # arithmetic per block (a Mooncake replay hashes ~2M blocks)
+        offsets = range(0, hb, tokens_per_block)
+        whole, rest = divmod(covered // tokens_per_block, hb // tokens_per_block)
+        append = keys.append
+        for h in hashes[:whole]:
+            for off in offsets:
+                parent = hash((parent, h, off))
+                append(parent)
+        if rest:
+            h = hashes[whole]
+            for off in offsets[:rest]:
+                parent = hash((parent, h, off))
+                append(parent)
         return tuple(keys)
     for i in range(covered // tokens_per_block):
         start, end = i * tokens_per_block, (i + 1) * tokens_per_block
@@ -49,6 +66,13 @@ def block_keys(request: Request, tokens_per_block: int) -> tuple[int, ...]:
         parent = hash((parent, ids, start % hb))
         keys.append(parent)
     return tuple(keys)
+
+
+def seq_keys(seq: Seq, tokens_per_block: int) -> tuple[int, ...]:
+    """``seq``'s block keys, hashed on first use (an overloaded replay never admits most of its queue)."""
+    if seq.keys is None:
+        seq.keys = block_keys(seq.req, tokens_per_block)
+    return seq.keys
 
 
 class PrefixCache:
@@ -77,22 +101,23 @@ class PrefixCache:
     def match(self, keys: Sequence[int]) -> tuple[list[int], int]:
         """Longest cached prefix of ``keys``: (blocks, how many of them are cached-free). Does not take them."""
         out: list[int] = []
-        idle = 0
+        get, append = self._by_key.get, out.append
         for k in keys:
-            b = self._by_key.get(k)
+            b = get(k)
             if b is None:
                 break
-            out.append(b)
-            idle += b in self._lru
-        return out, idle
+            append(b)
+        lru = self._lru
+        return out, sum(map(lru.__contains__, out)) if lru else 0
 
     def take_hits(self, blocks: Sequence[int], queried: int) -> None:
         """Reference matched blocks for a new user (removing cached-free ones from the LRU)."""
         self.queries += queried
         self.hits += len(blocks)
+        lru_pop = self._lru.pop
         for b in blocks:
-            self._lru.pop(b, None)  # an idle cached block becomes in use: never reclaimable while referenced
-            self.pool.ref(b)
+            lru_pop(b, None)  # an idle cached block becomes in use: never reclaimable while referenced
+        self.pool.ref_many(blocks)
 
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh blocks: from the free list, reclaiming LRU cached-free blocks when it runs short."""
@@ -101,12 +126,10 @@ class PrefixCache:
             raise BlockPoolError(f"asked for {n} blocks with {self.available} available")
         if short <= 0:
             return self.pool.allocate(n)
-        lru, by_key, key_of = self._lru, self._by_key, self._key_of
-        victims = []
-        for _ in range(short):
-            b, _ = lru.popitem(last=False)
-            del by_key[key_of.pop(b)]
-            victims.append(b)
+        popitem, by_key, key_pop = self._lru.popitem, self._by_key, self._key_of.pop
+        victims = [popitem(False)[0] for _ in range(short)]
+        for b in victims:
+            del by_key[key_pop(b)]
         return self.pool.allocate(n - short) + self.pool.reuse(victims)
 
     def register(self, block: int, key: int) -> bool:
@@ -116,6 +139,19 @@ class PrefixCache:
         self._by_key[key] = block
         self._key_of[block] = key
         return True
+
+    def register_many(self, blocks: Sequence[int], keys: Sequence[int], start: int, end: int) -> int:
+        """``register(blocks[i], keys[i])`` for i in start..end-1; returns how many became findable."""
+        by_key, key_of = self._by_key, self._key_of
+        new = 0
+        for i in range(start, end):
+            key, block = keys[i], blocks[i]
+            if key in by_key or block in key_of:
+                continue
+            by_key[key] = block
+            key_of[block] = key
+            new += 1
+        return new
 
     def free(self, blocks: Sequence[int]) -> None:
         """Drop one user of each block; cached blocks with no user become cached-free (most recent last).

@@ -70,14 +70,18 @@ class Seq:
     (computed, not counted per step, so a step costs O(requests that change) rather than O(running)).
     """
 
-    __slots__ = ("req", "state", "blocks", "keys", "prompt_len", "computed", "gen_base", "dec_base", "skips",
-                 "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits", "slot_wait_since")
+    __slots__ = ("req", "state", "blocks", "keys", "num_keys", "prompt_len", "computed", "gen_base", "dec_base",
+                 "skips", "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits",
+                 "slot_wait_since")
 
-    def __init__(self, req: Request, keys: tuple[int, ...]) -> None:
+    def __init__(self, req: Request, num_keys: int, keys: tuple[int, ...] | None = None) -> None:
+        """``keys``: the prefix-cache keys of the prompt's full blocks, hashed when first needed (``None`` until
+        then: most queued requests of an overloaded replay are never admitted); ``num_keys`` is their count."""
         self.req = req
         self.state = "queued"  # queued | running | finished | cancelled | rejected
         self.blocks: list[int] = []
         self.keys = keys
+        self.num_keys = num_keys
         self.prompt_len = req.prompt_tokens
         self.computed = 0
         self.gen_base = 0  # tokens generated before the current decode phase began

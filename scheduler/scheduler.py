@@ -25,9 +25,9 @@ from trtforge.build_engine.core.errors import InputError
 from .block_pool import BlockPool
 from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
-from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, reject_reason
+from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound, reject_reason
 from .policies import Policy, get_policy
-from .prefix_cache import PrefixCache, block_keys
+from .prefix_cache import PrefixCache, num_block_keys, seq_keys
 from .request import Request, Seq
 
 __all__ = ["RejectKind", "RejectReason", "Scheduler", "SchedulerConfig", "StepPlan", "SubmitResult"]
@@ -71,7 +71,7 @@ class Scheduler:
         if req.id in self.seqs:
             raise InputError(f"request id {req.id!r} submitted twice")
         reason = self._reject_reason(req)
-        seq = Seq(req, block_keys(req, self.config.tokens_per_block))
+        seq = Seq(req, num_block_keys(req, self.config.tokens_per_block))
         self.seqs[req.id] = seq
         if reason is not None:
             seq.state = "rejected"
@@ -266,11 +266,9 @@ class Scheduler:
         # never hit the block holding the last prompt token: at least one token must be computed to sample
         usable = (seq.prompt_len - 1) // tpb
         room = self.cache.available - self.outside_blocks
-        if self.policy.reserve_to_completion:  # a lower bound first: most queued requests fail here, O(1)
-            least = math.ceil((seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) / tpb)
-            if least - (min(usable, len(seq.keys)) if self.policy.credit_prefix else 0) > room:
-                return False
-        hits, idle = self.cache.match(seq.keys[:usable]) if seq.keys else ([], 0)
+        if admit_lower_bound(self.policy, seq, usable, tpb, self.config.token_budget) > room:
+            return False  # a lower bound first: most queued requests fail here, O(1), before any hashing
+        hits, idle = self.cache.match(seq_keys(seq, tpb)[:usable]) if seq.num_keys else ([], 0)
         if self.policy.reserve_to_completion:
             tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
         elif self.policy.alloc_per_step:  # vLLM v1: blocks for this step's chunk only, hits included
@@ -291,7 +289,7 @@ class Scheduler:
             seq.slot_wait_since = -1.0
         if seq.req.adapter is not None and seq.req.adapter in self.lora.slot_of:
             self.slot_hits += 1
-        self.cache.take_hits(hits, min(len(seq.keys), usable))
+        self.cache.take_hits(hits, min(seq.num_keys, usable))
         seq.blocks = hits + self.cache.allocate(fresh)
         seq.hits = len(hits)
         seq.computed = len(hits) * tpb
@@ -309,11 +307,13 @@ class Scheduler:
         return True
 
     def _register(self, seq: Seq) -> None:
-        full = min(seq.computed // self.config.tokens_per_block, len(seq.keys))
-        for i in range(seq.registered, full):
-            if self.cache.register(seq.blocks[i], seq.keys[i]) and self.policy.credit_prefix:
-                self._changed += 1  # a new cached prefix lowers what a queued request costs
-        seq.registered = max(seq.registered, full)
+        full = min(seq.computed // self.config.tokens_per_block, seq.num_keys)
+        if full > seq.registered:
+            new = self.cache.register_many(seq.blocks, seq_keys(seq, self.config.tokens_per_block),
+                                           seq.registered, full)
+            if self.policy.credit_prefix:
+                self._changed += new  # a new cached prefix lowers what a queued request costs
+            seq.registered = full
 
     # ------------------------------------------------------------------------------- max-utilization growth
     def _push_grow(self, seq: Seq) -> None:

@@ -127,10 +127,15 @@ def test_cache_aware_router_trades_affinity_for_load() -> None:
     assert router.pick(probe, 1) == 0  # affinity: all of the prompt is cached there, and it is not busier
     assert router.pick(Request("other", 0, 4096, 4, tuple(range(100, 108))), 1) == 1  # nothing cached: as RR
     assert router.pick(Request("other", 0, 4096, 4, tuple(range(100, 108))), 2) == 0
-    for k in range(50):
-        scheds[0].submit(Request(f"q{k}", 0, 64, 4))
-    # 51 vs 10 requests: imbalanced (> 32 apart and > 1.5x), so the least loaded wins over the cached prefix
-    assert router.pick(probe, 2) == 1
+    # replica 0 now queues 40 x 2,000 prompt tokens (80k tokens of KV demand, over a quarter of a replica's
+    # 256k and over 1.5x replica 1's ~20k): imbalanced, but replica 1 cannot start the probe at once (its queue
+    # is not empty), and the cached replica is busier than the mean and cannot start it either: round-robin ...
+    for k in range(40):
+        scheds[0].submit(Request(f"q{k}", 0, 2000, 4))
+    assert [router.pick(probe, i) for i in (1, 2)] == [1, 0]
+    # ... and an idle third replica, which can start it at once, takes it over the cached prefix
+    idle = Router("cache-aware", [*scheds, Scheduler(cfg)])
+    assert idle.pick(probe, 1) == 2
     assert Router("round-robin", scheds).pick(probe, 1) == 1
 
 
