@@ -93,6 +93,8 @@ def _number(req: dict[str, Any], name: str, default: float | None, integer: bool
     value = req.get(name, default)
     if value is None:
         return None
+    if type(value) is int and -(1 << 53) < value < (1 << 53):  # the common case, same result as the checks below
+        return value if integer else round(float(value), 2)
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
         raise InputError(f"request: field {name!r} must be a finite number, got {value!r}")
     if integer:
@@ -102,13 +104,24 @@ def _number(req: dict[str, Any], name: str, default: float | None, integer: bool
     return round(float(value), 2)
 
 
+@functools.lru_cache(maxsize=2048)
+def _normalized_short(text: str) -> str:
+    return normalize_text(text)
+
+
+def _normalized(text: str) -> str:
+    # A hit repeats a text already seen: short ones (system prompts, questions) are remembered, so a lookup hashes
+    # the text instead of normalising it again; bounded in entries and in size (1 KiB texts at most).
+    return _normalized_short(text) if len(text) <= 1024 else normalize_text(text)
+
+
 def _messages(req: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
     """(system messages, final user message), normalised."""
     if "messages" not in req:
         prompt = _string(req, "prompt")
         if prompt is None:
             raise InputError("request: needs 'messages' (a list of {role, content}) or 'prompt' (a string)")
-        return [], normalize_text(prompt)
+        return [], _normalized(prompt)
     msgs = req["messages"]
     if not isinstance(msgs, list) or not msgs:
         raise InputError("request: 'messages' must be a non-empty list of {role, content} objects")
@@ -119,9 +132,9 @@ def _messages(req: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
             raise InputError(f"request: messages[{i}] must be an object with string 'role' and 'content'")
         role = m["role"].strip().lower()
         if role == "system":
-            system.append((role, normalize_text(m["content"])))
+            system.append((role, _normalized(m["content"])))
         elif role == "user":
-            last_user = normalize_text(m["content"])
+            last_user = _normalized(m["content"])
     if last_user is None:
         raise InputError("request: 'messages' has no user message; the cache keys on the final user message")
     return system, last_user
