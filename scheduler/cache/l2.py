@@ -3,7 +3,8 @@
 - A ``BlockingConnectionPool`` of ``pool_size`` (>= 32) connections with short socket timeouts.
 - Writes are buffered and sent by one background thread as one non-transactional pipeline (packed once into RESP
   bytes, ``l2wire``) every ``flush_interval_s`` (100 ms) or as soon as ``flush_entries`` are waiting, never one
-  round trip per response. A SET the server refuses (e.g. out of memory) is dropped and counted. The buffer is bounded (``buffer_max``): when full, the oldest write is dropped and counted.
+  round trip per response. A SET the server refuses (e.g. out of memory) is dropped and counted. The buffer is
+  bounded (``buffer_max``): when full, the oldest write is dropped and counted.
 - Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
   while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
