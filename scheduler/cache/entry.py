@@ -16,6 +16,21 @@ from typing import Any
 from trtforge.build_engine.core.errors import InputError
 
 LAYERS = ("l1", "l2", "l3")
+
+try:  # orjson (the cache extra) encodes an entry in ~0.7 us where the stdlib takes 5-7 us: most of an L2 write's cost
+    import orjson
+
+    def _encode(obj: Any) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
+
+    _decode: Any = orjson.loads  # its JSONDecodeError is a ValueError, as the stdlib's
+except ImportError:  # the same JSON through the stdlib (one encoder object, not one per call)
+    _stdlib = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+    def _encode(obj: Any) -> bytes:
+        return _stdlib(obj).encode()
+
+    _decode = json.loads
 TOOL_TASKS = frozenset({"tool", "tools", "agent", "tool-calling", "function-calling"})
 
 
@@ -73,10 +88,10 @@ class Entry:
         return (time.time() if now is None else now) < self.expires
 
     def to_bytes(self) -> bytes:
-        body = json.dumps({"d": self.digest, "v": self.value, "c": self.created, "e": self.expires,
-                           "ver": self.version, "s": self.scope, "t": self.text, "m": self.meta},
-                          sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(body.encode()).hexdigest()[:16].encode() + b"|" + body.encode()
+        # Keys unsorted: the checksum covers the stored bytes, and the reader does not depend on their order.
+        body = _encode({"d": self.digest, "v": self.value, "c": self.created, "e": self.expires,
+                        "ver": self.version, "s": self.scope, "t": self.text, "m": self.meta})
+        return b"%b|%b" % (hashlib.sha256(body).hexdigest()[:16].encode(), body)
 
     @staticmethod
     def from_bytes(raw: bytes, digest: str) -> Entry:
@@ -84,7 +99,7 @@ class Entry:
         check, _, body = raw.partition(b"|")
         if hashlib.sha256(body).hexdigest()[:16].encode() != check:
             raise ValueError("checksum mismatch")
-        d = json.loads(body)
+        d = _decode(body)
         entry = Entry(digest=d["d"], value=d["v"], created=float(d["c"]), expires=float(d["e"]),
                       version=str(d["ver"]), scope=str(d["s"]), text=str(d["t"]), meta=dict(d["m"]))
         if entry.digest != digest:

@@ -19,7 +19,7 @@ from .keys import CacheKey, make_key
 from .l1 import L1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lookup:
     key: CacheKey
     value: Any = None
@@ -89,8 +89,7 @@ class ResponseCache:
     # --- lookup and store ---------------------------------------------------------------------------------------
     def _timed(self, layer: str, t0: float, result: str) -> None:
         if self.metrics is not None:
-            self.metrics.lookup.labels(layer=layer).observe(time.perf_counter() - t0)
-            self.metrics.count(result, layer)
+            self.metrics.timed(layer, time.perf_counter() - t0, result)
 
     def lookup(self, request: Any, now: float | None = None) -> Lookup:
         """Raises InputError for a malformed request (the key contract names the field)."""

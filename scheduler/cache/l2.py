@@ -1,9 +1,10 @@
 """L2: a Redis tier shared by every replica.
 
 - A ``BlockingConnectionPool`` of ``pool_size`` (>= 32) connections with short socket timeouts.
-- Writes are buffered and sent by one background thread as one non-transactional pipeline every
-  ``flush_interval_s`` (100 ms) or as soon as ``flush_entries`` are waiting, never one round trip per response. The
-  buffer is bounded (``buffer_max``): when full, the oldest write is dropped and counted.
+- Writes are buffered and sent by one background thread as one non-transactional pipeline (packed once into RESP
+  bytes, ``l2wire``) every ``flush_interval_s`` (100 ms) or as soon as ``flush_entries`` are waiting, never one
+  round trip per response. A SET the server refuses (e.g. out of memory) is dropped and counted. The buffer is
+  bounded (``buffer_max``): when full, the oldest write is dropped and counted.
 - Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
   while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
@@ -21,6 +22,7 @@ import time
 from typing import Any, cast
 
 from .entry import CacheConfig, Entry
+from .l2wire import send_sets
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +115,12 @@ class L2:
     def put(self, version: str, entry: Entry, now: float | None = None) -> None:
         now = time.time() if now is None else now
         ttl_ms = max(1, int((entry.expires + self.cfg.stale_grace_s - now) * 1000))
+        write = (self.name(version, entry.digest), entry.to_bytes(), ttl_ms)  # serialised outside the lock
         with self._lock:
             if len(self._buffer) >= self.cfg.buffer_max:
                 self._buffer.popleft()
                 self._drop("buffer_full")
-            self._buffer.append((self.name(version, entry.digest), entry.to_bytes(), ttl_ms))
+            self._buffer.append(write)
             depth = len(self._buffer)
         if self.metrics is not None:
             self.metrics.buffer_depth.set(depth)
@@ -143,15 +146,14 @@ class L2:
             return 0
         t0 = time.perf_counter()
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for name, blob, ttl_ms in batch:
-                pipe.set(name, blob, px=ttl_ms)
-            pipe.execute()
+            refused = send_sets(self.pool, batch)
         except self._errors as exc:
             self._failed(exc)
             self._drop("outage", len(batch))
             return 0
         self._ok()
+        if refused:
+            self._drop("refused", refused)
         self.flushes += 1
         if self.metrics is not None:
             self.metrics.flush.observe(time.perf_counter() - t0)

@@ -104,3 +104,21 @@ def test_normalize_fast_paths_equal_the_plain_rules() -> None:
     for _ in range(20_000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
         assert normalize_text(text) == plain(text), repr(text)
+
+
+def test_fast_paths_give_the_keys_of_the_plain_rules() -> None:
+    """Short texts are remembered: the same keys as when normalised afresh (seeded); big integers still checked."""
+    import random
+
+    from trtforge.scheduler.cache import keys
+
+    rng = random.Random(1602)
+    for _ in range(300):
+        text = "".join(rng.choice(" \t\nab\u00e9\uff21\r") for _ in range(rng.randrange(1, 1500)))
+        req = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": rng.randrange(1, 4096),
+               "temperature": rng.choice([0, 1, 0.7]), "seed": rng.randrange(1 << 40)}
+        got = keys.make_key(req)
+        keys._normalized_short.cache_clear()  # the second key is computed from scratch
+        assert keys.make_key(req) == got and got.text == keys.normalize_text(text)
+    with pytest.raises(keys.InputError, match="max_tokens"):  # past 2**53 the shortcut defers to the exact check
+        keys.make_key({"model": "m", "prompt": "x", "max_tokens": (1 << 60) + 1})

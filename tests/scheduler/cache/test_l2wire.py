@@ -1,0 +1,53 @@
+"""The packed L2 flush against a real redis-server: byte-exact framing, per-entry TTLs, refused SETs counted while
+the rest land (the server killed mid-run is test_tiers.py's outage test)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from trtforge.scheduler.cache.entry import CacheConfig, Entry
+from trtforge.scheduler.cache.front import ResponseCache
+from trtforge.scheduler.cache.l2wire import send_sets
+
+pytest.importorskip("prometheus_client", reason="cache metrics need prometheus_client (trtforge[sim])")
+
+
+def test_packed_sets_are_byte_exact_with_their_own_ttls(redis_server) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    rng = random.Random(1601)
+    # Values holding RESP framing itself ("\r\n", "$", "*") and every byte value: the lengths, not delimiters, count.
+    batch = [(f"t:wire:{i}", bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300))) + b"\r\n$3\r\n*1",
+              rng.randrange(20_000, 90_000)) for i in range(200)]
+    pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=32)
+    assert send_sets(pool, batch) == 0
+    client = redis.Redis(connection_pool=pool)
+    for name, blob, ttl_ms in batch:
+        assert client.get(name) == blob
+        assert 0 < client.pttl(name) <= ttl_ms
+    assert client.ping()  # the connection's reply stream is still in step after the batch
+    pool.disconnect()
+
+
+def test_refused_sets_are_counted_and_the_rest_land(own_redis) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:oom", flush_entries=10**6,
+                      flush_interval_s=60.0, buffer_max=10**6)
+    cache = ResponseCache(cfg, engine_sha="e1")
+    client = cache.l2.client
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(client.info("memory")["used_memory"] + 2_000_000))
+    now = time.time()
+    entries = [Entry(f"{i:064x}", "x" * 20_000, now, now + 120, cache.version) for i in range(300)]
+    for e in entries:
+        cache.l2.put(cache.version, e, now)
+    sent = cache.l2.flush()
+    refused = cache.metrics.value("cache_dropped_writes_total", reason="refused")
+    stored = [e for e in entries if client.exists(cache.l2.name(cache.version, e.digest))]
+    assert sent == 300 and 0 < refused < 300 and len(stored) + refused == 300  # OOM refusals, not an outage
+    for e in stored:
+        assert Entry.from_bytes(client.get(cache.l2.name(cache.version, e.digest)), e.digest) == e
+    assert cache.metrics.value("cache_l2_up") == 1
+    cache.close()
