@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnx import GraphProto, ModelProto, TensorProto
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from .errors import InputError, ModelError
 from .graph import PROTO_LIMIT, stable_topo_order
@@ -73,7 +73,12 @@ def check_opset(model: ModelProto, path: Path) -> None:
 def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
     """Every TensorProto in a graph: initializers, tensor attributes, and those of subgraphs (recursively)."""
     yield from graph.initializer
-    for node in graph.node:
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes: Iterable[NodeProto]) -> Iterator[TensorProto]:
+    """The tensors of the nodes' attributes, and every tensor of their subgraphs (recursively)."""
+    for node in nodes:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
@@ -87,15 +92,7 @@ def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
 def _tensors_besides_initializers(model: ModelProto) -> Iterator[TensorProto]:
     """``_model_tensors`` without the main graph's initializers: node attributes, subgraphs (initializers included),
     functions."""
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
-            for g in attr.graphs:
-                yield from _all_tensors(g)
+    yield from _node_tensors(model.graph.node)
     for fn in model.functions:
         for node in fn.node:
             for attr in node.attribute:

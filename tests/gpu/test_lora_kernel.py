@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -38,6 +37,8 @@ except ImportError:  # plain `python tests/gpu/test_lora_kernel.py` on a machine
             raise RuntimeError(msg)
 
     pytest = _PytestStandIn()  # type: ignore[assignment]
+
+import plain_run  # tests/_support
 
 from trtforge.plugins.lora import reference, spec
 
@@ -370,7 +371,6 @@ def _main() -> int:
         print(f"skipped: {exc}")
         return 0
     d = Device()
-    failures = 0
     runs: list[tuple[str, object, tuple]] = [(_id(*c), test_fused_kernel_matches_float64_reference, (*c,))
                                              for c in CASES]
     runs += [(f"simple/run_op/per-sequence {dt}", test_simple_kernel_run_op_and_per_sequence, (dt,))
@@ -379,18 +379,7 @@ def _main() -> int:
                                               test_repeated_launches_reset_control_words,
                                               test_all_slots_off_and_all_one_slot, test_many_slots_and_many_tokens,
                                               test_cuda_graph_replay_and_two_streams)]
-    for name, fn, args in runs:
-        t0 = time.perf_counter()
-        try:
-            fn(d, *args)  # type: ignore[operator]
-            print(f"ok   {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        except AssertionError as exc:
-            failures += 1
-            d.ptrs.clear()
-            print(f"FAIL {name}: {exc}", flush=True)
-    d.close()
-    print(f"{len(runs) - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    return plain_run.run_plain(d, runs)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plain_run  # noqa: E402  (tests/_support)
 import test_lora_kernel as t  # noqa: E402
 from test_lora_kernel import pytest  # noqa: E402  (pytest or the plain-run stand-in)
 
@@ -67,27 +68,13 @@ def test_plugin_default_path(dev, tokens):
 
 def _main() -> int:
     """Without pytest: every test in order, one line each, exit 1 on any failure."""
-    import time
-
     t._gpu_or_skip()
     d = t.Device()
     runs = [(f"triton0 {_id(*c)}", test_triton_default_config_matches_float64, c) for c in CASES]
     runs += [(f"triton{c} {dt}", test_every_triton_config, (c, dt)) for c in (1, 2, 3) for dt in DTYPES]
     runs += [("4096 slots / per sequence", test_triton_4096_slots_per_sequence_and_out_of_range, ())]
     runs += [(f"plugin path T{n}", test_plugin_default_path, (n,)) for n in (1, 128, 129, 2048, 70000)]
-    failures = 0
-    for name, fn, args in runs:
-        t0 = time.perf_counter()
-        try:
-            fn(d, *args)  # type: ignore[operator]
-            print(f"ok   {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        except AssertionError as exc:
-            failures += 1
-            d.ptrs.clear()
-            print(f"FAIL {name}: {exc}", flush=True)
-    d.close()
-    print(f"{len(runs) - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    return plain_run.run_plain(d, runs)
 
 
 if __name__ == "__main__":
