@@ -24,7 +24,8 @@ from pathlib import Path
 
 
 def _models(work: Path) -> list[tuple[str, Path]]:
-    from trtforge.build_engine.core.onnx_io import load_model, save_model
+    from trtforge.build_engine.core.onnx_io import load_model
+    from trtforge.build_engine.core.onnx_save import save_model
     from trtforge.examples.make_example import write_example
     from trtforge.plugins.lora.inject import inject
 

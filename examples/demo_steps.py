@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtforge.build_engine.core import fsutil, onnx_io
+from trtforge.build_engine.core import fsutil, onnx_io, onnx_save
 from trtforge.build_engine.core.errors import CheckFailed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +44,7 @@ def fold_file(src: Path, dst: Path, report: Path, seed: int = 0) -> Folded:
     result = fold(loaded.model)
     chk = check_equivalent(loaded.model, result.model, seed=seed)
     if chk.passed:  # as the command: a model whose outputs changed is not written; the report is
-        onnx_io.save_model(result.model, dst, external_data=loaded.external_data or None)
+        onnx_save.save_model(result.model, dst, external_data=loaded.external_data or None)
     fsutil.write_json(report, {**result.report.to_json(), "input": str(src), "output": str(dst),
                                "check": chk.as_dict()})
     if not chk.passed:
@@ -58,7 +58,7 @@ def convert_file(src: Path, dst: Path, to: str, report: Path) -> PrecisionReport
 
     loaded = onnx_io.load(src)
     result = convert_precision(loaded.model, to)
-    onnx_io.save_model(result.model, dst, external_data=loaded.external_data or None)
+    onnx_save.save_model(result.model, dst, external_data=loaded.external_data or None)
     fsutil.write_json(report, result.report.to_json())
     return result.report
 
@@ -69,7 +69,7 @@ def inject_file(src: Path, dst: Path, targets: list[str], max_rank: int, slots: 
     from trtforge.plugins.lora.inject import inject
 
     model = inject(onnx_io.load_model(src), targets, max_rank, slots, tile=spec.DEFAULT_TILE)
-    onnx_io.save_model(model, dst)
+    onnx_save.save_model(model, dst)
     return model
 
 
@@ -78,7 +78,7 @@ def decompose_file(src: Path, dst: Path) -> Any:
     from trtforge.plugins.lora.decompose import decompose
 
     model = decompose(onnx_io.load_model(src))
-    onnx_io.save_model(model, dst)
+    onnx_save.save_model(model, dst)
     return model
 
 
@@ -89,7 +89,7 @@ def quantize_file(src: Path, dst: Path, mode: str, report: Path) -> Any:
     loaded = onnx_io.load(src)
     cfg = QuantConfig(mode=mode)
     result = quantize(loaded.model, cfg, generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
-    onnx_io.save_model(result.model, dst, external_data=loaded.external_data or None)
+    onnx_save.save_model(result.model, dst, external_data=loaded.external_data or None)
     fsutil.write_json(report, {**result.report.to_json(), "input": str(src), "output": str(dst)})
     return result.report
 

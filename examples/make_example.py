@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trtforge.build_engine.core.fsutil import write_json
-from trtforge.build_engine.core.onnx_io import save_model
+from trtforge.build_engine.core.onnx_save import save_model
 
 from .llama import BIGGER, LlamaConfig, Variant, hf_config, make_llama
 

@@ -55,7 +55,7 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
 
 
 def _run(args: Any) -> int:
-    from ..core import fsutil, onnx_io, paths
+    from ..core import fsutil, onnx_io, onnx_save, onnx_skeleton, paths
     from ..core.graph import PROTO_LIMIT
     from ..passes import fold
     from ..verify.bitwise import check_equivalent
@@ -78,7 +78,7 @@ def _run(args: Any) -> int:
 
         onnx.external_data_helper.load_external_data_for_model(model, str(source_dir))  # the in-memory check
     # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
-    reference = onnx_io.weightless(model) if by_path else model
+    reference = onnx_skeleton.weightless(model) if by_path else model
     result = fold(model, inplace=by_path or not args.check)
     folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
     del result, model
@@ -86,23 +86,23 @@ def _run(args: Any) -> int:
     if by_path:
         # The folded model is checked from a staged file and only then moved in place. Its weights are dropped
         # before onnxruntime loads both files, so they are not held twice.
-        with onnx_io.staged_model(args.output) as staged:
-            onnx_io.save_model(folded, staged, external_data=True, source_dir=source_dir)
-            folded_view = onnx_io.weightless(folded)
+        with onnx_save.staged_model(args.output) as staged:
+            onnx_save.save_model(folded, staged, external_data=True, source_dir=source_dir)
+            folded_view = onnx_skeleton.weightless(folded)
             del folded
             chk = check_equivalent(reference, folded_view, seed=args.seed, runtime="onnxruntime",
                                    paths=(str(args.input), str(staged)))
             report["check"] = chk.as_dict()
             passed = chk.passed
             if passed:
-                onnx_io.promote_model(staged, args.output)
+                onnx_save.promote_model(staged, args.output)
     else:
         if args.check:
             chk = check_equivalent(reference, folded, seed=args.seed)
             report["check"] = chk.as_dict()
             passed = chk.passed
         if passed:
-            onnx_io.save_model(folded, args.output, external_data=external or None, source_dir=source_dir)
+            onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir)
     if args.report:
         fsutil.write_json(args.report, report)
     _summary(report, args.output, passed)

@@ -63,12 +63,12 @@ def _load_graph(path: Path) -> Any:
 
 
 def _save(model: Any, loaded: Any, output: Path) -> None:
-    from ..core import onnx_io
+    from ..core import onnx_save
 
     if loaded.external_data:
-        onnx_io.save_with_source_data(model, loaded.path, output)
+        onnx_save.save_with_source_data(model, loaded.path, output)
     else:
-        onnx_io.save_model(model, output)
+        onnx_save.save_model(model, output)
 
 
 def _guard_model_output(args: argparse.Namespace) -> None:

@@ -25,7 +25,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from ..core import fsutil, onnx_io, paths
+    from ..core import fsutil, onnx_io, onnx_save, paths
     from ..precision.convert import convert_precision
 
     # A bad report path leaves no model behind, and no output may overwrite the input.
@@ -37,7 +37,7 @@ def _run(args: Any) -> int:
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold, data_dir=source_dir)
     external = loaded.external_data
     del loaded
-    onnx_io.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir)
+    onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir)
     if args.report:
         fsutil.write_json(args.report, result.report.to_json())
     from ..core import steps

@@ -51,7 +51,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from ..core import fsutil, onnx_io, paths
+    from ..core import fsutil, onnx_io, onnx_save, paths
     from ..quantize import QuantConfig, generate, load_npz, quantize
     from ._bounds import check_seed
 
@@ -66,7 +66,7 @@ def _run(args: Any) -> int:
     calib = (load_npz(args.calib, loaded.model) if args.calib
              else generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
     result = quantize(loaded.model, cfg, calib)
-    onnx_io.save_model(result.model, args.output, external_data=loaded.external_data or None)
+    onnx_save.save_model(result.model, args.output, external_data=loaded.external_data or None)
     if args.report:
         report = result.report.to_json()
         report.update(input=str(args.input), output=str(args.output))

@@ -6,7 +6,7 @@ message keeps), and every later read of ``raw_data`` hands out one more copy. Co
 not (most of) the weights then peak near the weights' size plus the largest tensor, about 1.5x; with the weights on
 disk they peak at the graph's size. Code that needs a lazy weight's values reads it here, in chunks
 (``read_chunks``: plain reads, no memory map, so the pages read are not counted as the process's resident memory),
-and ``onnx_io.save_model(..., source_dir=...)`` copies each one byte for byte (``copy_file_range``) into the
+and ``onnx_save.save_model(..., source_dir=...)`` copies each one byte for byte (``copy_file_range``) into the
 output's data file.
 """
 

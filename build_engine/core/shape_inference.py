@@ -1,9 +1,9 @@
 """The one shape-inference wrapper: ``onnx.shape_inference`` on the weight-free skeleton.
 
 onnx serialises the whole model to infer, and for a model of tens of MB the weights would cost more than everything
-else; the skeleton (``onnx_io.skeleton``) stands in each big weight by a typed graph input of the same name, and
+else; the skeleton (``onnx_skeleton.skeleton``) stands in each big weight by a typed graph input of the same name, and
 inference reads only small constants' values, which the skeleton keeps. Its own module because it needs both
-``graph`` (the protobuf limit) and ``onnx_io`` (the skeleton), and ``onnx_io`` imports ``graph``.
+``graph`` (the protobuf limit) and ``onnx_skeleton``, and ``onnx_io`` imports both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import onnx
 from onnx import GraphProto, ModelProto
 
 from .graph import PROTO_LIMIT
-from .onnx_io import skeleton
+from .onnx_skeleton import skeleton
 
 
 def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = False, data_prop: bool = False,

@@ -29,7 +29,7 @@ from typing import Any
 
 from trtforge.profiles.loader import Profile, load_profile
 
-from ..core import fsutil, interrupt, onnx_io
+from ..core import fsutil, interrupt, onnx_io, onnx_save
 from ..core.errors import BuildError, InputError, ModelError
 from . import plan_stream, worker_priority
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
@@ -266,7 +266,7 @@ def _build(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], prof:
 
 def _copy_source(source: Path, dest: Path) -> None:
     """model.onnx as a copy of the source and its external data (``model.onnx.data``, offsets kept)."""
-    onnx_io.save_with_source_data(onnx_io.load_structure(source).model, source, dest)
+    onnx_save.save_with_source_data(onnx_io.load_structure(source).model, source, dest)
 
 
 def _write_onnx(onnx_path: Path, onnx_bytes: bytes, timings: BuildTimings) -> None:
@@ -294,7 +294,7 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             parse_path = Path(onnx_path)
             writes.append(timings.submit(io_pool, "copy_onnx", _copy_source, parse_path, onnx_path_built))
         elif staged.external:
-            onnx_io.save_model(staged.model, onnx_path_built, external_data=True, source_dir=staged.source_dir)
+            onnx_save.save_model(staged.model, onnx_path_built, external_data=True, source_dir=staged.source_dir)
         else:
             # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
             onnx_bytes = staged.model.SerializeToString()

@@ -77,7 +77,7 @@ def _source(job: CellJob, work: Path) -> Path:
 
 def apply_pipeline(source: Path, pipeline: Pipeline, out: Path) -> tuple[Path, list[str]]:
     """Run fold / precision / LoRA inject on ``source``; returns the model to build and the steps done."""
-    from ..core import onnx_io
+    from ..core import onnx_io, onnx_save
 
     steps: list[str] = []
     if not pipeline.fold and pipeline.precision is None and pipeline.lora is None:
@@ -99,7 +99,7 @@ def apply_pipeline(source: Path, pipeline: Pipeline, out: Path) -> tuple[Path, l
         lo = pipeline.lora
         model = inject(model, list(lo.targets), lo.max_rank, lo.slots)
         steps.append(f"lora inject {','.join(lo.targets)} r{lo.max_rank} x{lo.slots}")
-    onnx_io.save_model(model, out)
+    onnx_save.save_model(model, out)
     return out, steps
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import GraphProto, ModelProto
 
-from ..core import onnx_io, steps
+from ..core import onnx_skeleton, steps
 from ..core.errors import CheckFailed
 from ..core.graph import PROTO_LIMIT, all_graphs, may_have_subgraphs, subgraphs
 from ..core.shape_inference import infer_shapes
@@ -153,17 +153,17 @@ def _prune_value_info(graph: GraphProto) -> None:
 def _validate(result: ModelProto, original: ModelProto) -> None:
     """Checker and strict shape inference on the result; a failure the original also has is not ours.
 
-    Both run without serialising the weights (``onnx_io.check_model`` checks the skeleton plus each weight tensor;
+    Both run without serialising the weights (``onnx_skeleton.check_model`` checks the skeleton plus each weight tensor;
     inference needs only the skeleton). Folding never changes a graph input's declaration nor an existing weight, so
     what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
     """
     try:  # the skeleton serialised once: the checker and strict inference both read these bytes
-        data = onnx_io.skeleton(result).SerializeToString()
+        data = onnx_skeleton.skeleton(result).SerializeToString()
     except ValueError:
         return
     if len(data) >= PROTO_LIMIT:
         return
-    checks = (("onnx.checker", lambda: _check_result(result, data), onnx_io.check_model),
+    checks = (("onnx.checker", lambda: _check_result(result, data), onnx_skeleton.check_model),
               ("shape inference", lambda: _strict_inference(data),
                lambda m: infer_shapes(m, check_type=True, strict=True)))
     for what, on_result, on_model in checks:
@@ -180,12 +180,12 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
 
 
 def _check_result(result: ModelProto, skeleton_bytes: bytes) -> None:
-    """``onnx_io.check_model(result)``, with the skeleton already serialised."""
+    """``onnx_skeleton.check_model(result)``, with the skeleton already serialised."""
     if result.ir_version < 4:
-        onnx_io.check_model(result)
+        onnx_skeleton.check_model(result)
         return
     onnx.checker.check_model(skeleton_bytes)
-    onnx_io.check_weights(result)
+    onnx_skeleton.check_weights(result)
 
 
 def _strict_inference(skeleton_bytes: bytes) -> None:
@@ -213,7 +213,7 @@ def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, valida
 def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool, t0: float,
           inplace: bool) -> FoldResult:
     if inplace:
-        work, original = model, onnx_io.skeleton(model)  # the original without its weights, for _validate
+        work, original = model, onnx_skeleton.skeleton(model)  # the original without its weights, for _validate
     else:
         work, original = ModelProto(), model
         work.CopyFrom(model)

@@ -31,7 +31,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from trtforge.plugins import is_plugin_node
 from trtforge.plugins.lora import precision as precision_plugins
 
-from ..core import onnx_io, steps
+from ..core import onnx_skeleton, steps
 from ..core.errors import InputError, ModelError
 from ..core.shape_inference import infer_shapes
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
@@ -258,7 +258,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         # returned as it is, without copying its weights (a build of a bf16 model for a bf16 profile).
         return _unchanged(model, to, decisions, fold, start)
     namer = _Namer(model)
-    src = onnx_io.without_initializers(model)
+    src = onnx_skeleton.without_initializers(model)
     new_type = dict(types)
     low_plugins = [n for i, n in enumerate(model.graph.node)
                    if decisions[i].mode is Mode.LOW and is_plugin_node(n)]
@@ -340,7 +340,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     try:
         # The checker on the structure and on every weight, converted ones included (without serialising them), then
         # strict inference on the stand-in skeleton: every value's type must agree with its producer's schema.
-        onnx_io.check_model(src)
+        onnx_skeleton.check_model(src)
         inferred = _infer(src, strict=True)
         onnx.checker.check_model(inferred)
     except Exception as exc:  # a bug in the conversion, not in the user's model

@@ -159,7 +159,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     each, control flow exercised) and compare every output bitwise. A draw the original model itself cannot run
     (value-class ids out of an index range, ...) is skipped; if no draw runs, or no runtime runs the model,
     ``CannotCheck`` says why. ``paths``: the two models' files (original, folded), which onnxruntime then runs by
-    path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_io.weightless``)."""
+    path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_skeleton.weightless``)."""
     path_a, path_b = paths if paths is not None else (None, None)
     plan = _trials(original, seed, trials)
     runtime = _pick_runtime(original, plan[0][1], runtime, path_a)

@@ -130,7 +130,7 @@ def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple
         return
     from trtforge.plugins.lora.decompose import decompose
 
-    from ..core.onnx_io import save_model, save_with_source_data
+    from ..core.onnx_save import save_model, save_with_source_data
 
     out = workdir / f"{tag}.decomposed.onnx"
     if _has_external(model):  # loaded without its weights (``_load``): they are copied beside the decomposition

@@ -22,7 +22,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
-from trtforge.build_engine.core.onnx_io import check_model
+from trtforge.build_engine.core.onnx_skeleton import check_model
 
 from . import spec
 from ._graph import FLOAT_TYPES, default_opset, value_types

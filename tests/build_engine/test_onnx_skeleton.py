@@ -1,5 +1,5 @@
-"""``onnx_io.skeleton`` / ``onnx_io.check_model``: the weight-free checks must reject exactly what onnx's full
-checker rejects, keep every value's inferred type, and never touch the input model."""
+"""``onnx_skeleton.skeleton`` / ``onnx_skeleton.check_model``: the weight-free checks must reject exactly what
+onnx's full checker rejects, keep every value's inferred type, and never touch the input model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from trtforge.build_engine.core import onnx_io
+from trtforge.build_engine.core import onnx_io, onnx_skeleton
 from trtforge.build_engine.core.errors import ModelError
 
 
@@ -91,7 +91,7 @@ def test_check_model_rejects_what_the_full_checker_rejects(name: str, rng: np.ra
     BREAKS[name](m)
     full = _rejects(onnx.checker.check_model, m)
     assert full, f"the full checker accepts {name!r}: the case proves nothing"
-    assert _rejects(onnx_io.check_model, m) == full
+    assert _rejects(onnx_skeleton.check_model, m) == full
 
 
 def _longer_raw(m: ModelProto) -> None:
@@ -116,14 +116,14 @@ def test_check_model_accepts_what_the_full_checker_accepts(change: Callable[[Mod
     m = _model(rng)
     change(m)
     onnx.checker.check_model(m)
-    onnx_io.check_model(m)
+    onnx_skeleton.check_model(m)
 
 
 def test_check_model_accepts_a_valid_model_and_skeleton_keeps_inferred_types(rng: np.random.Generator) -> None:
     m = _model(rng)
     before = m.SerializeToString()
-    onnx_io.check_model(m)
-    skel = onnx_io.skeleton(m)
+    onnx_skeleton.check_model(m)
+    skel = onnx_skeleton.skeleton(m)
     assert m.SerializeToString() == before  # the input is not touched
     assert [t.name for t in skel.graph.initializer] == ["b", "shape"]  # W is stood in for by a graph input
     assert "W" in {i.name for i in skel.graph.input}
