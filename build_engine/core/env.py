@@ -39,6 +39,8 @@ TEST_NO_EXCHANGE = Knob("TRTFORGE_TEST_NO_EXCHANGE", "",
 POLYGRAPHY_USE_TENSORRT_RTX = Knob("POLYGRAPHY_USE_TENSORRT_RTX", "0",
                                    "1: Polygraphy builds and runs with tensorrt_rtx instead of tensorrt",
                                    owner="polygraphy")
+DIRECT_WRITE = Knob("TRTFORGE_DIRECT_WRITE", "1",
+                    "0: the engine plan is written through the page cache instead of with O_DIRECT")
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "", "cache root (the compiled LoRA kernels go to <it>/trtforge/ptx; "
                       "default ~/.cache)", owner="XDG base directories")
 CUDA_HOME = Knob("CUDA_HOME", "", "CUDA toolkit folder searched for nvcc when it is not on PATH", owner="CUDA")
@@ -48,7 +50,8 @@ TRITON_INTERPRET = Knob("TRITON_INTERPRET", "0", "1: Triton runs kernels in its 
                         owner="Triton")
 
 KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, TEST_KILL_AT, TEST_NO_EXCHANGE,
-                           POLYGRAPHY_USE_TENSORRT_RTX, XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH, TRITON_INTERPRET)
+                           DIRECT_WRITE, POLYGRAPHY_USE_TENSORRT_RTX, XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH,
+                           TRITON_INTERPRET)
 
 
 def get(knob: Knob) -> str:

@@ -12,7 +12,6 @@ output's data file.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -20,6 +19,8 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto
+
+from .direct_write import copy_span
 
 # External tensors smaller than this are read into memory by a lazy load: shape inference and folding read small
 # constants' values (Reshape targets, Slice bounds, Casts of constants), and their bytes cost nothing.
@@ -77,28 +78,6 @@ def read_chunks(tensor: TensorProto, base_dir: Path, dtype: str, chunk: int) -> 
             if part.size != n:
                 raise OSError(f"{path}: short read at element {start} of {tensor.name!r}")
             yield part
-
-
-def copy_span(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
-    """Append ``length`` bytes of ``src`` from ``offset`` to the open file ``dst`` (a kernel copy where Linux offers
-    it: the bytes never enter this process)."""
-    dst.flush()  # buffered bytes first, so the kernel copy lands after them
-    with open(src, "rb") as fs:
-        left = length
-        if hasattr(os, "copy_file_range"):
-            while left:
-                n = os.copy_file_range(fs.fileno(), dst.fileno(), min(left, 1 << 30), offset + length - left)
-                if n == 0:
-                    break
-                left -= n
-        fs.seek(offset + length - left)
-        while left:
-            block = fs.read(min(left, 1 << 24))
-            if not block:
-                raise OSError(f"{src}: file ended {left} bytes early")
-            dst.write(block)
-            left -= len(block)
-        dst.flush()
 
 
 def copy_tensor(tensor: TensorProto, base_dir: Path, dst: BinaryIO, pos: int, align: int) -> tuple[int, int]:

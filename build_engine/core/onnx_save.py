@@ -155,23 +155,11 @@ def promote_model(staged: Path, dest: str | os.PathLike[str]) -> None:
 
 
 def _copy_range(src: Path, dst: Any) -> int:
-    """Append file ``src`` to the open file ``dst`` (kernel copy where Linux offers it); returns its size."""
-    import shutil
+    """Append file ``src`` to the open file ``dst`` (``direct_write.copy_span``); returns its size."""
+    from .direct_write import copy_span
 
     size = src.stat().st_size
-    dst.flush()  # the alignment gap written before, so the kernel copy lands after it
-    with open(src, "rb") as fs:
-        if hasattr(os, "copy_file_range"):
-            left = size
-            while left:
-                n = os.copy_file_range(fs.fileno(), dst.fileno(), min(left, 1 << 30))
-                if n == 0:
-                    break
-                left -= n
-            if left == 0:
-                return size
-            fs.seek(size - left)
-        shutil.copyfileobj(fs, dst, 1 << 24)
+    copy_span(src, 0, size, dst)
     return size
 
 
