@@ -20,6 +20,12 @@ for the a100 profile (bf16, SM 8.0, two optimization profiles):
   it is measured separately from the timings) and ``ru_maxrss`` (process peak RSS, includes TensorRT's native heap),
   next to the RSS after importing TensorRT-RTX (the floor).
 
+Big model (issue 18): ``python bench/build.py --big [--repeat N] [--tmp DIR]`` writes ``examples.big_llama`` (2 GiB
+fp32), converts it with ``trtforge precision --to bf16`` (1 GiB of weights, so the build takes the as-is path, no
+conversion), then builds it 2N times in one process, alternating the plan and model copies written with O_DIRECT
+(the default) and through the page cache (``TRTFORGE_DIRECT_WRITE=0``, the anchor), and prints the own share of
+each with PASS/MISS against 10%. Needs about 5 GB of free disk.
+
 Run: ``python bench/build.py [--repeat N] [--tmp DIR]`` (each model is built N times per subprocess; medians are
 reported, and the range of the own share over the N builds). ``--tmp`` picks where the source model and the engine
 folders are written (default: the system temporary folder); a tmpfs such as /dev/shm takes the disk out.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,12 +95,60 @@ def _one(kind: str, repeat: int, tmp_root: str | None) -> dict:
             "onnx_mb": onnx_mb, "plan_mb": plan_mb, "repeat": repeat}
 
 
+def _big(repeat: int, tmp_root: str | None) -> int:
+    """The big-model A/B (see the module docstring); runs in this process."""
+    import os
+    import resource
+    import time
+
+    from trtforge.build_engine.cli import main as cli
+    from trtforge.build_engine.engine.builder import BuildTimings, build_engine
+    from trtforge.examples.big_llama import write_big_llama
+
+    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+        work = Path(tmp)
+        write_big_llama(work / "big.onnx")
+        if cli(["precision", str(work / "big.onnx"), "-o", str(work / "bf16.onnx"), "--to", "bf16", "-q"]) != 0:
+            raise SystemExit("precision --to bf16 failed")
+        for f in (work / "big.onnx", work / "big.onnx.data"):
+            f.unlink()
+        rows: dict[str, list[tuple[float, float, float]]] = {"1": [], "0": []}
+        print(f"build a100 of the bf16 big Llama ({sum(f.stat().st_size for f in work.iterdir()) / 2**30:.2f} GiB), "
+              f"{repeat} pairs alternated; own = wall - TensorRT (parse + build)")
+        for k in range(2 * repeat):
+            mode = "1" if k % 2 == 0 else "0"
+            os.environ["TRTFORGE_DIRECT_WRITE"] = mode
+            t = BuildTimings()
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            start = time.perf_counter()
+            build_engine(work / "bf16.onnx", "a100", work / f"e{k}", progress=False, timings=t)
+            wall = time.perf_counter() - start
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            used = ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime
+            rows[mode].append((wall, t.tensorrt, used))
+            label = "direct    " if mode == "1" else "page cache"
+            print(f"  {label} wall {wall:6.2f} s  TensorRT {t.tensorrt:6.2f} s  own {wall - t.tensorrt:5.2f} s "
+                  f"({(wall - t.tensorrt) / wall:5.1%})  process CPU {used:5.2f} s  load {os.getloadavg()[0]:.2f}  "
+                  + ", ".join(f"{n} {v:.2f}" for n, v in t.steps.items() if v >= 0.05), flush=True)
+            shutil.rmtree(work / f"e{k}")
+        os.environ.pop("TRTFORGE_DIRECT_WRITE", None)
+    share = {m: statistics.median((w - trt) / w for w, trt, _ in r) for m, r in rows.items()}
+    cpu = {m: statistics.median(c for *_, c in r) for m, r in rows.items()}
+    print(f"median own share: direct {share['1']:.1%}, page cache {share['0']:.1%} (same run); median process CPU "
+          f"{cpu['1']:.2f} s vs {cpu['0']:.2f} s")
+    print(f"{'PASS' if share['1'] < 0.10 else 'MISS'}: own share {share['1']:.1%} (target < 10%)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--big", action="store_true", help="the big-model A/B instead (see the docstring)")
     ap.add_argument("--tmp", default=None, help="folder for the source model and engines (default: system temp)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.big:
+        return _big(args.repeat, args.tmp)
     if args.one:
         print(json.dumps(_one(args.one, args.repeat, args.tmp)))
         return 0
