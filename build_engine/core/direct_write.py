@@ -103,15 +103,41 @@ _COPY_MIN = 8 << 20  # smaller spans are not worth a second descriptor: plain ke
 def copy_span(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
     """Append ``length`` bytes of ``src`` from ``offset`` to the open file ``dst`` (opened for writing by path).
 
-    Where ``dst``'s end is ``ALIGN``-aligned and the span is big, the bytes are read into an aligned buffer and
+    Where ``dst``'s end is ``ALIGN``-aligned and the span is big: on a file system that shares extents (XFS,
+    btrfs) the aligned part is cloned (``FICLONERANGE``, no bytes copied); elsewhere the bytes are read into an
+    aligned buffer and
     written through a second, ``O_DIRECT`` descriptor of the same file at explicit offsets (the page-cache cost of a
     fresh copy avoided, as for the plan); the unaligned rest goes through ``dst`` itself. Otherwise a kernel copy
     (``copy_file_range``), else reads and writes. ``dst`` is left positioned at its new end."""
     dst.flush()  # buffered bytes first, so the copy lands after them
     pos = dst.tell()
-    done = _direct_copy(src, offset, length, dst, pos) if length >= _COPY_MIN and pos % ALIGN == 0 else 0
+    done = 0
+    if length >= _COPY_MIN and pos % ALIGN == 0:
+        done = _clone(src, offset, length, dst, pos) or _direct_copy(src, offset, length, dst, pos)
     dst.seek(pos + done)
     _kernel_copy(src, offset + done, length - done, dst)
+
+
+_FICLONERANGE = 0x4020940D  # _IOW(0x94, 13, struct file_clone_range), linux/fs.h
+
+
+def _clone(src: Path, offset: int, length: int, dst: BinaryIO, pos: int) -> int:
+    """Share the span's ALIGN-multiple prefix with ``src`` (copy-on-write); 0 where the file system cannot (ext4,
+    tmpfs, another file system, unaligned source offset) or off Linux."""
+    import struct
+    import sys
+
+    whole = length - length % ALIGN
+    if not sys.platform.startswith("linux") or offset % ALIGN or not whole:
+        return 0
+    import fcntl
+
+    with open(src, "rb") as fs:
+        try:
+            fcntl.ioctl(dst.fileno(), _FICLONERANGE, struct.pack("qQQQ", fs.fileno(), offset, whole, pos))
+        except OSError:
+            return 0
+    return whole
 
 
 def _direct_copy(src: Path, offset: int, length: int, dst: BinaryIO, pos: int) -> int:

@@ -4,6 +4,7 @@ not, and where the file system refuses direct I/O the same bytes arrive through 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,44 @@ def test_copy_span_exact_for_aligned_and_odd_spans(tmp_path: Path, rng: np.rando
         assert not any(direct)
     elif DirectFile(tmp_path / "probe").direct:
         assert sum(direct) == (9 << 20) + (10 << 20)  # the big spans that start aligned (k = 0, 4), minus the tail
+
+
+@pytest.fixture
+def reflink_dir(tmp_path: Path) -> Iterator[Path]:
+    """A small XFS file system with reflink, loop-mounted (root, xfsprogs and a loop device needed; else skip)."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("mkfs.xfs") or not Path("/dev/loop-control").exists():
+        pytest.skip("needs root, mkfs.xfs (Debian xfsprogs) and loop devices")
+    img, mnt = tmp_path / "xfs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as fh:
+        fh.truncate(400 << 20)
+    if subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)], capture_output=True).returncode != 0:
+        pytest.skip("mkfs.xfs failed")
+    if subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("cannot loop-mount here (container without CAP_SYS_ADMIN?)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_copy_span_clones_on_a_reflink_file_system(reflink_dir: Path, rng: np.random.Generator,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtforge.build_engine.core import direct_write
+
+    cloned: list[int] = []
+    real = direct_write._clone
+    monkeypatch.setattr(direct_write, "_clone", lambda *a: cloned.append(real(*a)) or cloned[-1])
+    data = rng.bytes(60 << 20)
+    (reflink_dir / "src.bin").write_bytes(data)
+    n = (40 << 20) + int(rng.integers(1, 4096))
+    with open(reflink_dir / "dst.bin", "wb") as dst:
+        dst.write(b"h" * 8192)
+        direct_write.copy_span(reflink_dir / "src.bin", 4096, n, dst)
+        dst.write(b"end")
+    assert (reflink_dir / "dst.bin").read_bytes() == b"h" * 8192 + data[4096:4096 + n] + b"end"
+    assert cloned == [n - n % direct_write.ALIGN]  # the aligned part shared, the tail copied
