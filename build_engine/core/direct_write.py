@@ -30,8 +30,10 @@ ALIGN = 4096  # covers every logical block size Linux file systems use for O_DIR
 
 
 def aligned_buffer(size: int) -> memoryview:
-    """A writable, page-aligned buffer of ``size`` bytes (at least one page)."""
-    return memoryview(mmap.mmap(-1, max(size, mmap.PAGESIZE)))
+    """A writable, page-aligned buffer of ``size`` bytes (at least one page), its pages faulted in up front where
+    Linux offers it (one call instead of a fault per page during the first copy into it)."""
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_POPULATE", 0)
+    return memoryview(mmap.mmap(-1, max(size, mmap.PAGESIZE), flags=flags))
 
 
 class DirectFile:

@@ -91,7 +91,7 @@ class PlanStream:
         c = len(self._carry)
         buf = self._free.get()  # waits while every buffer is still being written or hashed
         if buf is None or buf.nbytes < c + n:
-            buf = aligned_buffer(c + n)
+            buf = aligned_buffer(n + ALIGN)  # room for any carry (< ALIGN), so the next chunks reuse it
         buf[:c] = self._carry
         buf[c:c + n] = src
         end = c + n
