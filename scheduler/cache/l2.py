@@ -22,7 +22,7 @@ import time
 from typing import Any, cast
 
 from .entry import CacheConfig, Entry
-from .l2wire import send_sets
+from .l2wire import pack_set, send_packed
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ class L2:
             cfg.redis_url, max_connections=cfg.pool_size, timeout=0.2, socket_timeout=0.25,
             socket_connect_timeout=0.25)
         self.client = redis.Redis(connection_pool=self.pool)
-        self._buffer: collections.deque[tuple[str, bytes, int]] = collections.deque()
+        self._buffer: collections.deque[bytes] = collections.deque()  # packed SET commands (l2wire)
+        self._prefixes: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -115,7 +116,13 @@ class L2:
     def put(self, version: str, entry: Entry, now: float | None = None) -> None:
         now = time.time() if now is None else now
         ttl_ms = max(1, int((entry.expires + self.cfg.stale_grace_s - now) * 1000))
-        write = (self.name(version, entry.digest), entry.to_bytes(), ttl_ms)  # serialised outside the lock
+        prefix = self._prefixes.get(version)
+        if prefix is None:  # the constant part of the key name, encoded once per version (few versions live)
+            if len(self._prefixes) >= 64:
+                self._prefixes.clear()
+            prefix = self._prefixes[version] = self.name(version, "").encode()
+        # Serialised and packed outside the lock: a flush then only joins and sends.
+        write = pack_set(prefix + entry.digest.encode(), entry.to_bytes(), ttl_ms)
         with self._lock:
             if len(self._buffer) >= self.cfg.buffer_max:
                 self._buffer.popleft()
@@ -124,7 +131,7 @@ class L2:
             depth = len(self._buffer)
         if self.metrics is not None:
             self.metrics.buffer_depth.set(depth)
-        if depth >= self.cfg.flush_entries:
+        if depth >= self.cfg.flush_entries and not self._wake.is_set():  # set() takes a lock: once per batch
             self._wake.set()
 
     def _drop(self, reason: str, n: int = 1) -> None:
@@ -146,7 +153,7 @@ class L2:
             return 0
         t0 = time.perf_counter()
         try:
-            refused = send_sets(self.pool, batch)
+            refused = send_packed(self.pool, batch)
         except self._errors as exc:
             self._failed(exc)
             self._drop("outage", len(batch))

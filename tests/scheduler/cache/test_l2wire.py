@@ -4,6 +4,7 @@ the rest land (the server killed mid-run is test_tiers.py's outage test)."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -51,3 +52,41 @@ def test_refused_sets_are_counted_and_the_rest_land(own_redis) -> None:  # type:
         assert Entry.from_bytes(client.get(cache.l2.name(cache.version, e.digest)), e.digest) == e
     assert cache.metrics.value("cache_l2_up") == 1
     cache.close()
+
+
+def test_bulk_reply_count_handles_split_reads_and_errors() -> None:
+    """The flush's replies are counted from raw reads: CRLFs split across reads, error lines among +OK lines."""
+    import socket
+
+    import redis.exceptions
+
+    from trtforge.scheduler.cache.l2wire import _count_refused
+
+    rng = random.Random(1602)
+    for _ in range(20):
+        replies = [b"+OK\r\n" if rng.random() < 0.8 else b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+                   for _ in range(rng.randrange(1, 40))]
+        stream = b"".join(replies)
+        a, b = socket.socketpair()
+        with a, b:
+            b.settimeout(2.0)
+            cuts = sorted(rng.sample(range(1, len(stream)), min(5, len(stream) - 1)))
+            pieces = [stream[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, len(stream)])]
+
+            def feed(sock: socket.socket = a, pieces: list[bytes] = pieces) -> None:
+                for piece in pieces:  # apart in time, so the reader sees them in separate reads
+                    sock.sendall(piece)
+                    time.sleep(0.002)
+
+            writer = threading.Thread(target=feed)
+            writer.start()
+            assert _count_refused(b, len(replies)) == sum(r.startswith(b"-") for r in replies)
+            writer.join()
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"+OK\r\n:1\r\n")  # not a SET's reply: the stream is out of step
+        with pytest.raises(redis.exceptions.InvalidResponse):
+            _count_refused(b, 2)
+        a.close()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            _count_refused(b, 1)
