@@ -30,9 +30,11 @@ carries a ``seed``; a sampled request without a seed is not cached unless the po
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
+import marshal
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -156,8 +158,55 @@ def _scope(model: str | None, adapter: str | None, conversation: str | None, tas
     return json.dumps([model, adapter, conversation, task])
 
 
+# Requests already seen: their keys, by a serialisation of their semantic fields. A hit repeats a request, and the
+# key's Python steps (~20 us: validation, normalisation, canonical JSON, sha256) were most of an L1 hit's time.
+# marshal (format 2: no back-references, so the bytes depend on values, not on object identity) is exact and
+# type-faithful for the plain JSON values it accepts (str, int, float, bool, None, list, dict; tuples are marked
+# apart) and refuses anything else, subclasses included; it can be read back, so equal bytes are equal values of
+# equal types in the same order (another order is only a memo miss), and a remembered key is the key computed
+# afresh (property-tested). Presence counts (absent and null differ for some fields), and so does the policy.
+# Only plain dicts with a few messages and a short serialisation are remembered, so no request pays for a long
+# one or leaves a big entry: 4096 entries of at most 4 KiB, least recently used first out.
+_MEMO: collections.OrderedDict[bytes, CacheKey] = collections.OrderedDict()
+_MEMO_ENTRIES = 4096
+_MEMO_BYTES = 4096
+_MEMO_MESSAGES = 4
+
+
+def _fingerprint(req: dict[str, Any], cache_sampled: bool) -> bytes | None:
+    msgs = req.get("messages")
+    if type(msgs) is list and len(msgs) > _MEMO_MESSAGES:  # long conversations: the key reads only two turns
+        return None
+    try:
+        fp = marshal.dumps((cache_sampled, {k: v for k, v in req.items() if k in _SEMANTIC}), 2)
+    except (ValueError, TypeError):  # not plain JSON values (or nested too deep): the full path decides
+        return None
+    return fp if len(fp) <= _MEMO_BYTES else None
+
+
 def make_key(req: Any, *, cache_sampled: bool = False) -> CacheKey:
     """The key of ``req`` (a dict parsed from JSON); raises InputError naming the field at fault."""
+    fp = _fingerprint(req, cache_sampled) if type(req) is dict else None
+    if fp is not None:
+        key = _MEMO.get(fp)
+        if key is not None:
+            try:
+                _MEMO.move_to_end(fp)
+            except KeyError:  # another thread evicted it in between: still the right key
+                pass
+            return key
+    key = _compute_key(req, cache_sampled)  # a bad request raises here, every time (errors are not remembered)
+    if fp is not None:
+        _MEMO[fp] = key
+        if len(_MEMO) > _MEMO_ENTRIES:
+            try:
+                _MEMO.popitem(last=False)
+            except KeyError:  # emptied meanwhile by another thread
+                pass
+    return key
+
+
+def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
     if not isinstance(req, dict):
         raise InputError(f"request: must be a JSON object, got {type(req).__name__}")
     model = _string(req, "model", required=True)
