@@ -30,6 +30,11 @@ def test_packed_sets_are_byte_exact_with_their_own_ttls(redis_server) -> None:  
         assert client.get(name) == blob
         assert 0 < client.pttl(name) <= ttl_ms
     assert client.ping()  # the connection's reply stream is still in step after the batch
+    conn = pool.get_connection()
+    try:  # this redis-py has the internals the bulk reply count needs, so the test above took that path
+        assert conn._sock is not None and conn._parser._buffer.unread_bytes() == 0
+    finally:
+        pool.release(conn)
     pool.disconnect()
 
 
