@@ -63,7 +63,7 @@ class HotMetrics:
             total.add_metric([result, layer], n)
         for layer in sorted(counts):
             running, buckets = 0, []
-            for bound, n in zip([*self.bounds, float("inf")], counts[layer]):
+            for bound, n in zip([*self.bounds, float("inf")], counts[layer], strict=True):
                 running += n
                 buckets.append((floatToGoString(bound), running))
             lookup.add_metric([layer], buckets, sums[layer])

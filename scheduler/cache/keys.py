@@ -31,6 +31,7 @@ carries a ``seed``; a sampled request without a seed is not cached unless the po
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import json
@@ -62,6 +63,17 @@ class CacheKey:
 # No cycle check (a request parsed from JSON has none): one dict fewer allocated per key, so fewer garbage collections
 # land in a lookup.
 _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+_ENC = json.encoder.encode_basestring  # what the encoder above uses for strings (ensure_ascii off)
+
+
+def _json_str(value: str | None) -> str:
+    return "null" if value is None else _ENC(value)
+
+
+def _json_num(value: float | None) -> str:  # finite numbers only (``_number`` refuses the others), never bools
+    return "null" if value is None else repr(value)
+
+
 _BLANKS = re.compile(r"[ \t\f\v]+")
 _NEWLINES = re.compile(r"\n{3,}")
 
@@ -188,25 +200,39 @@ def make_key(req: Any, *, cache_sampled: bool = False) -> CacheKey:
     """The key of ``req`` (a dict parsed from JSON); raises InputError naming the field at fault."""
     fp = _fingerprint(req, cache_sampled) if type(req) is dict else None
     if fp is not None:
-        key = _MEMO.get(fp)
-        if key is not None:
-            try:
-                _MEMO.move_to_end(fp)
-            except KeyError:  # another thread evicted it in between: still the right key
-                pass
-            return key
+        try:  # a hit becomes the most recently used; KeyError: not remembered (or evicted meanwhile by a thread)
+            _MEMO.move_to_end(fp)
+            return _MEMO[fp]
+        except KeyError:
+            pass
     key = _compute_key(req, cache_sampled)  # a bad request raises here, every time (errors are not remembered)
     if fp is not None:
         _MEMO[fp] = key
         if len(_MEMO) > _MEMO_ENTRIES:
-            try:
+            with contextlib.suppress(KeyError):  # emptied meanwhile by another thread
                 _MEMO.popitem(last=False)
-            except KeyError:  # emptied meanwhile by another thread
-                pass
     return key
 
 
 def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
+    c = _canonical_fields(req)
+    try:
+        blob = _encode_canonical(c)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"request: 'response_format'/'tools' must be plain JSON ({exc})") from exc
+    try:
+        data = blob.encode()
+    except UnicodeEncodeError as exc:  # JSON's "\ud800" escape parses to a str that is not valid Unicode
+        raise InputError("request: a text holds an unpaired surrogate (a lone \\ud800-\\udfff escape); send valid "
+                         "Unicode") from exc
+    greedy = c["temperature"] == 0 or c["top_k"] == 1
+    scope = _scope(c["model"], c["adapter"], c["conversation"], c["task"])
+    return CacheKey(digest=hashlib.sha256(data).hexdigest(), scope=scope, text=c["final"], task=c["task"],
+                    cacheable=greedy or c["seed"] is not None or cache_sampled)
+
+
+def _canonical_fields(req: Any) -> dict[str, Any]:
+    """The key's fields, validated and normalised (the dict whose canonical JSON is hashed)."""
     if not isinstance(req, dict):
         raise InputError(f"request: must be a JSON object, got {type(req).__name__}")
     model = _string(req, "model", required=True)
@@ -216,23 +242,34 @@ def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
     system, final = _messages(req)
     if len(final) + sum(len(t) for _, t in system) > MAX_TEXT:
         raise InputError(f"request: prompt text over {MAX_TEXT} characters; such requests are not cached")
-    temperature = _number(req, "temperature", 1.0)
-    top_k = _number(req, "top_k", None, integer=True)
-    seed = _number(req, "seed", None, integer=True)
-    canon = {
+    return {
         "v": KEY_VERSION, "model": model, "adapter": adapter, "conversation": conversation, "task": task,
-        "system": system, "final": final, "temperature": temperature, "top_p": _number(req, "top_p", 1.0),
-        "top_k": top_k, "max_tokens": _number(req, "max_tokens", None, integer=True), "seed": seed,
-        "stop": _stop(req), "response_format": req.get("response_format"), "tools": req.get("tools"),
+        "system": system, "final": final, "temperature": _number(req, "temperature", 1.0),
+        "top_p": _number(req, "top_p", 1.0), "top_k": _number(req, "top_k", None, integer=True),
+        "max_tokens": _number(req, "max_tokens", None, integer=True),
+        "seed": _number(req, "seed", None, integer=True), "stop": _stop(req),
+        "response_format": req.get("response_format"), "tools": req.get("tools"),
     }
-    try:
-        blob = _CANONICAL(canon)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"request: 'response_format'/'tools' must be plain JSON ({exc})") from exc
-    greedy = temperature == 0 or top_k == 1
-    scope = _scope(model, adapter, conversation, task)
-    return CacheKey(digest=hashlib.sha256(blob.encode()).hexdigest(), scope=scope, text=final, task=task,
-                    cacheable=greedy or seed is not None or cache_sampled)
+
+
+def _json(value: Any) -> str:
+    return "null" if value is None else _CANONICAL(value)
+
+
+def _encode_canonical(c: dict[str, Any]) -> str:
+    """``_CANONICAL(c)``, the same characters, for the dict ``_compute_key`` builds: its keys in sorted order and
+    every value but the two free-form ones already of a known plain type (str, int, float, None; lists of str and
+    of (str, str)), each encoded as the JSON encoder does (``encode_basestring``, ``int``/``float`` repr, ``null``).
+    ~1.5 us where the generic encoder (sorting, type dispatch per value) took ~4.5 us. Property-tested against
+    ``_CANONICAL`` on random requests."""
+    string, num = _json_str, _json_num
+    system = ",".join(f"[{_ENC(role)},{_ENC(text)}]" for role, text in c["system"])
+    return (f'{{"adapter":{string(c["adapter"])},"conversation":{string(c["conversation"])},"final":{_ENC(c["final"])},'
+            f'"max_tokens":{num(c["max_tokens"])},"model":{_ENC(c["model"])},'
+            f'"response_format":{_json(c["response_format"])},"seed":{num(c["seed"])},'
+            f'"stop":[{",".join(map(_ENC, c["stop"]))}],"system":[{system}],"task":{string(c["task"])},'
+            f'"temperature":{num(c["temperature"])},"tools":{_json(c["tools"])},"top_k":{num(c["top_k"])},'
+            f'"top_p":{num(c["top_p"])},"v":{num(c["v"])}}}')
 
 
 def semantic_fields() -> frozenset[str]:

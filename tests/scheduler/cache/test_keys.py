@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import pytest
 
@@ -78,6 +79,7 @@ def test_sampled_requests_are_not_cacheable_unless_the_policy_says_so() -> None:
     (_with(temperature=float("nan")), "'temperature'"), (_with(max_tokens=1.5), "'max_tokens'"),
     (_with(messages=[]), "'messages'"), (_with(messages=[{"role": "user"}]), "messages[0]"),
     (_with(messages=[{"role": "system", "content": "x"}]), "no user message"), (_with(stop=[1]), "'stop'"),
+    (_with(messages=[{"role": "user", "content": "\ud800"}]), "unpaired surrogate"),
 ])
 def test_bad_fields_are_named(bad: object, field: str) -> None:
     with pytest.raises(InputError, match=None) as info:
@@ -131,7 +133,8 @@ def _random_request(rng: random.Random) -> object:
     equal in Python but not in JSON (1, 1.0, True; 0.0, -0.0; lists and tuples; nan, None) and invalid ones."""
     twins: list[object] = [0, 0.0, -0.0, 1, 1.0, True, False, None, 0.7, 0.704, 1e-5, 1e22, float("nan"), "1", 2.5,
                            1 << 60]
-    texts = ["What is 2+2?", "  What is 2+2?\n\n\n", "Ｗhat\tis 2+2?", "q\u00e9", "qe\u0301", "\U0001f600 hi", ""]
+    texts = ["What is 2+2?", "  What is 2+2?\n\n\n", "Ｗhat\tis 2+2?", "q\u00e9", "qe\u0301", "\U0001f600 hi", "",
+             'say "hi" \\ \x00\x1f\x7f\u2028', "\ud800 lone"]
 
     def json_value(depth: int) -> object:
         pick = rng.randrange(6 if depth < 2 else 3)
@@ -160,8 +163,8 @@ def _random_request(rng: random.Random) -> object:
         req["prompt"] = rng.choice([*texts, None, 3])
     else:
         roles = ["system", "user", "User", "assistant"]
-        req["messages"] = [*[{"role": rare(roles, 1), "content": rare(texts, None)}
-                             for _ in range(rng.choice([0, 1, 1, 2, 3, 4]))], {"role": "user", "content": rare(texts, 2)}]
+        turns = [{"role": rare(roles, 1), "content": rare(texts, None)} for _ in range(rng.choice([0, 1, 1, 2, 3, 4]))]
+        req["messages"] = [*turns, {"role": "user", "content": rare(texts, 2)}]
     for name in ("temperature", "top_p", "top_k", "max_tokens", "seed"):
         if rng.random() < 0.6:
             req[name] = rng.choice([*twins, 0, 0, 1, 64] if rng.random() < 0.3 else [0, 1, 64, 0.5, None])
@@ -191,7 +194,7 @@ def test_remembered_keys_equal_keys_computed_afresh() -> None:
 
     rng = random.Random(1603)
     keys._MEMO.clear()
-    hits = 0
+    hits = canonical = 0
     same: dict[object, list[object]] = {0: [0.0, -0.0, False], 1: [1.0, True]}  # == in Python (0.0, 1.0 too)
     for _ in range(3000):
         base = _random_request(rng)
@@ -205,6 +208,11 @@ def test_remembered_keys_equal_keys_computed_afresh() -> None:
         for req in variants:
             fp = keys._fingerprint(req, sampled) if type(req) is dict else None
             hits += fp is not None and fp in keys._MEMO
-            got = _outcome(lambda: keys.make_key(req, cache_sampled=sampled))
-            assert got == _outcome(lambda: keys._compute_key(req, sampled)), req
-    assert hits > 1000 and 0 < len(keys._MEMO) <= keys._MEMO_ENTRIES, hits  # the memo was exercised, and bounded
+            got = _outcome(partial(keys.make_key, req, cache_sampled=sampled))
+            assert got == _outcome(partial(keys._compute_key, req, sampled)), req
+            if not isinstance(got, tuple):  # a key: its canonical text as the generic sorted-keys encoder writes it
+                fields = keys._canonical_fields(req)
+                assert keys._encode_canonical(fields) == keys._CANONICAL(fields)
+                canonical += 1
+    # The memo was exercised (and stayed bounded), and so was the canonical encoder.
+    assert hits > 1000 and canonical > 3000 and 0 < len(keys._MEMO) <= keys._MEMO_ENTRIES, (hits, canonical)

@@ -76,7 +76,7 @@ def test_bulk_reply_count_handles_split_reads_and_errors() -> None:
         with a, b:
             b.settimeout(2.0)
             cuts = sorted(rng.sample(range(1, len(stream)), min(5, len(stream) - 1)))
-            pieces = [stream[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, len(stream)])]
+            pieces = [stream[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
 
             def feed(sock: socket.socket = a, pieces: list[bytes] = pieces) -> None:
                 for piece in pieces:  # apart in time, so the reader sees them in separate reads
