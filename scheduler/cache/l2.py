@@ -52,6 +52,8 @@ class L2:
         self._thread.start()
         if metrics is not None:
             metrics.l2_up.set(1)
+            # Read when scraped: a live depth, and no gauge update (a lock) on every write.
+            metrics.buffer_depth.set_function(lambda: len(self._buffer))
         try:  # unreachable at start-up: warn now and serve from L1 (the library never fails a request for it)
             self.client.ping()
         except self._errors as exc:
@@ -129,8 +131,6 @@ class L2:
                 self._drop("buffer_full")
             self._buffer.append(write)
             depth = len(self._buffer)
-        if self.metrics is not None:
-            self.metrics.buffer_depth.set(depth)
         if depth >= self.cfg.flush_entries and not self._wake.is_set():  # set() takes a lock: once per batch
             self._wake.set()
 
@@ -144,8 +144,6 @@ class L2:
         with self._lock:
             batch = list(self._buffer)
             self._buffer.clear()
-        if self.metrics is not None:
-            self.metrics.buffer_depth.set(0)
         if not batch:
             return 0
         if not self.up:
