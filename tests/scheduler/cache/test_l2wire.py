@@ -95,3 +95,29 @@ def test_bulk_reply_count_handles_split_reads_and_errors() -> None:
         a.close()
         with pytest.raises(redis.exceptions.ConnectionError):
             _count_refused(b, 1)
+
+
+def test_entry_bytes_are_those_of_the_non_str_keys_encoder() -> None:
+    """An entry is encoded without OPT_NON_STR_KEYS first (cheaper): the same bytes as with it, on seeded random
+    values with str keys, and the option's bytes when a value has other keys."""
+    orjson = pytest.importorskip("orjson")
+    from trtforge.scheduler.cache.entry import _encode
+
+    rng = random.Random(1605)
+
+    def value(depth: int) -> object:
+        pick = rng.randrange(5 if depth < 3 else 3)
+        if pick == 0:
+            return rng.choice([None, True, 0, -7, 1 << 62, 0.1, -0.0, 1e300])
+        if pick == 1:
+            return rng.choice(["", "answer", "é\u2028\U0001f600", 'q"\\\x00'])
+        if pick == 2:
+            return rng.choice([[], {}])
+        if pick == 3:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        keys: list[object] = ["a", "b", "é", "text"] + ([1, 2.5, None] if rng.random() < 0.2 else [])
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randrange(4))}
+
+    for _ in range(2000):
+        v = {"v": value(0), "d": "x"}
+        assert _encode(v) == orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS)
