@@ -38,8 +38,7 @@ import json
 import marshal
 import re
 import unicodedata
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from trtforge.build_engine.core.errors import InputError
 
@@ -49,8 +48,9 @@ _SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", 
 MAX_TEXT = 1 << 20  # characters of prompt text a key accepts (a cache is no place for bigger requests)
 
 
-@dataclass(frozen=True, slots=True)
-class CacheKey:
+# A NamedTuple: immutable (the memo below shares keys) and made in 0.3 us, where a frozen dataclass takes 1.3 us
+# (each field set through object.__setattr__).
+class CacheKey(NamedTuple):
     digest: str  # sha256 hex of the canonical form
     scope: str  # model / adapter / conversation / task: semantic (L3) hits never cross scopes
     text: str  # the normalised final user message (what L3 embeds)
