@@ -66,14 +66,6 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",
 _ENC = json.encoder.encode_basestring  # what the encoder above uses for strings (ensure_ascii off)
 
 
-def _json_str(value: str | None) -> str:
-    return "null" if value is None else _ENC(value)
-
-
-def _json_num(value: float | None) -> str:  # finite numbers only (``_number`` refuses the others), never bools
-    return "null" if value is None else repr(value)
-
-
 _BLANKS = re.compile(r"[ \t\f\v]+")
 _NEWLINES = re.compile(r"\n{3,}")
 
@@ -252,24 +244,28 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     }
 
 
-def _json(value: Any) -> str:
-    return "null" if value is None else _CANONICAL(value)
-
-
 def _encode_canonical(c: dict[str, Any]) -> str:
     """``_CANONICAL(c)``, the same characters, for the dict ``_compute_key`` builds: its keys in sorted order and
     every value but the two free-form ones already of a known plain type (str, int, float, None; lists of str and
     of (str, str)), each encoded as the JSON encoder does (``encode_basestring``, ``int``/``float`` repr, ``null``).
-    ~1.5 us where the generic encoder (sorting, type dispatch per value) took ~4.5 us. Property-tested against
-    ``_CANONICAL`` on random requests."""
-    string, num = _json_str, _json_num
-    system = ",".join(f"[{_ENC(role)},{_ENC(text)}]" for role, text in c["system"])
-    return (f'{{"adapter":{string(c["adapter"])},"conversation":{string(c["conversation"])},"final":{_ENC(c["final"])},'
-            f'"max_tokens":{num(c["max_tokens"])},"model":{_ENC(c["model"])},'
-            f'"response_format":{_json(c["response_format"])},"seed":{num(c["seed"])},'
-            f'"stop":[{",".join(map(_ENC, c["stop"]))}],"system":[{system}],"task":{string(c["task"])},'
-            f'"temperature":{num(c["temperature"])},"tools":{_json(c["tools"])},"top_k":{num(c["top_k"])},'
-            f'"top_p":{num(c["top_p"])},"v":{num(c["v"])}}}')
+    Inline, without a helper call per value: ~2 us where the generic encoder (sorting, type dispatch per value)
+    took ~5 us. Property-tested against ``_CANONICAL`` on random requests."""
+    enc = _ENC
+    adapter, conversation, task = c["adapter"], c["conversation"], c["task"]
+    temperature, top_p, top_k = c["temperature"], c["top_p"], c["top_k"]
+    max_tokens, seed, response_format, tools = c["max_tokens"], c["seed"], c["response_format"], c["tools"]
+    system = ",".join([f"[{enc(role)},{enc(text)}]" for role, text in c["system"]])
+    stop = ",".join([enc(s) for s in c["stop"]])
+    return (f'{{"adapter":{"null" if adapter is None else enc(adapter)},'
+            f'"conversation":{"null" if conversation is None else enc(conversation)},"final":{enc(c["final"])},'
+            f'"max_tokens":{"null" if max_tokens is None else repr(max_tokens)},"model":{enc(c["model"])},'
+            f'"response_format":{"null" if response_format is None else _CANONICAL(response_format)},'
+            f'"seed":{"null" if seed is None else repr(seed)},"stop":[{stop}],"system":[{system}],'
+            f'"task":{"null" if task is None else enc(task)},'
+            f'"temperature":{"null" if temperature is None else repr(temperature)},'
+            f'"tools":{"null" if tools is None else _CANONICAL(tools)},'
+            f'"top_k":{"null" if top_k is None else repr(top_k)},"top_p":{"null" if top_p is None else repr(top_p)},'
+            f'"v":{c["v"]!r}}}')
 
 
 def semantic_fields() -> frozenset[str]:
