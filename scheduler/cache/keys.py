@@ -170,7 +170,8 @@ def _scope(model: str | None, adapter: str | None, conversation: str | None, tas
 # equal types in the same order (another order is only a memo miss), and a remembered key is the key computed
 # afresh (property-tested). Presence counts (absent and null differ for some fields), and so does the policy.
 # Only plain dicts with a few messages and a short serialisation are remembered, so no request pays for a long
-# one or leaves a big entry: 4096 entries of at most 4 KiB, least recently used first out.
+# one or leaves a big entry: 4096 entries of at most 4 KiB (with their keys, some 30 MiB at the very worst,
+# ~2-3 MiB full of requests of a few hundred bytes), least recently used first out.
 _MEMO: collections.OrderedDict[bytes, CacheKey] = collections.OrderedDict()
 _MEMO_ENTRIES = 4096
 _MEMO_BYTES = 4096

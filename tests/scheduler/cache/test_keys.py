@@ -216,3 +216,35 @@ def test_remembered_keys_equal_keys_computed_afresh() -> None:
                 canonical += 1
     # The memo was exercised (and stayed bounded), and so was the canonical encoder.
     assert hits > 1000 and canonical > 3000 and 0 < len(keys._MEMO) <= keys._MEMO_ENTRIES, (hits, canonical)
+
+
+def test_memo_under_threads_and_eviction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads on a memo of 8 entries (constant eviction): every key is the one computed afresh, the memo
+    stays bounded, and no thread sees an error from another's eviction."""
+    import threading
+
+    from trtforge.scheduler.cache import keys
+
+    monkeypatch.setattr(keys, "_MEMO_ENTRIES", 8)
+    keys._MEMO.clear()
+    reqs = [{"model": "m", "messages": [{"role": "user", "content": f"q{i % 40}"}], "temperature": 0}
+            for i in range(400)]
+    want = [keys._compute_key(r, False) for r in reqs]
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(3000):
+                i = rng.randrange(len(reqs))
+                assert keys.make_key(reqs[i]) == want[i]
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(1606 + t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(keys._MEMO) <= 8 + 4  # at most one extra entry per thread between insert and evict
+    keys._MEMO.clear()
