@@ -235,13 +235,14 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     system, final = _messages(req)
     if len(final) + sum(len(t) for _, t in system) > MAX_TEXT:
         raise InputError(f"request: prompt text over {MAX_TEXT} characters; such requests are not cached")
+    temperature = _number(req, "temperature", 1.0)  # checked in this order: the first bad field is the one named
+    top_k = _number(req, "top_k", None, integer=True)
+    seed = _number(req, "seed", None, integer=True)
     return {
         "v": KEY_VERSION, "model": model, "adapter": adapter, "conversation": conversation, "task": task,
-        "system": system, "final": final, "temperature": _number(req, "temperature", 1.0),
-        "top_p": _number(req, "top_p", 1.0), "top_k": _number(req, "top_k", None, integer=True),
-        "max_tokens": _number(req, "max_tokens", None, integer=True),
-        "seed": _number(req, "seed", None, integer=True), "stop": _stop(req),
-        "response_format": req.get("response_format"), "tools": req.get("tools"),
+        "system": system, "final": final, "temperature": temperature, "top_p": _number(req, "top_p", 1.0),
+        "top_k": top_k, "max_tokens": _number(req, "max_tokens", None, integer=True), "seed": seed,
+        "stop": _stop(req), "response_format": req.get("response_format"), "tools": req.get("tools"),
     }
 
 
