@@ -35,9 +35,11 @@ class L2:
         self.metrics = metrics
         self.retry_s = retry_s
         self._errors = (redis.RedisError, OSError)
+        # RESP2: a command connection then carries only replies, never a push message (RESP3 may interleave
+        # them: tracking, maintenance notifications), so a flush's N SET replies are exactly N lines (l2wire).
         self.pool = redis.BlockingConnectionPool.from_url(
             cfg.redis_url, max_connections=cfg.pool_size, timeout=0.2, socket_timeout=0.25,
-            socket_connect_timeout=0.25)
+            socket_connect_timeout=0.25, protocol=2)
         self.client = redis.Redis(connection_pool=self.pool)
         self._buffer: collections.deque[bytes] = collections.deque()  # packed SET commands (l2wire)
         self._prefixes: dict[str, bytes] = {}

@@ -11,9 +11,10 @@ one does not undo the others) and other clients' commands may interleave between
 Reading the replies: a SET without NX/GET answers one line, ``+OK`` or ``-ERR...`` (an error line never holds a
 CR or LF), so N replies are N CRLF-terminated lines. redis-py parses one reply per Python call (~2-3 us each, a
 third of a pipelined write's cost); the lines are read from the connection's socket in a few ``recv`` calls and
-counted instead. That needs redis-py's connection internals (``_sock``, the parser's ``SocketBuffer``), so it
-is used only when they have the expected shape and nothing is buffered; otherwise each reply goes through
-``read_response`` as before.
+counted instead. That needs a RESP2 connection (RESP3 may interleave push messages with the replies) and
+redis-py's connection internals (``_sock``, the parser's ``SocketBuffer``), so it is used only on a RESP2
+connection whose internals have the expected shape with nothing buffered; otherwise each reply goes through
+``read_response`` as before. L2's pool speaks RESP2.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def send_packed(pool: Any, commands: list[bytes]) -> int:
         conn.send_packed_command([b"".join(commands)], check_health=False)  # a list of chunks
         sock = getattr(conn, "_sock", None)
         unread = getattr(getattr(getattr(conn, "_parser", None), "_buffer", None), "unread_bytes", None)
-        if sock is not None and callable(unread) and unread() == 0:
+        if sock is not None and getattr(conn, "protocol", None) == 2 and callable(unread) and unread() == 0:
             refused = _count_refused(sock, len(commands))
         else:
             refused = _read_each(conn, len(commands))

@@ -23,19 +23,21 @@ def test_packed_sets_are_byte_exact_with_their_own_ttls(redis_server) -> None:  
     # Values holding RESP framing itself ("\r\n", "$", "*") and every byte value: the lengths, not delimiters, count.
     batch = [(f"t:wire:{i}", bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300))) + b"\r\n$3\r\n*1",
               rng.randrange(20_000, 90_000)) for i in range(200)]
-    pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=32)
-    assert send_sets(pool, batch) == 0
-    client = redis.Redis(connection_pool=pool)
-    for name, blob, ttl_ms in batch:
-        assert client.get(name) == blob
-        assert 0 < client.pttl(name) <= ttl_ms
-    assert client.ping()  # the connection's reply stream is still in step after the batch
-    conn = pool.get_connection()
-    try:  # this redis-py has the internals the bulk reply count needs, so the test above took that path
-        assert conn._sock is not None and conn._parser._buffer.unread_bytes() == 0
-    finally:
-        pool.release(conn)
-    pool.disconnect()
+    for protocol in (2, 3):  # RESP2: replies counted in bulk; RESP3: one read_response each
+        pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=32, protocol=protocol)
+        batch = [(f"t:wire:{protocol}:{i}", blob, ttl_ms) for i, (_, blob, ttl_ms) in enumerate(batch)]
+        assert send_sets(pool, batch) == 0
+        client = redis.Redis(connection_pool=pool)
+        for name, blob, ttl_ms in batch:
+            assert client.get(name) == blob
+            assert 0 < client.pttl(name) <= ttl_ms
+        assert client.ping()  # the connection's reply stream is still in step after the batch
+        conn = pool.get_connection()
+        try:  # this redis-py has the internals the bulk reply count needs, so RESP2 took that path
+            assert conn._sock is not None and conn._parser._buffer.unread_bytes() == 0 and conn.protocol == protocol
+        finally:
+            pool.release(conn)
+        pool.disconnect()
 
 
 def test_refused_sets_are_counted_and_the_rest_land(own_redis) -> None:  # type: ignore[no-untyped-def]
