@@ -120,10 +120,12 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
 
 def _l2_rates(cache: ResponseCache, entries: list[Entry], n_single: int, reps: int) -> tuple[list[float], list[float]]:
     """Per rep: responses/s of the pipelined writer (puts of every entry, then the last flush's replies) and, right
-    after, of one redis-py SET round trip per response over the first ``n_single`` entries. Each phase runs for a
-    similar ~0.1-0.3 s, so a preemption by another process weighs about the same on both sides."""
+    after, of one redis-py SET round trip per response over ``n_single`` entries spread evenly over all of them
+    (so both sides read entries spread over the same memory, not a cache-warm head for one side). Each phase
+    runs for a similar ~0.1-0.3 s, so a preemption by another process weighs about the same on both sides."""
     assert cache.l2 is not None
     client, now = cache.l2.client, time.time()
+    spread = entries[::max(1, len(entries) // n_single)][:n_single]
     piped: list[float] = []
     single: list[float] = []
     for rep in range(-1, reps):  # rep -1 warms both sides up (pool connections made, buffers grown): untimed
@@ -132,7 +134,7 @@ def _l2_rates(cache: ResponseCache, entries: list[Entry], n_single: int, reps: i
             cache.l2.put(cache.version, e, now)
         cache.l2.flush()
         t1 = time.perf_counter()
-        for e in entries[:n_single]:
+        for e in spread:
             client.set(f"bench:single:{rep}:{e.digest}", e.to_bytes(), px=120_000)
         if rep >= 0:
             piped.append(len(entries) / (t1 - t0))
