@@ -21,7 +21,12 @@ try:  # orjson (the cache extra) encodes an entry in ~0.7 us where the stdlib ta
     import orjson
 
     def _encode(obj: Any) -> bytes:
-        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
+        # Plain first: OPT_NON_STR_KEYS costs ~0.2 us on every write (a third of the encode) and changes nothing
+        # for str keys; only a value with other keys takes the second call.
+        try:
+            return orjson.dumps(obj)
+        except TypeError:
+            return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
 
     _decode: Any = orjson.loads  # its JSONDecodeError is a ValueError, as the stdlib's
 except ImportError:  # the same JSON through the stdlib (one encoder object, not one per call)

@@ -19,7 +19,9 @@ from .keys import CacheKey, make_key
 from .l1 import L1
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__ (1.9 us against 0.4 us),
+# a fifth of an L1 hit; a Lookup is made per call and owned by its caller, so nothing shares it.
+@dataclass(slots=True)
 class Lookup:
     key: CacheKey
     value: Any = None

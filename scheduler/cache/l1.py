@@ -30,8 +30,12 @@ class L1:
         self._cache = _Cache(maxsize=max_entries, ttu=lambda _k, v, _now: v.expires, timer=time.time)
 
     def get(self, digest: str) -> Entry | None:
+        # Indexing, not ``get``: TLRUCache.get checks membership (and the clock) before it indexes; a miss raises.
         with self._lock:
-            return self._cache.get(digest)  # type: ignore[no-any-return]
+            try:
+                return self._cache[digest]  # type: ignore[no-any-return]
+            except KeyError:
+                return None
 
     def put(self, entry: Entry) -> None:
         with self._lock:

@@ -22,7 +22,7 @@ import time
 from typing import Any, cast
 
 from .entry import CacheConfig, Entry
-from .l2wire import send_sets
+from .l2wire import pack_set, send_packed
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,14 @@ class L2:
         self.metrics = metrics
         self.retry_s = retry_s
         self._errors = (redis.RedisError, OSError)
+        # RESP2: a command connection then carries only replies, never a push message (RESP3 may interleave
+        # them: tracking, maintenance notifications), so a flush's N SET replies are exactly N lines (l2wire).
         self.pool = redis.BlockingConnectionPool.from_url(
             cfg.redis_url, max_connections=cfg.pool_size, timeout=0.2, socket_timeout=0.25,
-            socket_connect_timeout=0.25)
+            socket_connect_timeout=0.25, protocol=2)
         self.client = redis.Redis(connection_pool=self.pool)
-        self._buffer: collections.deque[tuple[str, bytes, int]] = collections.deque()
+        self._buffer: collections.deque[bytes] = collections.deque()  # packed SET commands (l2wire)
+        self._prefixes: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -51,6 +54,8 @@ class L2:
         self._thread.start()
         if metrics is not None:
             metrics.l2_up.set(1)
+            # Read when scraped: a live depth, and no gauge update (a lock) on every write.
+            metrics.buffer_depth.set_function(lambda: len(self._buffer))
         try:  # unreachable at start-up: warn now and serve from L1 (the library never fails a request for it)
             self.client.ping()
         except self._errors as exc:
@@ -115,16 +120,20 @@ class L2:
     def put(self, version: str, entry: Entry, now: float | None = None) -> None:
         now = time.time() if now is None else now
         ttl_ms = max(1, int((entry.expires + self.cfg.stale_grace_s - now) * 1000))
-        write = (self.name(version, entry.digest), entry.to_bytes(), ttl_ms)  # serialised outside the lock
+        prefix = self._prefixes.get(version)
+        if prefix is None:  # the constant part of the key name, encoded once per version (few versions live)
+            if len(self._prefixes) >= 64:
+                self._prefixes.clear()
+            prefix = self._prefixes[version] = self.name(version, "").encode()
+        # Serialised and packed outside the lock: a flush then only joins and sends.
+        write = pack_set(prefix + entry.digest.encode(), entry.to_bytes(), ttl_ms)
         with self._lock:
             if len(self._buffer) >= self.cfg.buffer_max:
                 self._buffer.popleft()
                 self._drop("buffer_full")
             self._buffer.append(write)
             depth = len(self._buffer)
-        if self.metrics is not None:
-            self.metrics.buffer_depth.set(depth)
-        if depth >= self.cfg.flush_entries:
+        if depth >= self.cfg.flush_entries and not self._wake.is_set():  # set() takes a lock: once per batch
             self._wake.set()
 
     def _drop(self, reason: str, n: int = 1) -> None:
@@ -137,8 +146,6 @@ class L2:
         with self._lock:
             batch = list(self._buffer)
             self._buffer.clear()
-        if self.metrics is not None:
-            self.metrics.buffer_depth.set(0)
         if not batch:
             return 0
         if not self.up:
@@ -146,7 +153,7 @@ class L2:
             return 0
         t0 = time.perf_counter()
         try:
-            refused = send_sets(self.pool, batch)
+            refused = send_packed(self.pool, batch)
         except self._errors as exc:
             self._failed(exc)
             self._drop("outage", len(batch))

@@ -15,14 +15,14 @@ class CacheMetrics:
     def __init__(self, namespace: str = "") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+        from .hotmetrics import HotMetrics
+
         self.registry = CollectorRegistry()
         r = self.registry
         prefix = f"{namespace}_" if namespace else ""
-        self.access = Counter(f"{prefix}cache_access", "response-cache lookups by layer and result",
-                              ["result", "layer"], registry=r)
-        self.lookup = Histogram(f"{prefix}cache_lookup_seconds", "lookup latency per layer", ["layer"],
-                                buckets=(1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5),
-                                registry=r)
+        # The lookup path's counter and histogram (every lookup touches them): plain counts behind a collector.
+        self.hot = HotMetrics(prefix, (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5))
+        r.register(self.hot)
         self.eviction = Counter(f"{prefix}cache_eviction", "entries evicted for room", ["layer"], registry=r)
         self.buffer_depth = Gauge(f"{prefix}cache_write_buffer_depth", "L2 writes waiting for the next pipeline",
                                   registry=r)
@@ -31,23 +31,8 @@ class CacheMetrics:
         self.dropped = Counter(f"{prefix}cache_dropped_writes", "L2 writes dropped", ["reason"], registry=r)
         self.l2_up = Gauge(f"{prefix}cache_l2_up", "1 while Redis answers, 0 during an outage", registry=r)
 
-        # The children per label set, looked up once: ``labels()`` costs ~5 us a call on the L1 hit path.
-        self._access: dict[tuple[str, str], Any] = {}
-        self._lookup: dict[str, Any] = {}
-
-    def count(self, result: str, layer: str) -> None:
-        child = self._access.get((result, layer))
-        if child is None:
-            child = self._access[(result, layer)] = self.access.labels(result=result, layer=layer)
-        child.inc()
-
-    def timed(self, layer: str, seconds: float, result: str) -> None:
-        """One lookup of ``layer``: its latency and its result."""
-        child = self._lookup.get(layer)
-        if child is None:
-            child = self._lookup[layer] = self.lookup.labels(layer=layer)
-        child.observe(seconds)
-        self.count(result, layer)
+        self.count = self.hot.count
+        self.timed = self.hot.timed  # (layer, seconds, result): one lookup of a layer, its latency and its result
 
     def value(self, name: str, **labels: Any) -> float:
         """A sample's current value (tests, the simulator's summary)."""

@@ -159,6 +159,7 @@ def test_write_buffer_is_bounded_during_an_outage() -> None:
     for i in range(200):
         cache.store(make_key(req(f"q{i}")), i)
     assert len(cache.l2._buffer) <= 16
+    assert cache.metrics.value("cache_write_buffer_depth") == len(cache.l2._buffer)  # read when scraped
     assert cache.metrics.value("cache_dropped_writes_total", reason="buffer_full") == 200 - 16
     cache.close()
 
