@@ -37,6 +37,7 @@ import hashlib
 import json
 import marshal
 import re
+import sys
 import unicodedata
 from typing import Any, NamedTuple
 
@@ -95,6 +96,9 @@ def _string(req: dict[str, Any], name: str, required: bool = False) -> str | Non
     return value.strip()
 
 
+_FLOAT_MAX = sys.float_info.max
+
+
 def _number(req: dict[str, Any], name: str, default: float | None, integer: bool = False) -> float | int | None:
     value = req.get(name, default)
     if value is None:
@@ -103,6 +107,13 @@ def _number(req: dict[str, Any], name: str, default: float | None, integer: bool
         return value if integer else round(float(value), 2)
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
         raise InputError(f"request: field {name!r} must be a finite number, got {value!r}")
+    if isinstance(value, int):  # beyond 2**53: exact as an integer; float() of a huge one would overflow
+        if integer and -(1 << 63) <= value < (1 << 63):
+            return value
+        if not integer and abs(value) <= _FLOAT_MAX:
+            return round(float(value), 2)
+        raise InputError(f"request: field {name!r} is out of range ({'a 64-bit integer' if integer else 'a float'}), "
+                         f"got {str(value)[:40]}")
     if integer:
         if float(value) != int(value):
             raise InputError(f"request: field {name!r} must be an integer, got {value!r}")

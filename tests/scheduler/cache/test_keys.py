@@ -80,11 +80,20 @@ def test_sampled_requests_are_not_cacheable_unless_the_policy_says_so() -> None:
     (_with(messages=[]), "'messages'"), (_with(messages=[{"role": "user"}]), "messages[0]"),
     (_with(messages=[{"role": "system", "content": "x"}]), "no user message"), (_with(stop=[1]), "'stop'"),
     (_with(messages=[{"role": "user", "content": "\ud800"}]), "unpaired surrogate"),
+    (_with(temperature=10 ** 400), "'temperature'"), (_with(seed=1 << 63), "'seed'"),
+    (_with(max_tokens=-(10 ** 30)), "'max_tokens'"),
 ])
 def test_bad_fields_are_named(bad: object, field: str) -> None:
     with pytest.raises(InputError, match=None) as info:
         make_key(bad)
     assert field in str(info.value)
+
+
+def test_integers_beyond_float_precision_are_exact() -> None:
+    """A 64-bit seed above 2**53 is a valid integer: its key differs from its neighbour's (a float would merge them)."""
+    big = (1 << 60) + 1
+    assert make_key(_with(seed=big)) != make_key(_with(seed=big - 1))
+    assert make_key(_with(seed=big)) == make_key(_with(seed=big))
 
 
 def test_normalize_fast_paths_equal_the_plain_rules() -> None:
@@ -125,8 +134,11 @@ def test_fast_paths_give_the_keys_of_the_plain_rules() -> None:
         keys._normalized_short.cache_clear()  # the second key is computed from scratch (neither memo helps)
         keys._MEMO.clear()
         assert keys.make_key(req) == got and got.text == keys.normalize_text(text)
-    with pytest.raises(keys.InputError, match="max_tokens"):  # past 2**53 the shortcut defers to the exact check
-        keys.make_key({"model": "m", "prompt": "x", "max_tokens": (1 << 60) + 1})
+    # past 2**53 the shortcut defers to the exact check: a 64-bit integer is kept exactly, a bigger one refused
+    assert keys.make_key({"model": "m", "prompt": "x", "max_tokens": (1 << 60) + 1}).digest != \
+        keys.make_key({"model": "m", "prompt": "x", "max_tokens": 1 << 60}).digest
+    with pytest.raises(keys.InputError, match="max_tokens"):
+        keys.make_key({"model": "m", "prompt": "x", "max_tokens": 1 << 64})
 
 
 def _random_request(rng: random.Random) -> object:
