@@ -47,14 +47,12 @@ class FoldConstantExpression(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        computable = _computable(ctx)
+        computable = _Computable(ctx)
         for c in ctx.casts():
             src = c.inputs[0]
-            if src not in computable:
-                continue
-            p = ctx.producer.get(src)
-            if (p is None or not p.alive or p.op == "Constant" or len(p.outputs) != 1 or c.to is None
-                    or ctx.constant_tensor(src) is not None):
+            p = ctx.producer.get(src)  # the cheap tests first; the membership test looks further up the graph
+            if (p is None or not p.alive or p.op not in EXACT_OPS or len(p.outputs) != 1 or c.to is None
+                    or src not in computable or ctx.constant_tensor(src) is not None):
                 continue
             cone = _cone(ctx, p)
             if cone is None:
@@ -74,15 +72,55 @@ class FoldConstantExpression(GraphPass):
         return count
 
 
-def _computable(ctx: GraphCtx) -> set[str]:
-    """Values this graph computes from constants through ``EXACT_OPS`` only (one linear sweep in topological order,
-    so the per-Cast cone search below runs only where it can succeed)."""
-    out: set[str] = set()
-    for n in ctx.nodes:
-        if (n.alive and n.op in EXACT_OPS and n.onnx_op and not n.free
-                and all(not i or i in out or ctx.constant_tensor(i) is not None for i in n.inputs)):
-            out.update(o for o in n.outputs if o)
-    return out
+class _Computable:
+    """Membership test for the values this graph computes from constants through ``EXACT_OPS`` only, decided on
+    demand (memoised, iterative): only the Casts' inputs and what they are computed from are looked at, not the whole
+    graph. A value qualifies when its producer is a live default-domain ``EXACT_OPS`` node without subgraphs whose
+    inputs are each empty, a constant, or a qualifying value produced EARLIER in the node list (what one sweep in node
+    order would find). Folding a value into a Constant of the same value leaves every answer unchanged, so answers
+    stay valid while the pass rewrites."""
+
+    def __init__(self, ctx: GraphCtx) -> None:
+        self.ctx = ctx
+        self.memo: dict[str, bool] = {}
+
+    def _inputs_state(self, p: Node) -> bool | str:
+        """False when an input cannot qualify, else the first input not decided yet, else True."""
+        ctx, memo = self.ctx, self.memo
+        pending: bool | str = True
+        for i in p.inputs:
+            if not i or ctx.constant_tensor(i) is not None:
+                continue
+            q = ctx.producer.get(i)
+            r = memo.get(i)
+            if r is False or q is None or ctx.position(q) >= ctx.position(p):
+                return False
+            if r is None and pending is True:
+                pending = i
+        return pending
+
+    def __contains__(self, name: str) -> bool:
+        ctx, memo = self.ctx, self.memo
+        known = memo.get(name)
+        if known is not None:
+            return known
+        stack = [name]
+        while stack:
+            v = stack[-1]
+            if v in memo:
+                stack.pop()
+                continue
+            p = ctx.producer.get(v)
+            if p is None or not (p.alive and p.op in EXACT_OPS and p.onnx_op and not p.free):
+                state: bool | str = False
+            else:
+                state = self._inputs_state(p)
+            if isinstance(state, str):
+                stack.append(state)
+            else:
+                memo[v] = state
+                stack.pop()
+        return memo[name]
 
 
 def _exact_here(ctx: GraphCtx, n: Node) -> bool:

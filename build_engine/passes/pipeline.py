@@ -150,7 +150,7 @@ def _prune_value_info(graph: GraphProto) -> None:
         graph.value_info.extend(keep)
 
 
-def _validate(result: ModelProto, original: ModelProto) -> None:
+def _validate(result: ModelProto, original: ModelProto | bytes) -> None:
     """Checker and strict shape inference on the result; a failure the original also has is not ours.
 
     Both run without serialising the weights (``onnx_skeleton.check_model`` checks the skeleton plus each weight tensor;
@@ -158,7 +158,7 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
     what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
     """
     try:  # the skeleton serialised once: the checker and strict inference both read these bytes
-        data = onnx_skeleton.skeleton(result).SerializeToString()
+        data = onnx_skeleton.skeleton_bytes(result)
     except ValueError:
         return
     if len(data) >= PROTO_LIMIT:
@@ -171,7 +171,7 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
             on_result()
         except Exception as exc:
             try:
-                on_model(original)
+                on_model(original if isinstance(original, ModelProto) else ModelProto.FromString(original))
             except Exception:
                 continue  # the input already fails this check: folding did not cause it
             first = (str(exc).strip().splitlines() or ["invalid"])[0]
@@ -191,6 +191,15 @@ def _check_result(result: ModelProto, skeleton_bytes: bytes) -> None:
 def _strict_inference(skeleton_bytes: bytes) -> None:
     """Strict shape inference with type checks; the inferred model is not parsed back (only failures matter)."""
     onnx.shape_inference.C.infer_shapes(skeleton_bytes, True, True, False)
+
+
+def _original_skeleton(model: ModelProto) -> ModelProto | bytes:
+    """The input without its weights, for ``_validate`` (read only when the result fails a check): its serialised
+    bytes (cheaper than a copy of the graph), or a copy when even the skeleton is too big to serialise."""
+    try:
+        return onnx_skeleton.skeleton_bytes(model)
+    except ValueError:
+        return onnx_skeleton.skeleton(model)
 
 
 @steps.timed("fold")
@@ -213,7 +222,7 @@ def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, valida
 def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool, t0: float,
           inplace: bool) -> FoldResult:
     if inplace:
-        work, original = model, onnx_skeleton.skeleton(model)  # the original without its weights, for _validate
+        work, original = model, _original_skeleton(model)
     else:
         work, original = ModelProto(), model
         work.CopyFrom(model)

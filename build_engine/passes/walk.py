@@ -51,9 +51,11 @@ def default_opset(opsets: Sequence[OperatorSetIdProto], fallback: int = 1) -> in
 def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
     """Element types that ``graph`` itself declares (inputs, outputs, value_info, initializers), not its subgraphs'."""
     types = {} if types is None else types
-    for vi in (*graph.input, *graph.output, *graph.value_info):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
+    for infos in (graph.input, graph.output, graph.value_info):
+        for vi in infos:  # a non-tensor type reads as an unset tensor_type, whose elem_type is 0 (unknown)
+            e = vi.type.tensor_type.elem_type
+            if e:
+                types[vi.name] = e
     for t in graph.initializer:
         types[t.name] = t.data_type
     return types
