@@ -108,6 +108,8 @@ class GraphCtx:
         self.dropped_initializers: set[str] = set()
         self._pos: dict[int, int] | None = None
         self._casts: list[Node] | None = None
+        # Nodes that lost a reader since dead-node elimination last swept (None: it never did, every node may be dead)
+        self.maybe_dead: set[Node] | None = None
         self.changed = False
         empty: frozenset[str] = frozenset()
         for p in nodes:
@@ -252,6 +254,7 @@ class GraphCtx:
             d[node] -= 1
             if d[node] == 0:
                 del d[node]
+        self._lost_reader(old)
         e = self.uses.setdefault(new, {})
         e[node] = e.get(node, 0) + 1
 
@@ -268,6 +271,7 @@ class GraphCtx:
             n.free = (n.free - {old}) | {new}
             self.implicit.setdefault(new, {})[n] = 1
             self.changed = True
+        self._lost_reader(old)
         if old in self.types and new not in self.types:
             self.types[new] = self.types[old]
 
@@ -279,10 +283,12 @@ class GraphCtx:
             d = self.uses.get(i)
             if d is not None:
                 d.pop(node, None)
+            self._lost_reader(i)
         for i in node.free:
             d = self.implicit.get(i)
             if d is not None:
                 d.pop(node, None)
+            self._lost_reader(i)
         for o in node.outputs:
             if self.producer.get(o) is node:
                 del self.producer[o]
@@ -330,7 +336,16 @@ class GraphCtx:
         for i in new.inputs:
             d = self.uses.setdefault(i, {})
             d[new] = d.get(new, 0) + 1
+        if self.maybe_dead is not None:
+            self.maybe_dead.add(new)
         return new
+
+    def _lost_reader(self, name: str) -> None:
+        """``name`` has one reader fewer: its producer may be dead now (the next dead-node sweep looks at it)."""
+        if self.maybe_dead is not None:
+            p = self.producer.get(name)
+            if p is not None:
+                self.maybe_dead.add(p)
 
     def position(self, node: Node) -> int:
         """Index of ``node`` in the (topologically ordered) node list."""
