@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
-from ..core.graph import free_names, may_have_subgraphs, rename_free, subgraphs
+from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
 from . import dtypes as dt
 from .protos import constant_node_tensor, defined_names
 
@@ -64,9 +64,10 @@ class Node:
 
 
 def make_node(p: NodeProto, free: frozenset[str]) -> Node:
-    n = Node(p, p.op_type, p.domain, list(p.input), list(p.output), free)
-    n.onnx_op = n.domain == "" or n.domain == "ai.onnx"
-    if n.op == "Cast" and n.onnx_op:
+    op, domain = p.op_type, p.domain
+    n = Node(p, op, domain, p.input[:], p.output[:], free)  # a slice is a plain list, made faster than list()
+    n.onnx_op = onnx_op = domain == "" or domain == "ai.onnx"
+    if op == "Cast" and onnx_op:
         n.to = n.int_attr("to")
     return n
 
@@ -111,24 +112,35 @@ class GraphCtx:
         # Nodes that lost a reader since dead-node elimination last swept (None: it never did, every node may be dead)
         self.maybe_dead: set[Node] | None = None
         self.changed = False
+        self._index(nodes)
+
+    def _index(self, nodes: list[NodeProto]) -> None:
+        """One ``Node`` per proto, the producer and consumer maps and local type facts: the view's one pass over the
+        protos (each field is read off the proto once, and the maps are locals: this runs once per node)."""
+        producer, uses, implicit, types, append = self.producer, self.uses, self.implicit, self.types, self.nodes.append
         empty: frozenset[str] = frozenset()
         for p in nodes:
-            free = empty
-            if may_have_subgraphs(p):
+            n = make_node(p, empty)
+            if n.op in CONTROL_FLOW_OPS or not n.onnx_op:  # ``may_have_subgraphs``, on the fields already read
                 sub = list(subgraphs(p))
-                free = frozenset().union(*(free_names(g) for g in sub)) if sub else empty
-            n = make_node(p, free)
-            self.nodes.append(n)
-            for o in n.outputs:
+                if sub:
+                    n.free = frozenset().union(*(free_names(g) for g in sub))
+                    for i in n.free:
+                        implicit.setdefault(i, {})[n] = 1
+            append(n)
+            outs = n.outputs
+            for o in outs:
                 if o:
-                    self.producer[o] = n
+                    producer[o] = n
             for i in n.inputs:
                 if i:
-                    d = self.uses.setdefault(i, {})
-                    d[n] = d.get(n, 0) + 1
-            for i in free:
-                self.implicit.setdefault(i, {})[n] = 1
-            self._infer_type(n)
+                    d = uses.get(i)
+                    if d is None:
+                        uses[i] = {n: 1}
+                    else:
+                        d[n] = d.get(n, 0) + 1
+            if outs and outs[0] and n.onnx_op and outs[0] not in types:
+                self._infer_type(n)
 
     # ----------------------------------------------------------------- types
     def _infer_type(self, n: Node) -> None:
