@@ -111,6 +111,7 @@ class GraphCtx:
         self._casts: list[Node] | None = None
         # Nodes that lost a reader since dead-node elimination last swept (None: it never did, every node may be dead)
         self.maybe_dead: set[Node] | None = None
+        self.pass_state: dict[str, object] = {}  # what a pass keeps between its calls on this view (it says why)
         self.changed = False
         self._index(nodes)
 
