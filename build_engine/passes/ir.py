@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from sys import intern
 
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
@@ -43,6 +44,7 @@ class Node:
     to: int | None = None  # a default-domain Cast's target type (None: not a Cast, or a function attr reference)
     subdefs: frozenset[str] | None = None  # names defined anywhere inside this node's subgraphs (lazy)
     onnx_op: bool = False  # default domain (set by ``make_node``: read in every pass's inner loop)
+    index: int = -1  # position in the view's node list (``GraphCtx.position``)
 
     def attr(self, name: str) -> AttributeProto | None:
         for a in self.proto.attribute:
@@ -64,7 +66,7 @@ class Node:
 
 
 def make_node(p: NodeProto, free: frozenset[str]) -> Node:
-    op, domain = p.op_type, p.domain
+    op, domain = intern(p.op_type), intern(p.domain)  # one string per op type, not one per node
     n = Node(p, op, domain, p.input[:], p.output[:], free)  # a slice is a plain list, made faster than list()
     n.onnx_op = onnx_op = domain == "" or domain == "ai.onnx"
     if op == "Cast" and onnx_op:
@@ -107,7 +109,6 @@ class GraphCtx:
         self.new_initializers: list[TensorProto] = []
         self.retyped: set[str] = set()
         self.dropped_initializers: set[str] = set()
-        self._pos: dict[int, int] | None = None
         self._casts: list[Node] | None = None
         # Nodes that lost a reader since dead-node elimination last swept (None: it never did, every node may be dead)
         self.maybe_dead: set[Node] | None = None
@@ -120,8 +121,9 @@ class GraphCtx:
         protos (each field is read off the proto once, and the maps are locals: this runs once per node)."""
         producer, uses, implicit, types, append = self.producer, self.uses, self.implicit, self.types, self.nodes.append
         empty: frozenset[str] = frozenset()
-        for p in nodes:
+        for k, p in enumerate(nodes):
             n = make_node(p, empty)
+            n.index = k
             if n.op in CONTROL_FLOW_OPS or not n.onnx_op:  # ``may_have_subgraphs``, on the fields already read
                 sub = list(subgraphs(p))
                 if sub:
@@ -339,11 +341,8 @@ class GraphCtx:
         new = make_node(proto, frozenset())
         if new.to is not None:
             self._casts = None  # a new Cast: the list of Casts is rebuilt, in node order, when next asked for
-        if self._pos is None:
-            self._pos = {id(n): k for k, n in enumerate(self.nodes)}
-        idx = self._pos.pop(id(node))
+        new.index = idx = node.index
         self.nodes[idx] = new
-        self._pos[id(new)] = idx
         for o in new.outputs:
             self.producer[o] = new
         for i in new.inputs:
@@ -362,9 +361,7 @@ class GraphCtx:
 
     def position(self, node: Node) -> int:
         """Index of ``node`` in the (topologically ordered) node list."""
-        if self._pos is None:
-            self._pos = {id(n): k for k, n in enumerate(self.nodes)}
-        return self._pos[id(node)]
+        return node.index
 
     def add_initializer(self, tensor: TensorProto) -> None:
         self.new_initializers.append(tensor)
