@@ -41,12 +41,19 @@ class RemoveDeadNodes(GraphPass):
         """Every node, in reverse order; from now on the view records which nodes lose a reader."""
         ctx.maybe_dead = set()
         count = 0
+        uses, implicit, protected = ctx.uses, ctx.implicit, ctx.output_set
         for n in reversed(ctx.nodes):
-            if self._dead(ctx, n):
+            if not n.alive or not n.onnx_op or not n.outputs:
+                continue
+            # ``_dead`` inlined (this loop visits every node)
+            if all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs):
                 ctx.remove_node(n)
                 ctx.rules[self.name] += 1
                 count += 1
-        return count  # the candidates its removals made are kept: one after its node (unsorted graph) was missed
+                # the candidates this made before ``n`` are visited next by this sweep; one after it (a graph that is
+                # not topologically sorted) is kept for the next call
+                ctx.maybe_dead = {m for m in ctx.maybe_dead if m.index >= n.index}
+        return count
 
     def _revisit(self, ctx: GraphCtx) -> int:
         """What a sweep would remove, visiting only nodes that lost a reader since the last one: a node that did not
@@ -54,7 +61,7 @@ class RemoveDeadNodes(GraphPass):
         current position (possible only in a graph that is not topologically sorted) is left for the next call, as a
         sweep would leave it for its next round."""
         assert ctx.maybe_dead is not None
-        heap = [(-ctx.position(n), n) for n in ctx.maybe_dead if n.alive]
+        heap = [(-n.index, n) for n in ctx.maybe_dead if n.alive]
         ctx.maybe_dead.clear()
         heapq.heapify(heap)
         count = 0
@@ -65,8 +72,8 @@ class RemoveDeadNodes(GraphPass):
             ctx.remove_node(n)
             ctx.rules[self.name] += 1
             count += 1
-            later = [m for m in ctx.maybe_dead if ctx.position(m) < -neg]
+            later = [m for m in ctx.maybe_dead if m.index < -neg]
             for m in later:
                 ctx.maybe_dead.discard(m)
-                heapq.heappush(heap, (-ctx.position(m), m))
+                heapq.heappush(heap, (-m.index, m))
         return count
