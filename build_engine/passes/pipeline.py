@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,9 +20,10 @@ from onnx import GraphProto, ModelProto
 
 from ..core import onnx_skeleton, steps
 from ..core.errors import CheckFailed
-from ..core.graph import PROTO_LIMIT, all_graphs, may_have_subgraphs, subgraphs
+from ..core.graph import PROTO_LIMIT, subgraphs
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
+from .census import graphs_under, nested_indices, op_histogram
 from .report import FoldReport
 from .walk import WalkStats, graph_types, run_passes
 
@@ -79,20 +79,6 @@ class FoldResult:
     report: FoldReport
 
 
-def op_histogram(model: ModelProto) -> Counter[str]:
-    """Node count per op type over the main graph, every subgraph and every model-local function."""
-    c: Counter[str] = Counter()
-    for g in all_graphs(model.graph):
-        c.update(n.op_type for n in g.node)
-    for fn in model.functions:
-        c.update(n.op_type for n in fn.node)
-        for n in fn.node:
-            for sg in subgraphs(n):
-                for g in all_graphs(sg):
-                    c.update(x.op_type for x in g.node)
-    return c
-
-
 _INFERRED = "trtforge:fold:inferred"  # doc_string of the value_info entries fold adds to subgraphs (then removes)
 
 
@@ -116,9 +102,8 @@ def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
     ``inferred``, which shape inference produced from a copy), at every depth."""
     if len(graph.node) != len(inferred.node):
         return
-    for n, m in zip(graph.node, inferred.node, strict=True):
-        if not may_have_subgraphs(n):
-            continue
+    for k in nested_indices(graph):
+        n, m = graph.node[k], inferred.node[k]
         for g, gi in zip(subgraphs(n), subgraphs(m), strict=False):
             known = set(graph_types(g))
             for name, t in graph_types(gi).items():
@@ -130,7 +115,7 @@ def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
 
 
 def _drop_inferred(graph: GraphProto) -> None:
-    for g in all_graphs(graph):
+    for g in graphs_under(graph):
         if any(v.doc_string == _INFERRED for v in g.value_info):
             keep = [v for v in g.value_info if v.doc_string != _INFERRED]
             del g.value_info[:]
@@ -138,12 +123,14 @@ def _drop_inferred(graph: GraphProto) -> None:
 
 
 def _prune_value_info(graph: GraphProto) -> None:
+    for k in nested_indices(graph):
+        for g in subgraphs(graph.node[k]):
+            _prune_value_info(g)
+    if not graph.value_info:
+        return
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     for n in graph.node:
         defined.update(n.output)
-        if may_have_subgraphs(n):
-            for g in subgraphs(n):
-                _prune_value_info(g)
     if any(v.name not in defined for v in graph.value_info):
         keep = [v for v in graph.value_info if v.name in defined]
         del graph.value_info[:]

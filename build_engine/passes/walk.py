@@ -18,6 +18,7 @@ from typing import Protocol
 from onnx import GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
 from ..core.graph import may_have_subgraphs, subgraphs
+from .census import nested_indices
 from .ir import GraphCtx, Scope
 
 
@@ -79,7 +80,8 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
             keep = [v for v in graph.value_info if v.name not in ctx.retyped]
             del graph.value_info[:]
             graph.value_info.extend(keep)
-    _run_subgraphs(graph.node, ctx, passes, stats, fixed_point)
+    nodes = graph.node
+    _run_subgraphs([nodes[k] for k in nested_indices(graph)], ctx, passes, stats, fixed_point)
 
 
 def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats,
