@@ -20,10 +20,12 @@ _DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 _OP_TYPE = attrgetter("op_type")
 
 
-def nested_indices(graph: GraphProto) -> list[int]:
-    """Indices of the nodes of ``graph`` that may carry subgraphs (``may_have_subgraphs``), in node order."""
+def nested_indices(graph: GraphProto, ops: list[str] | None = None) -> list[int]:
+    """Indices of the nodes of ``graph`` that may carry subgraphs (``may_have_subgraphs``), in node order; ``ops``:
+    the nodes' op types when the caller has read them already."""
     nodes = graph.node
-    if CONTROL_FLOW_OPS.isdisjoint(map(_OP_TYPE, nodes)) and {n.domain for n in nodes} <= _DEFAULT_DOMAINS:
+    if (CONTROL_FLOW_OPS.isdisjoint(map(_OP_TYPE, nodes) if ops is None else ops)
+            and {n.domain for n in nodes} <= _DEFAULT_DOMAINS):
         return []
     return [k for k, n in enumerate(nodes) if may_have_subgraphs(n)]
 
@@ -37,11 +39,18 @@ def graphs_under(graph: GraphProto) -> Iterator[GraphProto]:
             yield from graphs_under(g)
 
 
+def _count(graph: GraphProto, c: Counter[str]) -> None:
+    ops = list(map(_OP_TYPE, graph.node))
+    c.update(ops)
+    for k in nested_indices(graph, ops):
+        for g in subgraphs(graph.node[k]):
+            _count(g, c)
+
+
 def op_histogram(model: ModelProto) -> Counter[str]:
     """Node count per op type over the main graph, every subgraph and every model-local function."""
     c: Counter[str] = Counter()
-    for g in graphs_under(model.graph):
-        c.update(map(_OP_TYPE, g.node))
+    _count(model.graph, c)
     for fn in model.functions:
         c.update(map(_OP_TYPE, fn.node))
         for n in fn.node:

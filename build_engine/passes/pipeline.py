@@ -23,7 +23,7 @@ from ..core.errors import CheckFailed
 from ..core.graph import PROTO_LIMIT, subgraphs
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
-from .census import graphs_under, nested_indices, op_histogram
+from .census import nested_indices, op_histogram
 from .report import FoldReport
 from .walk import WalkStats, graph_types, run_passes
 
@@ -84,7 +84,7 @@ _INFERRED = "trtforge:fold:inferred"  # doc_string of the value_info entries fol
 
 def _infer_types(model: ModelProto) -> dict[str, int]:
     """The main graph's own value types; the types inferred for each subgraph's values are recorded in that
-    subgraph's value_info (marked, removed by ``_drop_inferred``), so every graph keeps its own name -> type table.
+    subgraph's value_info (marked, removed by ``_tidy_value_info``), so every graph keeps its own name -> type table.
     Inference runs on the weight-free skeleton: a weight's type is its stand-in input's type, and no element type
     depends on a weight's values."""
     types = graph_types(model.graph)
@@ -114,20 +114,18 @@ def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
             _annotate_subgraphs(g, gi)
 
 
-def _drop_inferred(graph: GraphProto) -> None:
-    for g in graphs_under(graph):
-        if any(v.doc_string == _INFERRED for v in g.value_info):
-            keep = [v for v in g.value_info if v.doc_string != _INFERRED]
-            del g.value_info[:]
-            g.value_info.extend(keep)
-
-
-def _prune_value_info(graph: GraphProto) -> None:
+def _tidy_value_info(graph: GraphProto) -> None:
+    """In ``graph`` and every graph nested in it: drop the value_info entries ``_annotate_subgraphs`` added, then
+    those of values that no longer exist (each graph's own entries only, so one walk does both)."""
     for k in nested_indices(graph):
         for g in subgraphs(graph.node[k]):
-            _prune_value_info(g)
+            _tidy_value_info(g)
     if not graph.value_info:
         return
+    if any(v.doc_string == _INFERRED for v in graph.value_info):
+        keep = [v for v in graph.value_info if v.doc_string != _INFERRED]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     for n in graph.node:
         defined.update(n.output)
@@ -216,8 +214,7 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
     before = op_histogram(work)
     pipeline = Pipeline(passes)
     pipeline.call(work, _infer_types(work))
-    _drop_inferred(work.graph)
-    _prune_value_info(work.graph)
+    _tidy_value_info(work.graph)
     if validate:
         _validate(work, original)
     after = op_histogram(work)
