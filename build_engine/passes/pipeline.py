@@ -21,6 +21,7 @@ from onnx import GraphProto, ModelProto
 from ..core import onnx_skeleton, steps
 from ..core.errors import CheckFailed
 from ..core.graph import PROTO_LIMIT, subgraphs
+from ..core.heap import release_free_heap
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
 from .census import nested_indices, op_histogram
@@ -213,7 +214,9 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
         work.CopyFrom(model)
     before = op_histogram(work)
     pipeline = Pipeline(passes)
-    pipeline.call(work, _infer_types(work))
+    types = _infer_types(work)
+    release_free_heap()  # what the C++ inference and its parsed result freed, before the pass view is built
+    pipeline.call(work, types)
     _tidy_value_info(work.graph)
     if validate:
         _validate(work, original)
