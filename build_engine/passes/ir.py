@@ -294,19 +294,23 @@ class GraphCtx:
         node.alive = False
         self.changed = True
         self.removed[node.op] += 1
+        uses, producer, maybe_dead = self.uses, self.producer, self.maybe_dead
         for i in node.inputs:
-            d = self.uses.get(i)
+            d = uses.get(i)
             if d is not None:
                 d.pop(node, None)
-            self._lost_reader(i)
+            if maybe_dead is not None:  # ``_lost_reader`` inlined (every removal comes here)
+                p = producer.get(i)
+                if p is not None:
+                    maybe_dead.add(p)
         for i in node.free:
             d = self.implicit.get(i)
             if d is not None:
                 d.pop(node, None)
             self._lost_reader(i)
         for o in node.outputs:
-            if self.producer.get(o) is node:
-                del self.producer[o]
+            if producer.get(o) is node:
+                del producer[o]
 
     def bypass(self, node: Node, src: str, rule: str) -> bool:
         """Remove single-output ``node`` whose output equals value ``src`` everywhere (same type and bits).
