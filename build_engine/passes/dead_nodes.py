@@ -61,7 +61,8 @@ class RemoveDeadNodes(GraphPass):
         current position (possible only in a graph that is not topologically sorted) is left for the next call, as a
         sweep would leave it for its next round."""
         assert ctx.maybe_dead is not None
-        heap = [(-n.index, n) for n in ctx.maybe_dead if n.alive]
+        queued = {n for n in ctx.maybe_dead if n.alive}
+        heap = [(-n.index, n) for n in queued]  # positions are unique: two entries never compare their nodes
         ctx.maybe_dead.clear()
         heapq.heapify(heap)
         count = 0
@@ -75,5 +76,7 @@ class RemoveDeadNodes(GraphPass):
             later = [m for m in ctx.maybe_dead if m.index < -neg]
             for m in later:
                 ctx.maybe_dead.discard(m)
-                heapq.heappush(heap, (-m.index, m))
+                if m not in queued:
+                    queued.add(m)
+                    heapq.heappush(heap, (-m.index, m))
         return count

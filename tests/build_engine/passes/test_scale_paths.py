@@ -153,3 +153,18 @@ def test_skeleton_bytes_is_the_skeletons_serialisation(weights: bool) -> None:
     data = onnx_skeleton.skeleton_bytes(m)
     assert onnx.ModelProto.FromString(data) == onnx_skeleton.skeleton(m)
     assert (len(data) < m.ByteSize()) == weights
+
+
+def test_dead_node_revisit_queues_a_node_once() -> None:
+    """A candidate that a removal makes a candidate again: removed once, with everything that died after it."""
+    g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Neg", ["a"], ["b"]),
+                      h.make_node("Add", ["b", "a"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [3])])
+    ctx = _ctx(g)
+    rule = RemoveDeadNodes()
+    assert rule.rewrite(ctx) == 0
+    add = ctx.nodes[2]
+    ctx.set_input(add, 0, "x")
+    ctx.set_input(add, 1, "x")  # Relu and Neg are both candidates now; removing Neg makes Relu one again
+    assert rule.rewrite(ctx) == 2
+    assert [n.alive for n in ctx.nodes] == [False, False, True]
