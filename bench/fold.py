@@ -141,27 +141,13 @@ def _print_row(row: dict, tools: dict) -> None:
     print(f"{row['model']:<40} {row['nodes']:>5} {row['ci']:>4} | {cells}", flush=True)
 
 
-def scaling(sizes: tuple[int, ...] = (50_000, 100_000, 200_000)) -> list[tuple[int, float, float, float, int]]:
-    """(nodes, wall s, cpu s, peak MB of Python allocations during fold, serialized bytes) per synthetic size."""
-    import tracemalloc
+def scaling(sizes: tuple[int, ...] = (50_000, 100_000, 200_000)) -> list[str]:
+    """The scale table and its PASS/MISS lines (``fold_scale.py``: sizes alternated, median CPU time, memory)."""
+    from fold_scale import run
 
-    from fold_synthetic import synthetic
-
-    out = []
-    for n in sizes:
-        m = synthetic(n)
-        size = m.ByteSize()
-        w0, c0 = time.perf_counter(), time.process_time()
-        fold(m)
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        tracemalloc.start()  # a second run for memory: tracing slows allocation, so it is not timed
-        fold(m)
-        peak = tracemalloc.get_traced_memory()[1] / 1e6
-        tracemalloc.stop()
-        out.append((n, wall, cpu, peak, size))
-        print(f"synthetic {n:>7} nodes: wall {wall:.2f} s, cpu {cpu:.2f} s ({cpu / n * 1e6:.1f} us/node), "
-              f"peak {peak:.0f} MB = {peak * 1e6 / size:.1f}x serialized {size / 1e6:.1f} MB", flush=True)
-    return out
+    lines = run(list(sizes), reps=3)
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def _same(x: object, y: object) -> bool:
@@ -226,7 +212,7 @@ def node_tests(limit: int | None = None) -> dict[str, int | list[str]]:
     return counts
 
 
-def markdown(rows: list[dict], notes: list[str], scale: list[tuple[int, float, float, float, int]],
+def markdown(rows: list[dict], notes: list[str], scale: list[str],
              tool_names: list[str], nodes: dict | None = None) -> str:
     lines = [f"## trtforge fold vs onnxslim / onnx-simplifier / polygraphy ({datetime.date(2026, 12, 1)}, "
              "machine: 2-core x86-64 VM, no GPU)", "",
@@ -241,13 +227,7 @@ def markdown(rows: list[dict], notes: list[str], scale: list[tuple[int, float, f
     lines.append("")
     lines += _summary(rows, tool_names)
     lines.append("")
-    lines += ["| synthetic nodes | wall s | cpu s | cpu us/node | peak MB (Python allocations) | serialized MB | "
-              "peak / serialized |", "|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {n:,} | {w:.2f} | {c:.2f} | {c / n * 1e6:.1f} | {p:.0f} | {z / 1e6:.1f} | {p * 1e6 / z:.1f}x |"
-              for n, w, c, p, z in scale]
-    by = {n: c for n, _, c, _, _ in scale}
-    if 100_000 in by and 200_000 in by:
-        lines.append(f"\n200k / 100k cpu time: {by[200_000] / by[100_000]:.2f}x")
+    lines += scale
     if nodes:
         lines.append("")
         lines.append(f"ONNX backend node tests (regenerated from the installed onnx's case code): {nodes['cases']} "

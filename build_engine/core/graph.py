@@ -65,6 +65,8 @@ def elem_type(name: str) -> int:
 
 #: Default-domain ops that carry graph attributes; custom-domain nodes are always inspected.
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+#: The same set, for callers that already hold a node's op type and domain (reading them off a proto again is slow).
+CONTROL_FLOW_OPS = _CONTROL_FLOW
 
 
 def may_have_subgraphs(node: NodeProto) -> bool:

@@ -14,7 +14,7 @@ import onnx
 from onnx import GraphProto, ModelProto
 
 from .graph import PROTO_LIMIT
-from .onnx_skeleton import skeleton
+from .onnx_skeleton import skeleton, skeleton_bytes
 
 
 def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = False, data_prop: bool = False,
@@ -25,14 +25,16 @@ def infer_shapes(model: ModelProto, *, strict: bool = False, check_type: bool = 
     of the same name. ``edit`` may change the skeleton's main graph first (precision conversion stands in for plugin
     nodes). Raises what onnx raises, and ``ValueError`` when even the skeleton is too big for protobuf.
     """
-    skel = skeleton(model)
-    if edit is not None:
-        edit(skel.graph)
     try:  # serialised once (``ByteSize`` would serialise it once more under upb just to size it)
-        data = skel.SerializeToString()
+        if edit is None:
+            data = skeleton_bytes(model)
+        else:
+            skel = skeleton(model)
+            edit(skel.graph)
+            data = skel.SerializeToString()
+            del skel
     except ValueError:
         data = b""
     if not data or len(data) >= PROTO_LIMIT:
         raise ValueError("the model's structure alone is too big for ONNX shape inference")
-    del skel
     return onnx.shape_inference.infer_shapes(data, check_type=check_type, strict_mode=strict, data_prop=data_prop)

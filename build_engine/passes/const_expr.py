@@ -47,14 +47,14 @@ class FoldConstantExpression(GraphPass):
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
-        computable = _computable(ctx)
+        computable = ctx.pass_state.get(self.name)
+        if not isinstance(computable, _Computable):
+            computable = ctx.pass_state[self.name] = _Computable()
         for c in ctx.casts():
             src = c.inputs[0]
-            if src not in computable:
-                continue
-            p = ctx.producer.get(src)
-            if (p is None or not p.alive or p.op == "Constant" or len(p.outputs) != 1 or c.to is None
-                    or ctx.constant_tensor(src) is not None):
+            p = ctx.producer.get(src)  # the cheap tests first; the membership test looks further up the graph
+            if (p is None or not p.alive or p.op not in EXACT_OPS or len(p.outputs) != 1 or c.to is None
+                    or not computable.holds(ctx, src) or ctx.constant_tensor(src) is not None):
                 continue
             cone = _cone(ctx, p)
             if cone is None:
@@ -74,15 +74,62 @@ class FoldConstantExpression(GraphPass):
         return count
 
 
-def _computable(ctx: GraphCtx) -> set[str]:
-    """Values this graph computes from constants through ``EXACT_OPS`` only (one linear sweep in topological order,
-    so the per-Cast cone search below runs only where it can succeed)."""
-    out: set[str] = set()
-    for n in ctx.nodes:
-        if (n.alive and n.op in EXACT_OPS and n.onnx_op and not n.free
-                and all(not i or i in out or ctx.constant_tensor(i) is not None for i in n.inputs)):
-            out.update(o for o in n.outputs if o)
-    return out
+class _Computable:
+    """Membership test for the values this graph computes from constants through ``EXACT_OPS`` only, decided on
+    demand (memoised, iterative): only the Casts' inputs and what they are computed from are looked at, not the whole
+    graph. A value qualifies when its producer is a live default-domain ``EXACT_OPS`` node without subgraphs whose
+    inputs are each empty, a constant, or a qualifying value produced EARLIER in the node list (what one sweep in node
+    order would find).
+
+    The answers are kept for the view's life (``GraphCtx.pass_state``): every rewrite of every pass keeps them true.
+    Each one makes a node read, instead of ``v``, a value ``w`` from ``v``'s own cone with ``v``'s value (Identity,
+    same-type Cast, round trip, Cast chain, moved Cast, Shape/Gather of a Cast's input: Cast is in ``EXACT_OPS``, so
+    ``v`` qualifies exactly when ``w`` does), or a duplicate Cast of the same input; or it turns a qualifying value
+    into a constant of the same value (``constant_cast``, this pass), renames a producer onto a graph output whose
+    old producer computed the same value from the same input, or removes a node nobody reads. Positions never
+    change (``replace_node`` keeps the index). And the answer is only a filter: ``_cone`` checks each candidate
+    again, so a stale True could cost time, never exactness."""
+
+    def __init__(self) -> None:
+        self.memo: dict[str, bool] = {}  # not the view itself: a reference cycle would outlive fold (GC is off)
+
+    def _inputs_state(self, ctx: GraphCtx, p: Node) -> bool | str:
+        """False when an input cannot qualify, else the first input not decided yet, else True."""
+        memo = self.memo
+        pending: bool | str = True
+        for i in p.inputs:
+            if not i or ctx.constant_tensor(i) is not None:
+                continue
+            q = ctx.producer.get(i)
+            r = memo.get(i)
+            if r is False or q is None or ctx.position(q) >= ctx.position(p):
+                return False
+            if r is None and pending is True:
+                pending = i
+        return pending
+
+    def holds(self, ctx: GraphCtx, name: str) -> bool:
+        memo = self.memo
+        known = memo.get(name)
+        if known is not None:
+            return known
+        stack = [name]
+        while stack:
+            v = stack[-1]
+            if v in memo:
+                stack.pop()
+                continue
+            p = ctx.producer.get(v)
+            if p is None or not (p.alive and p.op in EXACT_OPS and p.onnx_op and not p.free):
+                state: bool | str = False
+            else:
+                state = self._inputs_state(ctx, p)
+            if isinstance(state, str):
+                stack.append(state)
+            else:
+                memo[v] = state
+                stack.pop()
+        return memo[name]
 
 
 def _exact_here(ctx: GraphCtx, n: Node) -> bool:

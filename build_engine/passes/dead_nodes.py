@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+
 from .base import GraphPass
-from .ir import GraphCtx
+from .ir import GraphCtx, Node
 
 
 class RemoveDeadNodes(GraphPass):
@@ -20,20 +22,61 @@ class RemoveDeadNodes(GraphPass):
     initializers_rule = "dead_initializers"  # its second counter: initializers nothing reads any more
 
     def rewrite(self, ctx: GraphCtx) -> int:
-        count = 0
-        uses, implicit, protected = ctx.uses, ctx.implicit, ctx.output_set
-        for n in reversed(ctx.nodes):
-            if not n.alive or not n.onnx_op or not n.outputs:
-                continue
-            # ``ctx.num_uses(o) == 0`` for every output, inlined (this loop visits every node each round)
-            if all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs):
-                ctx.remove_node(n)
-                ctx.rules[self.name] += 1
-                count += 1
+        count = self._sweep(ctx) if ctx.maybe_dead is None else self._revisit(ctx)
         if not ctx.is_function:
             for name in list(ctx.initializers):
                 if name not in ctx.inputs and ctx.num_uses(name) == 0:
                     ctx.drop_initializer(name)
                     ctx.rules[self.initializers_rule] += 1
                     count += 1
+        return count
+
+    def _dead(self, ctx: GraphCtx, n: Node) -> bool:
+        # ``ctx.num_uses(o) == 0`` for every output, inlined (the first sweep visits every node)
+        uses, implicit, protected = ctx.uses, ctx.implicit, ctx.output_set
+        return (n.alive and n.onnx_op and bool(n.outputs)
+                and all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs))
+
+    def _sweep(self, ctx: GraphCtx) -> int:
+        """Every node, in reverse order; from now on the view records which nodes lose a reader."""
+        ctx.maybe_dead = set()
+        count = 0
+        uses, implicit, protected = ctx.uses, ctx.implicit, ctx.output_set
+        for n in reversed(ctx.nodes):
+            if not n.alive or not n.onnx_op or not n.outputs:
+                continue
+            # ``_dead`` inlined (this loop visits every node)
+            if all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs):
+                ctx.remove_node(n)
+                ctx.rules[self.name] += 1
+                count += 1
+                # the candidates this made before ``n`` are visited next by this sweep; one after it (a graph that is
+                # not topologically sorted) is kept for the next call
+                ctx.maybe_dead = {m for m in ctx.maybe_dead if m.index >= n.index}
+        return count
+
+    def _revisit(self, ctx: GraphCtx) -> int:
+        """What a sweep would remove, visiting only nodes that lost a reader since the last one: a node that did not
+        is as alive as it was then. Visited in decreasing position, as a sweep does; a candidate found at or after the
+        current position (possible only in a graph that is not topologically sorted) is left for the next call, as a
+        sweep would leave it for its next round."""
+        assert ctx.maybe_dead is not None
+        queued = {n for n in ctx.maybe_dead if n.alive}
+        heap = [(-n.index, n) for n in queued]  # positions are unique: two entries never compare their nodes
+        ctx.maybe_dead.clear()
+        heapq.heapify(heap)
+        count = 0
+        while heap:
+            neg, n = heapq.heappop(heap)
+            if not self._dead(ctx, n):
+                continue
+            ctx.remove_node(n)
+            ctx.rules[self.name] += 1
+            count += 1
+            later = [m for m in ctx.maybe_dead if m.index < -neg]
+            for m in later:
+                ctx.maybe_dead.discard(m)
+                if m not in queued:
+                    queued.add(m)
+                    heapq.heappush(heap, (-m.index, m))
         return count

@@ -39,9 +39,7 @@ class MergeDuplicateCasts(GraphPass):
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         seen: dict[tuple, Node] = {}
-        for c in ctx.nodes:  # topological order: the first of a group dominates the others' readers
-            if not c.is_cast:
-                continue
+        for c in ctx.casts():  # node (topological) order: the first of a group dominates the others' readers
             if c.to in _INT_OR_BOOL and not dt.cast_defined(ctx.type_of(c.inputs[0]), c.to or 0):
                 continue
             k = _key(c)

@@ -22,12 +22,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from sys import intern
 
-import onnx
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
-from ..core.graph import all_graphs, free_names, may_have_subgraphs, rename_free, subgraphs
+from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
 from . import dtypes as dt
+from .protos import constant_node_tensor, defined_names
 
 
 @dataclass(eq=False, slots=True)
@@ -43,6 +44,7 @@ class Node:
     to: int | None = None  # a default-domain Cast's target type (None: not a Cast, or a function attr reference)
     subdefs: frozenset[str] | None = None  # names defined anywhere inside this node's subgraphs (lazy)
     onnx_op: bool = False  # default domain (set by ``make_node``: read in every pass's inner loop)
+    index: int = -1  # position in the view's node list (``GraphCtx.position``)
 
     def attr(self, name: str) -> AttributeProto | None:
         for a in self.proto.attribute:
@@ -64,24 +66,12 @@ class Node:
 
 
 def make_node(p: NodeProto, free: frozenset[str]) -> Node:
-    n = Node(p, p.op_type, p.domain, list(p.input), list(p.output), free)
-    n.onnx_op = n.domain == "" or n.domain == "ai.onnx"
-    if n.op == "Cast" and n.onnx_op:
+    op, domain = intern(p.op_type), intern(p.domain)  # one string per op type, not one per node
+    n = Node(p, op, domain, p.input[:], p.output[:], free)  # a slice is a plain list, made faster than list()
+    n.onnx_op = onnx_op = domain == "" or domain == "ai.onnx"
+    if op == "Cast" and onnx_op:
         n.to = n.int_attr("to")
     return n
-
-
-def defined_names(graph: GraphProto) -> set[str]:
-    """Every name a graph or any graph nested in it defines (inputs, initializers, node outputs)."""
-    out: set[str] = set()
-    for g in all_graphs(graph):
-        out.update(i.name for i in g.input)
-        out.update(t.name for t in g.initializer)
-        out.update(t.values.name for t in g.sparse_initializer)
-        for n in g.node:
-            out.update(n.output)
-    out.discard("")
-    return out
 
 
 @dataclass
@@ -119,27 +109,41 @@ class GraphCtx:
         self.new_initializers: list[TensorProto] = []
         self.retyped: set[str] = set()
         self.dropped_initializers: set[str] = set()
-        self._pos: dict[int, int] | None = None
         self._casts: list[Node] | None = None
+        # Nodes that lost a reader since dead-node elimination last swept (None: it never did, every node may be dead)
+        self.maybe_dead: set[Node] | None = None
+        self.pass_state: dict[str, object] = {}  # what a pass keeps between its calls on this view (it says why)
         self.changed = False
+        self._index(nodes)
+
+    def _index(self, nodes: list[NodeProto]) -> None:
+        """One ``Node`` per proto, the producer and consumer maps and local type facts: the view's one pass over the
+        protos (each field is read off the proto once, and the maps are locals: this runs once per node)."""
+        producer, uses, implicit, types, append = self.producer, self.uses, self.implicit, self.types, self.nodes.append
         empty: frozenset[str] = frozenset()
-        for p in nodes:
-            free = empty
-            if may_have_subgraphs(p):
+        for k, p in enumerate(nodes):
+            n = make_node(p, empty)
+            n.index = k
+            if n.op in CONTROL_FLOW_OPS or not n.onnx_op:  # ``may_have_subgraphs``, on the fields already read
                 sub = list(subgraphs(p))
-                free = frozenset().union(*(free_names(g) for g in sub)) if sub else empty
-            n = make_node(p, free)
-            self.nodes.append(n)
-            for o in n.outputs:
+                if sub:
+                    n.free = frozenset().union(*(free_names(g) for g in sub))
+                    for i in n.free:
+                        implicit.setdefault(i, {})[n] = 1
+            append(n)
+            outs = n.outputs
+            for o in outs:
                 if o:
-                    self.producer[o] = n
+                    producer[o] = n
             for i in n.inputs:
                 if i:
-                    d = self.uses.setdefault(i, {})
-                    d[n] = d.get(n, 0) + 1
-            for i in free:
-                self.implicit.setdefault(i, {})[n] = 1
-            self._infer_type(n)
+                    d = uses.get(i)
+                    if d is None:
+                        uses[i] = {n: 1}
+                    else:
+                        d[n] = d.get(n, 0) + 1
+            if outs and outs[0] and n.onnx_op and outs[0] not in types:
+                self._infer_type(n)
 
     # ----------------------------------------------------------------- types
     def _infer_type(self, n: Node) -> None:
@@ -265,6 +269,7 @@ class GraphCtx:
             d[node] -= 1
             if d[node] == 0:
                 del d[node]
+        self._lost_reader(old)
         e = self.uses.setdefault(new, {})
         e[node] = e.get(node, 0) + 1
 
@@ -281,6 +286,7 @@ class GraphCtx:
             n.free = (n.free - {old}) | {new}
             self.implicit.setdefault(new, {})[n] = 1
             self.changed = True
+        self._lost_reader(old)
         if old in self.types and new not in self.types:
             self.types[new] = self.types[old]
 
@@ -288,17 +294,23 @@ class GraphCtx:
         node.alive = False
         self.changed = True
         self.removed[node.op] += 1
+        uses, producer, maybe_dead = self.uses, self.producer, self.maybe_dead
         for i in node.inputs:
-            d = self.uses.get(i)
+            d = uses.get(i)
             if d is not None:
                 d.pop(node, None)
+            if maybe_dead is not None:  # ``_lost_reader`` inlined (every removal comes here)
+                p = producer.get(i)
+                if p is not None:
+                    maybe_dead.add(p)
         for i in node.free:
             d = self.implicit.get(i)
             if d is not None:
                 d.pop(node, None)
+            self._lost_reader(i)
         for o in node.outputs:
-            if self.producer.get(o) is node:
-                del self.producer[o]
+            if producer.get(o) is node:
+                del producer[o]
 
     def bypass(self, node: Node, src: str, rule: str) -> bool:
         """Remove single-output ``node`` whose output equals value ``src`` everywhere (same type and bits).
@@ -333,23 +345,27 @@ class GraphCtx:
         new = make_node(proto, frozenset())
         if new.to is not None:
             self._casts = None  # a new Cast: the list of Casts is rebuilt, in node order, when next asked for
-        if self._pos is None:
-            self._pos = {id(n): k for k, n in enumerate(self.nodes)}
-        idx = self._pos.pop(id(node))
+        new.index = idx = node.index
         self.nodes[idx] = new
-        self._pos[id(new)] = idx
         for o in new.outputs:
             self.producer[o] = new
         for i in new.inputs:
             d = self.uses.setdefault(i, {})
             d[new] = d.get(new, 0) + 1
+        if self.maybe_dead is not None:
+            self.maybe_dead.add(new)
         return new
+
+    def _lost_reader(self, name: str) -> None:
+        """``name`` has one reader fewer: its producer may be dead now (the next dead-node sweep looks at it)."""
+        if self.maybe_dead is not None:
+            p = self.producer.get(name)
+            if p is not None:
+                self.maybe_dead.add(p)
 
     def position(self, node: Node) -> int:
         """Index of ``node`` in the (topologically ordered) node list."""
-        if self._pos is None:
-            self._pos = {id(n): k for k, n in enumerate(self.nodes)}
-        return self._pos[id(node)]
+        return node.index
 
     def add_initializer(self, tensor: TensorProto) -> None:
         self.new_initializers.append(tensor)
@@ -380,21 +396,3 @@ class GraphCtx:
                 n.dirty = False
             out.append(n.proto)
         return out
-
-
-def constant_node_tensor(p: NodeProto) -> TensorProto | None:
-    """A Constant node's value as a TensorProto (value / value_float(s) / value_int(s)); None for others."""
-    for a in p.attribute:
-        if a.ref_attr_name:
-            return None
-        if a.name == "value" and a.type == AttributeProto.TENSOR:
-            return a.t
-        if a.name == "value_float":
-            return onnx.helper.make_tensor("", TensorProto.FLOAT, [], [a.f])
-        if a.name == "value_floats":
-            return onnx.helper.make_tensor("", TensorProto.FLOAT, [len(a.floats)], list(a.floats))
-        if a.name == "value_int":
-            return onnx.helper.make_tensor("", TensorProto.INT64, [], [a.i])
-        if a.name == "value_ints":
-            return onnx.helper.make_tensor("", TensorProto.INT64, [len(a.ints)], list(a.ints))
-    return None

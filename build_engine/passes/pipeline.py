@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,9 +20,11 @@ from onnx import GraphProto, ModelProto
 
 from ..core import onnx_skeleton, steps
 from ..core.errors import CheckFailed
-from ..core.graph import PROTO_LIMIT, all_graphs, may_have_subgraphs, subgraphs
+from ..core.graph import PROTO_LIMIT, subgraphs
+from ..core.heap import release_free_heap
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
+from .census import nested_indices, op_histogram
 from .report import FoldReport
 from .walk import WalkStats, graph_types, run_passes
 
@@ -79,26 +80,12 @@ class FoldResult:
     report: FoldReport
 
 
-def op_histogram(model: ModelProto) -> Counter[str]:
-    """Node count per op type over the main graph, every subgraph and every model-local function."""
-    c: Counter[str] = Counter()
-    for g in all_graphs(model.graph):
-        c.update(n.op_type for n in g.node)
-    for fn in model.functions:
-        c.update(n.op_type for n in fn.node)
-        for n in fn.node:
-            for sg in subgraphs(n):
-                for g in all_graphs(sg):
-                    c.update(x.op_type for x in g.node)
-    return c
-
-
 _INFERRED = "trtforge:fold:inferred"  # doc_string of the value_info entries fold adds to subgraphs (then removes)
 
 
 def _infer_types(model: ModelProto) -> dict[str, int]:
     """The main graph's own value types; the types inferred for each subgraph's values are recorded in that
-    subgraph's value_info (marked, removed by ``_drop_inferred``), so every graph keeps its own name -> type table.
+    subgraph's value_info (marked, removed by ``_tidy_value_info``), so every graph keeps its own name -> type table.
     Inference runs on the weight-free skeleton: a weight's type is its stand-in input's type, and no element type
     depends on a weight's values."""
     types = graph_types(model.graph)
@@ -116,9 +103,8 @@ def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
     ``inferred``, which shape inference produced from a copy), at every depth."""
     if len(graph.node) != len(inferred.node):
         return
-    for n, m in zip(graph.node, inferred.node, strict=True):
-        if not may_have_subgraphs(n):
-            continue
+    for k in nested_indices(graph):
+        n, m = graph.node[k], inferred.node[k]
         for g, gi in zip(subgraphs(n), subgraphs(m), strict=False):
             known = set(graph_types(g))
             for name, t in graph_types(gi).items():
@@ -129,28 +115,28 @@ def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
             _annotate_subgraphs(g, gi)
 
 
-def _drop_inferred(graph: GraphProto) -> None:
-    for g in all_graphs(graph):
-        if any(v.doc_string == _INFERRED for v in g.value_info):
-            keep = [v for v in g.value_info if v.doc_string != _INFERRED]
-            del g.value_info[:]
-            g.value_info.extend(keep)
-
-
-def _prune_value_info(graph: GraphProto) -> None:
+def _tidy_value_info(graph: GraphProto) -> None:
+    """In ``graph`` and every graph nested in it: drop the value_info entries ``_annotate_subgraphs`` added, then
+    those of values that no longer exist (each graph's own entries only, so one walk does both)."""
+    for k in nested_indices(graph):
+        for g in subgraphs(graph.node[k]):
+            _tidy_value_info(g)
+    if not graph.value_info:
+        return
+    if any(v.doc_string == _INFERRED for v in graph.value_info):
+        keep = [v for v in graph.value_info if v.doc_string != _INFERRED]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     for n in graph.node:
         defined.update(n.output)
-        if may_have_subgraphs(n):
-            for g in subgraphs(n):
-                _prune_value_info(g)
     if any(v.name not in defined for v in graph.value_info):
         keep = [v for v in graph.value_info if v.name in defined]
         del graph.value_info[:]
         graph.value_info.extend(keep)
 
 
-def _validate(result: ModelProto, original: ModelProto) -> None:
+def _validate(result: ModelProto, original: ModelProto | bytes) -> None:
     """Checker and strict shape inference on the result; a failure the original also has is not ours.
 
     Both run without serialising the weights (``onnx_skeleton.check_model`` checks the skeleton plus each weight tensor;
@@ -158,7 +144,7 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
     what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
     """
     try:  # the skeleton serialised once: the checker and strict inference both read these bytes
-        data = onnx_skeleton.skeleton(result).SerializeToString()
+        data = onnx_skeleton.skeleton_bytes(result)
     except ValueError:
         return
     if len(data) >= PROTO_LIMIT:
@@ -171,7 +157,7 @@ def _validate(result: ModelProto, original: ModelProto) -> None:
             on_result()
         except Exception as exc:
             try:
-                on_model(original)
+                on_model(original if isinstance(original, ModelProto) else ModelProto.FromString(original))
             except Exception:
                 continue  # the input already fails this check: folding did not cause it
             first = (str(exc).strip().splitlines() or ["invalid"])[0]
@@ -191,6 +177,15 @@ def _check_result(result: ModelProto, skeleton_bytes: bytes) -> None:
 def _strict_inference(skeleton_bytes: bytes) -> None:
     """Strict shape inference with type checks; the inferred model is not parsed back (only failures matter)."""
     onnx.shape_inference.C.infer_shapes(skeleton_bytes, True, True, False)
+
+
+def _original_skeleton(model: ModelProto) -> ModelProto | bytes:
+    """The input without its weights, for ``_validate`` (read only when the result fails a check): its serialised
+    bytes (cheaper than a copy of the graph), or a copy when even the skeleton is too big to serialise."""
+    try:
+        return onnx_skeleton.skeleton_bytes(model)
+    except ValueError:
+        return onnx_skeleton.skeleton(model)
 
 
 @steps.timed("fold")
@@ -213,15 +208,16 @@ def fold(model: ModelProto, *, passes: Sequence[GraphPass] | None = None, valida
 def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool, t0: float,
           inplace: bool) -> FoldResult:
     if inplace:
-        work, original = model, onnx_skeleton.skeleton(model)  # the original without its weights, for _validate
+        work, original = model, _original_skeleton(model)
     else:
         work, original = ModelProto(), model
         work.CopyFrom(model)
     before = op_histogram(work)
     pipeline = Pipeline(passes)
-    pipeline.call(work, _infer_types(work))
-    _drop_inferred(work.graph)
-    _prune_value_info(work.graph)
+    types = _infer_types(work)
+    release_free_heap()  # what the C++ inference and its parsed result freed, before the pass view is built
+    pipeline.call(work, types)
+    _tidy_value_info(work.graph)
     if validate:
         _validate(work, original)
     after = op_histogram(work)

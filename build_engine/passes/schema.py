@@ -36,6 +36,13 @@ def _formal(op: str, domain: str, opset: int) -> tuple[tuple[tuple[str, bool], .
 def accepts(op: str, domain: str, opset: int, types: Sequence[int]) -> bool:
     """The schema of ``op`` at ``opset`` accepts inputs of element ``types`` (0 = unknown: not checked, but an
     unknown type never proves a type variable consistent)."""
+    return _accepts(op, domain, opset, tuple(types))
+
+
+@lru_cache(maxsize=16384)
+def _accepts(op: str, domain: str, opset: int, types: tuple[int, ...]) -> bool:
+    """``accepts``, cached: a pure function of its arguments (the schemas of the installed onnx), asked once per
+    rewrite candidate, with few distinct arguments in a graph."""
     found = _formal(op, "" if domain == "ai.onnx" else domain, opset)
     if found is None:
         return False

@@ -18,6 +18,7 @@ from typing import Protocol
 from onnx import GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
 from ..core.graph import may_have_subgraphs, subgraphs
+from .census import nested_indices
 from .ir import GraphCtx, Scope
 
 
@@ -51,9 +52,11 @@ def default_opset(opsets: Sequence[OperatorSetIdProto], fallback: int = 1) -> in
 def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
     """Element types that ``graph`` itself declares (inputs, outputs, value_info, initializers), not its subgraphs'."""
     types = {} if types is None else types
-    for vi in (*graph.input, *graph.output, *graph.value_info):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
+    for infos in (graph.input, graph.output, graph.value_info):
+        for vi in infos:  # a non-tensor type reads as an unset tensor_type, whose elem_type is 0 (unknown)
+            e = vi.type.tensor_type.elem_type
+            if e:
+                types[vi.name] = e
     for t in graph.initializer:
         types[t.name] = t.data_type
     return types
@@ -77,7 +80,8 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
             keep = [v for v in graph.value_info if v.name not in ctx.retyped]
             del graph.value_info[:]
             graph.value_info.extend(keep)
-    _run_subgraphs(graph.node, ctx, passes, stats, fixed_point)
+    nodes = graph.node
+    _run_subgraphs([nodes[k] for k in nested_indices(graph)], ctx, passes, stats, fixed_point)
 
 
 def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats,

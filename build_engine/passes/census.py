@@ -1,0 +1,60 @@
+"""Whole-graph walks of the fold pipeline (op histogram, nested graphs), at C speed per node where it matters.
+
+On a graph of 100k nodes, one Python call per node (``core.graph.may_have_subgraphs``) costs more than the rest of
+such a walk; here the op types and domains are read in two comprehensions first, and nodes are looked at one by one
+only in the (rare) graphs that have a control-flow or custom-domain node at all. The answers are those of
+``core.graph.all_graphs`` for a graph that is not changed while it is walked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from operator import attrgetter
+
+from onnx import GraphProto, ModelProto
+
+from ..core.graph import CONTROL_FLOW_OPS, may_have_subgraphs, subgraphs
+
+_DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+_OP_TYPE = attrgetter("op_type")
+
+
+def nested_indices(graph: GraphProto, ops: list[str] | None = None) -> list[int]:
+    """Indices of the nodes of ``graph`` that may carry subgraphs (``may_have_subgraphs``), in node order; ``ops``:
+    the nodes' op types when the caller has read them already."""
+    nodes = graph.node
+    if (CONTROL_FLOW_OPS.isdisjoint(map(_OP_TYPE, nodes) if ops is None else ops)
+            and {n.domain for n in nodes} <= _DEFAULT_DOMAINS):
+        return []
+    return [k for k, n in enumerate(nodes) if may_have_subgraphs(n)]
+
+
+def graphs_under(graph: GraphProto) -> Iterator[GraphProto]:
+    """``graph`` and every graph nested in it at any depth, outer before inner (``core.graph.all_graphs``)."""
+    yield graph
+    nodes = graph.node
+    for k in nested_indices(graph):
+        for g in subgraphs(nodes[k]):
+            yield from graphs_under(g)
+
+
+def _count(graph: GraphProto, c: Counter[str]) -> None:
+    ops = list(map(_OP_TYPE, graph.node))
+    c.update(ops)
+    for k in nested_indices(graph, ops):
+        for g in subgraphs(graph.node[k]):
+            _count(g, c)
+
+
+def op_histogram(model: ModelProto) -> Counter[str]:
+    """Node count per op type over the main graph, every subgraph and every model-local function."""
+    c: Counter[str] = Counter()
+    _count(model.graph, c)
+    for fn in model.functions:
+        c.update(map(_OP_TYPE, fn.node))
+        for n in fn.node:
+            for sg in subgraphs(n):
+                for g in graphs_under(sg):
+                    c.update(map(_OP_TYPE, g.node))
+    return c
