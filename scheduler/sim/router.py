@@ -12,8 +12,8 @@
     request's admission cost, prompt + cap less the cached prefix), else infinite (it waits for blocks, by how
     long only its running requests' ends tell).
   1. RR's replica r may meet the SLO (``low[r] <= slo``): stay there, unless r can start it now and another
-     replica that also starts it within the SLO holds a longer cached prefix of it (affinity where it costs
-     nobody's SLO: both replicas have room now);
+     replica that also starts it within the SLO, and keeps at least as many free blocks after admitting it as r
+     would, holds a longer cached prefix of it (affinity only where it costs no SLO and no balance);
   2. r certainly misses it (``low[r] > slo``): the replica that starts it within the SLO with the longest cached
      prefix (then the lowest estimate); none: r.
   Why not SGLang's rule (balance whenever the load gap crosses its thresholds, else follow the longest prefix):
@@ -68,18 +68,22 @@ class Router:
         need = -(-req.total_tokens // tpb)
         low: list[float] = []
         est: list[float] = []
+        left: list[int] = []
         for k, s in enumerate(self.scheds):
             ahead = s.queued_tokens + sum(q.prompt_len - q.computed for q in s.prefilling.values())
-            low.append((ahead + req.prompt_tokens - hits[k] * tpb) * self.prefill_s_per_token)
+            low.append((ahead + (req.prompt_tokens - hits[k] * tpb)) * self.prefill_s_per_token)
             # the admission cost of a reserve-to-completion policy that credits cached blocks (Scheduler._try_admit)
             cost = max(need, hits[k]) - hits[k] + idle[k]
-            can = not s.queue and s.cache.available - s.outside_blocks >= cost
+            left.append(s.cache.available - s.outside_blocks - cost)
+            can = not s.queue and left[-1] >= 0
             est.append(low[-1] if can else float("inf"))
         slo = self.slo_ttft_s
         if low[r] <= slo:
             if est[r] > slo:
                 return r
-            best = max((k for k in range(n) if est[k] <= slo), key=lambda k: (hits[k], k == r))
+            # affinity only toward balance: the cached replica keeps at least the free blocks r would keep
+            best = max((k for k in range(n) if est[k] <= slo and left[k] >= left[r]),
+                       key=lambda k: (hits[k], k == r))
             return best if hits[best] > hits[r] else r
         meet = [k for k in range(n) if est[k] <= slo]
         if not meet:
