@@ -140,6 +140,11 @@ class PrefixCache:
             del by_key[key_of.pop(b)]
         return self.pool.allocate(n - short) + self.pool.reuse(victims)
 
+    def allocate_one(self) -> int:
+        """``allocate(1)[0]`` (max-utilization and vLLM v1 grow a decoding request one block at a time)."""
+        pool = self.pool
+        return pool.allocate_one() if pool.num_free else self.allocate(1)[0]
+
     def register(self, block: int, key: int) -> bool:
         """Make a computed block findable by ``key`` (first writer wins; a duplicate stays private)."""
         if key in self._by_key or block in self._key_of:

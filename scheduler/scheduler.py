@@ -336,7 +336,7 @@ class Scheduler:
                 self._preempt(self._newest_running(), plan, t)
             if seq.state != "running":
                 continue
-            seq.blocks += self.cache.allocate(1)
+            seq.blocks.append(self.cache.allocate_one())
             self._push_grow(seq)
 
     def _cover(self, seq: Seq, tokens: int, plan: StepPlan, t: int) -> bool:
