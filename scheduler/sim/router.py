@@ -11,16 +11,17 @@
   - ``est[k]``: the same where k can start the request at once (its queue is empty and its free blocks hold the
     request's admission cost, prompt + cap less the cached prefix), else infinite (it waits for blocks, by how
     long only its running requests' ends tell).
-  1. RR's replica r may meet the SLO (``low[r] <= slo``): stay there, unless r can start it now and another
-     replica that also starts it within the SLO, and keeps at least as many free blocks after admitting it as r
-     would, holds a longer cached prefix of it (affinity only where it costs no SLO and no balance);
-  2. r certainly misses it (``low[r] > slo``): the replica that starts it within the SLO with the longest cached
-     prefix (then the lowest estimate); none: r.
+  1. RR's replica r may meet the SLO (``low[r] <= slo``): r;
+  2. r certainly misses it (``low[r] > slo``): among the replicas that start it within the SLO, the one with the
+     longest cached prefix (then the lowest estimate); none: r.
+  Affinity therefore acts only where round-robin certainly fails the request: following a cached prefix while
+  round-robin's replica could still serve the request in time moved goodput by -13% with ONE early move on a
+  hand-built 2-replica overload (tests/scheduler/test_router_13.py; bench/RESULTS.md "round 3").
   Why not SGLang's rule (balance whenever the load gap crosses its thresholds, else follow the longest prefix):
   at twice the traces' rate every replica is overloaded within a minute, all of the goodput is made before that,
-  and any request moved off round-robin that would have met its SLO anyway only displaces a later arrival at the
-  receiving replica; every such variant measured below round-robin there (bench/RESULTS.md, "Scheduler, issue
-  13, round 3", held-out windows included). A request moves only from certain miss to likely hit.
+  and a request moved off round-robin that would have met its SLO anyway only displaces a later arrival at the
+  receiving replica; every variant that moved such requests lost as many or more rows to round-robin
+  (bench/RESULTS.md, "Scheduler, issue 13, round 3", held-out windows included).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Router:
     def __init__(self, name: str, scheds: Sequence[Scheduler], prefill_s_per_token: float = 0.0,
                  slo_ttft_s: float = 5.0) -> None:
         """``prefill_s_per_token``: the step model's best prefill time per token (the simulator passes it; 0 =
-        no estimate, then ``cache-aware`` leaves round-robin only for a longer cached prefix)."""
+        no estimate: then no miss is certain and ``cache-aware`` is round-robin)."""
         self.name = name
         self.scheds = list(scheds)
         self.prefill_s_per_token = prefill_s_per_token
@@ -68,23 +69,16 @@ class Router:
         need = -(-req.total_tokens // tpb)
         low: list[float] = []
         est: list[float] = []
-        left: list[int] = []
         for k, s in enumerate(self.scheds):
             ahead = s.queued_tokens + sum(q.prompt_len - q.computed for q in s.prefilling.values())
-            low.append((ahead + (req.prompt_tokens - hits[k] * tpb)) * self.prefill_s_per_token)
+            low.append((ahead + req.prompt_tokens - hits[k] * tpb) * self.prefill_s_per_token)
             # the admission cost of a reserve-to-completion policy that credits cached blocks (Scheduler._try_admit)
             cost = max(need, hits[k]) - hits[k] + idle[k]
-            left.append(s.cache.available - s.outside_blocks - cost)
-            can = not s.queue and left[-1] >= 0
+            can = not s.queue and s.cache.available - s.outside_blocks >= cost
             est.append(low[-1] if can else float("inf"))
         slo = self.slo_ttft_s
         if low[r] <= slo:
-            if est[r] > slo:
-                return r
-            # affinity only toward balance: the cached replica keeps at least the free blocks r would keep
-            best = max((k for k in range(n) if est[k] <= slo and left[k] >= left[r]),
-                       key=lambda k: (hits[k], k == r))
-            return best if hits[best] > hits[r] else r
+            return r  # round-robin may meet the SLO: any move would only displace a later arrival
         meet = [k for k in range(n) if est[k] <= slo]
         if not meet:
             return r
