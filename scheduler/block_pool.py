@@ -48,6 +48,15 @@ class BlockPool:
             self.ref_count[b] = 1
         return out
 
+    def allocate_one(self) -> int:
+        """``allocate(1)[0]`` without the list."""
+        if not self._free:
+            raise BlockPoolError("asked for 1 block with 0 free")
+        b = self._free.popleft()
+        self._is_free[b] = 0
+        self.ref_count[b] = 1
+        return b
+
     def reuse(self, blocks: list[int]) -> list[int]:
         """Hand out blocks whose count is 0 but that are not on the free list (the prefix cache's reclaimed
         cached-free blocks) with count 1: what ``release`` then ``allocate`` would do, without the round trip."""

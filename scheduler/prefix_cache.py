@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 from .block_pool import BlockPool, BlockPoolError
 from .request import Request, Seq
@@ -98,11 +99,17 @@ class PrefixCache:
     def available(self) -> int:
         return self.pool.num_free + len(self._lru)
 
-    def match(self, keys: Sequence[int]) -> tuple[list[int], int]:
-        """Longest cached prefix of ``keys``: (blocks, how many of them are cached-free). Does not take them."""
-        out: list[int] = []
-        get, append = self._by_key.get, out.append
-        for k in keys:
+    def match(self, keys: Sequence[int], limit: int | None = None) -> tuple[list[int], int]:
+        """Longest cached prefix of ``keys`` (of its first ``limit``): (blocks, how many of them are cached-free).
+        Does not take them."""
+        n = len(keys) if limit is None else min(limit, len(keys))
+        get = self._by_key.get
+        first = get(keys[0]) if n else None
+        if first is None:
+            return [], 0  # the common case of an overloaded replay: no hit, and no slice of a long key tuple
+        out = [first]
+        append = out.append
+        for k in keys[1:n]:
             b = get(k)
             if b is None:
                 break
@@ -126,11 +133,17 @@ class PrefixCache:
             raise BlockPoolError(f"asked for {n} blocks with {self.available} available")
         if short <= 0:
             return self.pool.allocate(n)
-        popitem, by_key, key_pop = self._lru.popitem, self._by_key, self._key_of.pop
-        victims = [popitem(False)[0] for _ in range(short)]
+        lru, by_key, key_of = self._lru, self._by_key, self._key_of
+        victims = list(islice(lru, short))  # the least recently freed, oldest first
         for b in victims:
-            del by_key[key_pop(b)]
+            del lru[b]
+            del by_key[key_of.pop(b)]
         return self.pool.allocate(n - short) + self.pool.reuse(victims)
+
+    def allocate_one(self) -> int:
+        """``allocate(1)[0]`` (max-utilization and vLLM v1 grow a decoding request one block at a time)."""
+        pool = self.pool
+        return pool.allocate_one() if pool.num_free else self.allocate(1)[0]
 
     def register(self, block: int, key: int) -> bool:
         """Make a computed block findable by ``key`` (first writer wins; a duplicate stays private)."""

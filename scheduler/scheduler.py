@@ -268,7 +268,7 @@ class Scheduler:
         room = self.cache.available - self.outside_blocks
         if admit_lower_bound(self.policy, seq, usable, tpb, self.config.token_budget) > room:
             return False  # a lower bound first: most queued requests fail here, O(1), before any hashing
-        hits, idle = self.cache.match(seq_keys(seq, tpb)[:usable]) if seq.num_keys else ([], 0)
+        hits, idle = self.cache.match(seq_keys(seq, tpb), usable) if seq.num_keys else ([], 0)
         if self.policy.reserve_to_completion:
             tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
         elif self.policy.alloc_per_step:  # vLLM v1: blocks for this step's chunk only, hits included
@@ -336,7 +336,7 @@ class Scheduler:
                 self._preempt(self._newest_running(), plan, t)
             if seq.state != "running":
                 continue
-            seq.blocks += self.cache.allocate(1)
+            seq.blocks.append(self.cache.allocate_one())
             self._push_grow(seq)
 
     def _cover(self, seq: Seq, tokens: int, plan: StepPlan, t: int) -> bool:

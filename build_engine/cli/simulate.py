@@ -27,7 +27,9 @@ def build_parser() -> ArgumentParser:
                    help="admission policy (fcfs-no-evict is trtllm-1.2-no-evict's older name)")
     p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1)")
     p.add_argument("--router", choices=ROUTER_NAMES, default="round-robin",
-                   help="how arrivals pick a replica (cache-aware: prefix affinity unless the load is imbalanced)")
+                   help="how arrivals pick a replica (cache-aware: round-robin, except a request round-robin would "
+                   "certainly serve past the TTFT SLO goes to a replica that starts it in time, longest cached prefix "
+                   "first)")
     p.add_argument("--max-tokens", default="2048", metavar="{N,context,oracle}",
                    help="the cap clients send (max_tokens); requests stop at min(cap, the trace's output length), "
                         "and only the simulator knows the latter. Default 2048: above every output of the bundled "

@@ -235,7 +235,9 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     done: dict[str, float] = {}
     rejected: dict[str, str] = {}
     samples: list[tuple[float, float, int]] = []
-    steps = _replay(reqs, reps, Router(router, [r.sched for r in reps]), model, deadline, truth,
+    budget = reps[0].sched.config.token_budget  # a full chunk at context 0: the best prefill rate per token
+    route = Router(router, [r.sched for r in reps], model.step_seconds([(0, budget)], 0, 0) / budget, slo_ttft_s)
+    steps = _replay(reqs, reps, route, model, deadline, truth,
                     (first, done, rejected), samples, max_samples, fast_forward, front)
     out = Outcome(first, done, rejected, truth)
     summary = _summary(reqs, reps, out, t_start, deadline, (slo_ttft_s, slo_tpot_s), steps, str(max_tokens))

@@ -13,7 +13,6 @@ from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import PRESETS
 from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-from trtforge.scheduler.sim.router import Router
 from trtforge.scheduler.sim.simulator import simulate
 from trtforge.scheduler.sim.step_time import StepTimeModel
 from trtforge.scheduler.sim.traces import assign_adapters, read_azure_csv, read_mooncake_jsonl, synthetic_trace
@@ -112,31 +111,6 @@ def test_adapters_from_trace_zipf_and_slot_stats(tmp_path) -> None:
     assert one.completed == two.completed == 6
     assert two.adapter_loads == 2 and two.slot_hits == 4 and two.slot_wait_s == 0
     assert one.slot_wait_s > 0 and one.adapter_loads >= 2
-
-
-def test_cache_aware_router_trades_affinity_for_load() -> None:
-    cfg = SchedulerConfig(num_blocks=4000, tokens_per_block=64, max_running=4)
-    scheds = [Scheduler(cfg), Scheduler(cfg)]
-    shared = tuple(range(8))  # 8 x 512 = 4096 prompt tokens
-    scheds[0].submit(Request("warm", 0, 4096, 4, shared))
-    scheds[0].step()  # its 64 prompt blocks are cached on replica 0
-    for k in range(10):
-        scheds[1].submit(Request(f"busy{k}", 0, 2000, 4))  # replica 1 carries more KV demand
-    router = Router("cache-aware", scheds)
-    probe = Request("probe", 0, 4096, 4, shared)
-    assert router.pick(probe, 1) == 0  # affinity: all of the prompt is cached there, and it is not busier
-    assert router.pick(Request("other", 0, 4096, 4, tuple(range(100, 108))), 1) == 1  # nothing cached: as RR
-    assert router.pick(Request("other", 0, 4096, 4, tuple(range(100, 108))), 2) == 0
-    # replica 0 now queues 40 x 2,000 prompt tokens (80k tokens of KV demand, over a quarter of a replica's
-    # 256k and over 1.5x replica 1's ~20k): imbalanced, but replica 1 cannot start the probe at once (its queue
-    # is not empty), and the cached replica is busier than the mean and cannot start it either: round-robin ...
-    for k in range(40):
-        scheds[0].submit(Request(f"q{k}", 0, 2000, 4))
-    assert [router.pick(probe, i) for i in (1, 2)] == [1, 0]
-    # ... and an idle third replica, which can start it at once, takes it over the cached prefix
-    idle = Router("cache-aware", [*scheds, Scheduler(cfg)])
-    assert idle.pick(probe, 1) == 2
-    assert Router("round-robin", scheds).pick(probe, 1) == 1
 
 
 def test_cli_simulate_new_flags(cli, tmp_path) -> None:
