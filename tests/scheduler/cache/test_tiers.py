@@ -69,19 +69,23 @@ def test_l2_pipelines_buffered_writes(redis_server) -> None:  # type: ignore[no-
 
 
 def test_l2_ttl_stale_while_one_refresh_then_expiry(redis_server) -> None:  # type: ignore[no-untyped-def]
-    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, ttl_qa_s=0.3, stale_grace_s=0.6,
+    # Fresh for 0.5 s, then stale for 1.5 s more, then gone: the margins (0.3 s into the stale window, 0.4 s past
+    # it) are wide enough for a loaded CI machine; every step is timed from the write, not from the previous sleep.
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, ttl_qa_s=0.5, stale_grace_s=1.5,
                       namespace="t:ttl")
     a = ResponseCache(cfg, engine_sha="e1")
     a.store(make_key(req("q")), "v1")
     a.l2.flush()
+    written = time.monotonic()
     b = ResponseCache(cfg, engine_sha="e1")
     assert b.lookup(req("q")).layer == "l2"
-    time.sleep(0.4)
+    time.sleep(max(0.0, written + 0.8 - time.monotonic()))
     b.l1.clear()
     first, second = b.lookup(req("q")), b.lookup(req("q"))
+    assert time.monotonic() - written < 1.7, "the machine stalled past the stale window"
     assert first.stale and first.refresh and first.value == "v1"
     assert second.stale and not second.refresh  # exactly one caller refreshes
-    time.sleep(0.6)
+    time.sleep(max(0.0, written + 2.4 - time.monotonic()))
     assert not b.lookup(req("q")).hit  # gone from Redis after the grace period
     a.close()
     b.close()
