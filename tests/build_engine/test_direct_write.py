@@ -20,7 +20,7 @@ def _trt() -> object:
 def _sizes(rng: np.random.Generator) -> list[int]:
     """Chunk sizes of every kind: aligned, one off either side, below one block, large and odd."""
     return [ALIGN, 3 * ALIGN + 1, ALIGN - 1, 17, 2 * ALIGN, int(rng.integers(1, 5_000_000)), 8 * ALIGN - 5,
-            int(rng.integers(1, ALIGN)), 1 << 20]
+            int(rng.integers(1, ALIGN)), 1 << 20, (9 << 20) + int(rng.integers(1, ALIGN)), 16 << 20]  # big: split copy
 
 
 @pytest.mark.parametrize("knob", ["1", "0"])
