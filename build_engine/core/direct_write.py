@@ -29,6 +29,11 @@ from . import env
 ALIGN = 4096  # covers every logical block size Linux file systems use for O_DIRECT (512 or 4096 bytes)
 
 
+def _direct_flag() -> int:
+    """``os.O_DIRECT``, or 0 where the platform has none or ``TRTFORGE_DIRECT_WRITE=0`` turns direct writes off."""
+    return 0 if env.get(env.DIRECT_WRITE) == "0" else getattr(os, "O_DIRECT", 0)
+
+
 def aligned_buffer(size: int) -> memoryview:
     """A writable, page-aligned buffer of ``size`` bytes (at least one page), its pages faulted in up front where
     Linux offers it (one call instead of a fault per page during the first copy into it)."""
@@ -44,10 +49,10 @@ class DirectFile:
         self.fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
                                       0o666)
         self.offset = 0
-        self.direct = env.get(env.DIRECT_WRITE) != "0" and self._set_direct(True)
+        self.direct = self._set_direct(True)
 
     def _set_direct(self, on: bool) -> bool:
-        flag = getattr(os, "O_DIRECT", 0)
+        flag = _direct_flag() if on else getattr(os, "O_DIRECT", 0)
         if not flag or self.fd is None:
             return False
         import fcntl
@@ -107,10 +112,9 @@ def copy_span(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
 
     Where ``dst``'s end is ``ALIGN``-aligned and the span is big: on a file system that shares extents (XFS,
     btrfs) the aligned part is cloned (``FICLONERANGE``, no bytes copied); elsewhere the bytes are read into an
-    aligned buffer and
-    written through a second, ``O_DIRECT`` descriptor of the same file at explicit offsets (the page-cache cost of a
-    fresh copy avoided, as for the plan); the unaligned rest goes through ``dst`` itself. Otherwise a kernel copy
-    (``copy_file_range``), else reads and writes. ``dst`` is left positioned at its new end."""
+    aligned buffer and written through a second, ``O_DIRECT`` descriptor of the same file at explicit offsets (the
+    page-cache cost of a fresh copy avoided, as for the plan); the unaligned rest goes through ``dst`` itself.
+    Otherwise a kernel copy (``copy_file_range``), else reads and writes. ``dst`` is left positioned at its new end."""
     dst.flush()  # buffered bytes first, so the copy lands after them
     pos = dst.tell()
     done = 0
@@ -144,10 +148,10 @@ def _clone(src: Path, offset: int, length: int, dst: BinaryIO, pos: int) -> int:
 
 def _direct_copy(src: Path, offset: int, length: int, dst: BinaryIO, pos: int) -> int:
     """Copy the ALIGN-multiple prefix of the span direct; returns the bytes copied (0 where direct I/O is refused)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag or env.get(env.DIRECT_WRITE) == "0" or not Path(f"/proc/self/fd/{dst.fileno()}").exists():
+    flag = _direct_flag()
+    if not flag:
         return 0
-    try:
+    try:  # a second descriptor of the open file (Linux's /proc; elsewhere there is no O_DIRECT anyway)
         fd = os.open(f"/proc/self/fd/{dst.fileno()}", os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return 0
