@@ -20,15 +20,15 @@ before the node it replaces).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from sys import intern
 
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
 from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
-from . import dtypes as dt
 from .protos import constant_node_tensor, defined_names
+from .type_facts import infer_local, needs_inference
 
 
 @dataclass(eq=False, slots=True)
@@ -82,6 +82,9 @@ class Scope:
     opset: int
     types: dict[str, int] = field(default_factory=dict)
     parent: GraphCtx | None = None
+    # shape inference's element types for this graph, asked only when the schema facts leave a value untyped that
+    # inference could type (``GraphCtx.needs_inference``); None: the caller ran it already, or there is none
+    infer: Callable[[], dict[str, int]] | None = None
 
 
 class GraphCtx:
@@ -114,7 +117,12 @@ class GraphCtx:
         self.maybe_dead: set[Node] | None = None
         self.pass_state: dict[str, object] = {}  # what a pass keeps between its calls on this view (it says why)
         self.changed = False
+        self.untyped: list[Node] = []  # nodes left with an untyped output by ``_index``
         self._index(nodes)
+        if scope.infer is not None and self.needs_inference():
+            self.types.update(scope.infer())
+            for n in self.untyped:  # facts that follow from the inferred ones (data movement, shared variables)
+                self._infer_type(n)
 
     def _index(self, nodes: list[NodeProto]) -> None:
         """One ``Node`` per proto, the producer and consumer maps and local type facts: the view's one pass over the
@@ -142,34 +150,21 @@ class GraphCtx:
                         uses[i] = {n: 1}
                     else:
                         d[n] = d.get(n, 0) + 1
-            if outs and outs[0] and n.onnx_op and outs[0] not in types:
-                self._infer_type(n)
+            for o in outs:
+                if o and o not in types:
+                    self._infer_type(n)
+                    if any(o and o not in types for o in outs):
+                        self.untyped.append(n)
+                    break
 
     # ----------------------------------------------------------------- types
     def _infer_type(self, n: Node) -> None:
-        """Local element-type facts (complementing value_info): Cast, Constant, shape ops, data movement."""
-        if not n.outputs or not n.outputs[0] or n.outputs[0] in self.types:
-            return  # value_info (or an earlier fact) already says
-        out = n.outputs[0]
-        if not n.onnx_op:
-            return
-        if n.op == "Cast":
-            if n.to is not None:
-                self.types[out] = n.to
-        elif n.op in ("Shape", "Size"):
-            self.types[out] = TensorProto.INT64
-        elif n.op == "Constant":
-            a = n.attr("value")
-            if a is not None and a.type == AttributeProto.TENSOR:
-                self.types[out] = a.t.data_type
-            elif n.attr("value_float") is not None or n.attr("value_floats") is not None:
-                self.types[out] = TensorProto.FLOAT
-            elif n.attr("value_int") is not None or n.attr("value_ints") is not None:
-                self.types[out] = TensorProto.INT64
-        elif n.op in dt.DATA_MOVEMENT and n.inputs and n.inputs[0]:
-            t = self.type_of(n.inputs[0])
-            if t:
-                self.types[out] = t
+        """Local element-type facts for ``n``'s outputs (``type_facts.infer_local``)."""
+        infer_local(self, n)
+
+    def needs_inference(self) -> bool:
+        """Shape inference could type a value these facts leave untyped (``type_facts.needs_inference``)."""
+        return needs_inference(self)
 
     def defines(self, name: str) -> bool:
         """This graph itself defines ``name`` (graph input, initializer or node output): it shadows outer names."""

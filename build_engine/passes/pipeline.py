@@ -1,6 +1,8 @@
 """The exact-folding pipeline: every pass, to a fixed point, then validation (``fold`` is the public entry).
 
-``fold(model)`` copies the model, infers element types once (non-strict shape inference on a copy), runs the
+``fold(model)`` copies the model, learns element types (on a model without subgraphs or functions from the ops'
+schemas as the pass view is built, with onnx's non-strict shape inference only where those leave a value untyped
+that inference could type, ``passes/type_facts.py``; otherwise shape inference first, as for nested graphs), runs the
 passes over the main graph, If/Loop/Scan bodies and model-local functions until none fires, drops value_info of
 values that no longer exist, and re-runs ``onnx.checker`` and shape inference on the result. Graph input and output
 names are always kept. The cost is linear in the graph size: every pass walks the node list once per round with
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -60,12 +62,15 @@ class Pipeline:
         self.max_rounds = max_rounds
         self.stats = WalkStats()
 
-    def call(self, model: ModelProto, types: dict[str, int] | None = None) -> PassResult:
+    def call(self, model: ModelProto, types: dict[str, int] | None = None,
+             infer: Callable[[], dict[str, int]] | None = None) -> PassResult:
+        """``infer``: ``walk.run_passes``'s, for the first round (the model is still the input then)."""
         self.stats = WalkStats()
         if types is None:
             types = graph_types(model.graph)
         for _ in range(self.max_rounds):
-            s = run_passes(model, self.passes, types=types)
+            s = run_passes(model, self.passes, types=types, infer=infer)
+            infer = None
             self.stats.rewrites += s.rewrites
             self.stats.rules.update(s.rules)
             self.stats.removed.update(s.removed)
@@ -95,7 +100,25 @@ def _infer_types(model: ModelProto) -> dict[str, int]:
         return types
     types.update(graph_types(inferred.graph))
     _annotate_subgraphs(model.graph, inferred.graph)
+    del inferred
+    release_free_heap()  # what the C++ inference and its parsed result freed, before the pass view is built
     return types
+
+
+def _inferred_main_types(model: ModelProto) -> Callable[[], dict[str, int]]:
+    """Shape inference's types for a model without subgraphs or functions, run when the main view asks for them
+    (``ir.GraphCtx.needs_inference``): on such a model the schema facts usually type every value already, and
+    inference of a 100k-node graph costs more than all the rules together (and ~30x the model in C++ heap)."""
+    def infer() -> dict[str, int]:
+        try:
+            inferred = infer_shapes(model)
+        except Exception:
+            return {}
+        types = graph_types(inferred.graph)
+        del inferred
+        release_free_heap()
+        return types
+    return infer
 
 
 def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
@@ -214,9 +237,10 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
         work.CopyFrom(model)
     before = op_histogram(work)
     pipeline = Pipeline(passes)
-    types = _infer_types(work)
-    release_free_heap()  # what the C++ inference and its parsed result freed, before the pass view is built
-    pipeline.call(work, types)
+    if work.functions or nested_indices(work.graph):  # subgraphs get their inferred types in their value_info
+        pipeline.call(work, _infer_types(work))
+    else:
+        pipeline.call(work, graph_types(work.graph), _inferred_main_types(work))
     _tidy_value_info(work.graph)
     if validate:
         _validate(work, original)

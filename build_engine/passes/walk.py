@@ -11,7 +11,7 @@ fire less inside functions.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -122,15 +122,16 @@ def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_p
 
 
 def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: bool = True,
-               types: dict[str, int] | None = None) -> WalkStats:
+               types: dict[str, int] | None = None, infer: Callable[[], dict[str, int]] | None = None) -> WalkStats:
     """Run ``passes`` over every graph and function of ``model`` in place (to a local fixed point per graph).
 
     ``types`` holds the main graph's own value types (kept and updated across calls by the pipeline); subgraphs read
-    theirs from their own value_info.
+    theirs from their own value_info. ``infer``: shape inference's types for the main graph, asked by its view only
+    where the schema facts leave a value untyped that inference could type (``ir.Scope.infer``).
     """
     stats = WalkStats()
     opset = default_opset(model.opset_import)
-    scope = Scope(opset, graph_types(model.graph) if types is None else types)
+    scope = Scope(opset, graph_types(model.graph) if types is None else types, infer=infer)
     _run_graph(model.graph, passes, scope, stats, fixed_point)
     for fn in model.functions:
         stats.nested = True
