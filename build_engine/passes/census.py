@@ -39,22 +39,31 @@ def graphs_under(graph: GraphProto) -> Iterator[GraphProto]:
             yield from graphs_under(g)
 
 
-def _count(graph: GraphProto, c: Counter[str]) -> None:
+def _count(graph: GraphProto, c: Counter[str]) -> bool:
+    """Add ``graph``'s op types (and its subgraphs') to ``c``; whether ``graph`` has a node with subgraphs."""
     ops = list(map(_OP_TYPE, graph.node))
     c.update(ops)
-    for k in nested_indices(graph, ops):
+    nested = nested_indices(graph, ops)
+    for k in nested:
         for g in subgraphs(graph.node[k]):
             _count(g, c)
+    return bool(nested)
 
 
-def op_histogram(model: ModelProto) -> Counter[str]:
-    """Node count per op type over the main graph, every subgraph and every model-local function."""
+def census(model: ModelProto) -> tuple[Counter[str], bool]:
+    """(``op_histogram(model)``, whether the model is flat: no model-local function, no node carrying a subgraph)."""
     c: Counter[str] = Counter()
-    _count(model.graph, c)
+    nested = _count(model.graph, c)
     for fn in model.functions:
         c.update(map(_OP_TYPE, fn.node))
         for n in fn.node:
             for sg in subgraphs(n):
                 for g in graphs_under(sg):
                     c.update(map(_OP_TYPE, g.node))
-    return c
+    return c, not nested and not model.functions
+
+
+def op_histogram(model: ModelProto, flat: bool = False) -> Counter[str]:
+    """Node count per op type over the main graph, every subgraph and every model-local function; ``flat``: the
+    caller knows the model has neither (``census``), so only the main graph is read."""
+    return Counter(map(_OP_TYPE, model.graph.node)) if flat else census(model)[0]

@@ -118,6 +118,7 @@ class GraphCtx:
         self.pass_state: dict[str, object] = {}  # what a pass keeps between its calls on this view (it says why)
         self.changed = False
         self.untyped: list[Node] = []  # nodes left with an untyped output by ``_index``
+        self.has_subgraphs = False  # a node of this graph carries a subgraph
         self._index(nodes)
         if scope.infer is not None and self.needs_inference():
             self.types.update(scope.infer())
@@ -128,6 +129,7 @@ class GraphCtx:
         """One ``Node`` per proto, the producer and consumer maps and local type facts: the view's one pass over the
         protos (each field is read off the proto once, and the maps are locals: this runs once per node)."""
         producer, uses, implicit, types, append = self.producer, self.uses, self.implicit, self.types, self.nodes.append
+        untyped = self.untyped
         empty: frozenset[str] = frozenset()
         for k, p in enumerate(nodes):
             n = make_node(p, empty)
@@ -135,14 +137,18 @@ class GraphCtx:
             if n.op in CONTROL_FLOW_OPS or not n.onnx_op:  # ``may_have_subgraphs``, on the fields already read
                 sub = list(subgraphs(p))
                 if sub:
+                    self.has_subgraphs = True
                     n.free = frozenset().union(*(free_names(g) for g in sub))
                     for i in n.free:
                         implicit.setdefault(i, {})[n] = 1
             append(n)
             outs = n.outputs
+            typed = True
             for o in outs:
                 if o:
                     producer[o] = n
+                    if typed and o not in types:
+                        typed = False
             for i in n.inputs:
                 if i:
                     d = uses.get(i)
@@ -150,12 +156,10 @@ class GraphCtx:
                         uses[i] = {n: 1}
                     else:
                         d[n] = d.get(n, 0) + 1
-            for o in outs:
-                if o and o not in types:
-                    self._infer_type(n)
-                    if any(o and o not in types for o in outs):
-                        self.untyped.append(n)
-                    break
+            if not typed:
+                infer_local(self, n)
+                if any(o and o not in types for o in outs):
+                    untyped.append(n)
 
     # ----------------------------------------------------------------- types
     def _infer_type(self, n: Node) -> None:

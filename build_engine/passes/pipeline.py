@@ -26,7 +26,7 @@ from ..core.graph import PROTO_LIMIT, subgraphs
 from ..core.heap import release_free_heap
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
-from .census import nested_indices, op_histogram
+from .census import census, nested_indices, op_histogram
 from .report import FoldReport
 from .walk import WalkStats, graph_types, run_passes
 
@@ -138,10 +138,11 @@ def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
             _annotate_subgraphs(g, gi)
 
 
-def _tidy_value_info(graph: GraphProto) -> None:
-    """In ``graph`` and every graph nested in it: drop the value_info entries ``_annotate_subgraphs`` added, then
-    those of values that no longer exist (each graph's own entries only, so one walk does both)."""
-    for k in nested_indices(graph):
+def _tidy_value_info(graph: GraphProto, flat: bool = False) -> None:
+    """In ``graph`` and every graph nested in it (``flat``: there is none): drop the value_info entries
+    ``_annotate_subgraphs`` added, then those of values that no longer exist (each graph's own entries only, so one
+    walk does both)."""
+    for k in () if flat else nested_indices(graph):
         for g in subgraphs(graph.node[k]):
             _tidy_value_info(g)
     if not graph.value_info:
@@ -235,16 +236,16 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
     else:
         work, original = ModelProto(), model
         work.CopyFrom(model)
-    before = op_histogram(work)
+    before, flat = census(work)
     pipeline = Pipeline(passes)
-    if work.functions or nested_indices(work.graph):  # subgraphs get their inferred types in their value_info
-        pipeline.call(work, _infer_types(work))
-    else:
+    if flat:  # folding adds no subgraph and no function: the result is flat too
         pipeline.call(work, graph_types(work.graph), _inferred_main_types(work))
-    _tidy_value_info(work.graph)
+    else:  # subgraphs get their inferred types in their value_info
+        pipeline.call(work, _infer_types(work))
+    _tidy_value_info(work.graph, flat)
     if validate:
         _validate(work, original)
-    after = op_histogram(work)
+    after = op_histogram(work, flat)
     removed = {op: before[op] - after.get(op, 0) for op in sorted(before) if before[op] > after.get(op, 0)}
     added = {op: after[op] - before.get(op, 0) for op in sorted(after) if after[op] > before.get(op, 0)}
     report = FoldReport(nodes_before=sum(before.values()), nodes_after=sum(after.values()), removed=removed,

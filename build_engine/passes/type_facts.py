@@ -17,7 +17,7 @@ Safety conditions:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Protocol
 
@@ -89,9 +89,10 @@ def output_rules(op: str, domain: str, opset: int) -> tuple[tuple[_Rule, ...], b
     return tuple(rules), var_out, var_in
 
 
-def output_types(op: str, domain: str, opset: int, input_types: Sequence[int], n_outputs: int) -> list[int]:
-    """Element type of each of ``n_outputs`` actual outputs (0 = not known from the schema), given the actual
-    inputs' element types (0 = unknown, also for an omitted optional input)."""
+def output_types(op: str, domain: str, opset: int, inputs: Sequence[str], type_of: Callable[[str], int],
+                 n_outputs: int) -> list[int]:
+    """Element type of each of ``n_outputs`` actual outputs (0 = not known from the schema) of a node reading the
+    values named ``inputs`` ("" = an omitted optional input), whose known types ``type_of`` gives (0 = unknown)."""
     found = output_rules(op, domain, opset)
     if found is None:
         return [0] * n_outputs
@@ -106,11 +107,12 @@ def output_types(op: str, domain: str, opset: int, input_types: Sequence[int], n
             out.append(rule or 0)
             continue
         t = 0
-        for j in rule:  # a formal input bound to the output's variable: the first whose type is known
-            if j == var_in:  # the variadic last formal: every actual input from j on
-                t = next((x for x in input_types[j:] if x), 0)
-            elif j < len(input_types):
-                t = input_types[j]
+        for j in rule:  # the formal inputs bound to the output's variable (the variadic last one: all from j on)
+            for name in (inputs[j:] if j == var_in else inputs[j:j + 1]):
+                if name:
+                    t = type_of(name)
+                    if t:
+                        break
             if t:
                 break
         out.append(t)
@@ -151,7 +153,7 @@ def _schema_types(ctx: GraphCtx, n: Node) -> None:
     types = ctx.types
     if n.op == "Constant" or all(not o or o in types for o in n.outputs):
         return
-    found = output_types(n.op, n.domain, ctx.opset, [ctx.type_of(i) if i else 0 for i in n.inputs], len(n.outputs))
+    found = output_types(n.op, n.domain, ctx.opset, n.inputs, ctx.type_of, len(n.outputs))
     for o, t in zip(n.outputs, found, strict=True):
         if o and t and o not in types:
             types[o] = t

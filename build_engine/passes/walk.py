@@ -80,8 +80,9 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
             keep = [v for v in graph.value_info if v.name not in ctx.retyped]
             del graph.value_info[:]
             graph.value_info.extend(keep)
-    nodes = graph.node
-    _run_subgraphs([nodes[k] for k in nested_indices(graph)], ctx, passes, stats, fixed_point)
+    if ctx.has_subgraphs:  # folding makes no node with a subgraph (``replace_node`` makes Constants)
+        nodes = graph.node
+        _run_subgraphs([nodes[k] for k in nested_indices(graph)], ctx, passes, stats, fixed_point)
 
 
 def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats,

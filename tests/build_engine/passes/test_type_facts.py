@@ -66,17 +66,23 @@ def test_facts_agree_with_shape_inference_on_every_node_test() -> None:
     assert checked > 1000 and agree > 1000, (checked, agree)
 
 
+def _types(op: str, opset: int, input_types: list[int], n_outputs: int) -> list[int]:
+    names = [f"i{k}" if t else "" for k, t in enumerate(input_types)]
+    known = {f"i{k}": t for k, t in enumerate(input_types)}
+    return output_types(op, "", opset, names, lambda name: known.get(name, 0), n_outputs)
+
+
 def test_output_types_read_the_schema() -> None:
     F, I64, B = T.FLOAT, T.INT64, T.BOOL  # noqa: N806
-    assert output_types("Add", "", 21, [0, F], 1) == [F]  # any input bound to T
-    assert output_types("Equal", "", 21, [F, F], 1) == [B]  # T1 allows bool only
-    assert output_types("Shape", "", 21, [0], 1) == [I64]
-    assert output_types("Concat", "", 21, [0, T.INT8, 0], 1) == [T.INT8]  # variadic homogeneous input
-    assert output_types("Split", "", 18, [T.FLOAT16, I64], 3) == [T.FLOAT16] * 3  # variadic output
-    assert output_types("TopK", "", 21, [F, I64], 2) == [F, I64]
-    assert output_types("ConstantOfShape", "", 21, [I64], 1) == [0]  # typed by its attribute only
-    assert output_types("Loop", "", 21, [I64, B, F], 2) == [0, 0]  # heterogeneous: follows its body
-    assert output_types("NoSuchOp", "", 21, [F], 1) == [0]
+    assert _types("Add", 21, [0, F], 1) == [F]  # any input bound to T
+    assert _types("Equal", 21, [F, F], 1) == [B]  # T1 allows bool only
+    assert _types("Shape", 21, [0], 1) == [I64]
+    assert _types("Concat", 21, [0, T.INT8, 0], 1) == [T.INT8]  # variadic homogeneous input
+    assert _types("Split", 18, [T.FLOAT16, I64], 3) == [T.FLOAT16] * 3  # variadic output
+    assert _types("TopK", 21, [F, I64], 2) == [F, I64]
+    assert _types("ConstantOfShape", 21, [I64], 1) == [0]  # typed by its attribute only
+    assert _types("Loop", 21, [I64, B, F], 2) == [0, 0]  # heterogeneous: follows its body
+    assert _types("NoSuchOp", 21, [F], 1) == [0]
 
 
 @pytest.mark.parametrize("producer", ["ConstantOfShape", "RandomUniformLike"])
