@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from sys import intern
 
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
@@ -63,6 +64,9 @@ class Node:
     def is_cast(self) -> bool:
         """A default-domain Cast with a known target type and a named input."""
         return self.to is not None and self.alive and bool(self.inputs) and bool(self.inputs[0])
+
+
+_ALIVE = attrgetter("alive")
 
 
 def make_node(p: NodeProto, free: frozenset[str]) -> Node:
@@ -218,21 +222,23 @@ class GraphCtx:
         return list(self.uses.get(name, {}))
 
     def casts(self) -> Iterator[Node]:
-        """Each node that ``Node.is_cast`` when the walk reaches it (lazy: earlier rewrites are seen)."""
+        """Each node that ``Node.is_cast`` when the walk reaches it (lazy: earlier rewrites are seen). A Cast's input
+        name is never emptied (rewrites only rename reads to other values), so only ``alive`` is read per visit."""
         if self._casts is None:
-            self._casts = [n for n in self.nodes if n.to is not None]
-        else:  # a removed node never comes back (``replace_node`` makes a new one); then ``is_cast`` inlined
-            self._casts = [n for n in self._casts if n.alive]
-        return (n for n in self._casts if n.alive and n.inputs and n.inputs[0])
+            self._casts = [n for n in self.nodes if n.to is not None and n.inputs and n.inputs[0]]
+        else:  # a removed node never comes back (``replace_node`` makes a new one)
+            self._casts = list(filter(_ALIVE, self._casts))
+        return filter(_ALIVE, self._casts)
 
     def cast_pairs(self) -> Iterator[tuple[Node, Node]]:
         """``(outer, inner)``: each Cast whose input another Cast produces, in this graph or an enclosing one.
 
         Lazy like ``casts``: a pair is looked up when the walk reaches ``outer``, after earlier rewrites.
         """
+        get = self.producer.get
         for outer in self.casts():  # a local producer shadows every outer one (a dead one fails ``is_cast``)
-            inner = self.producer.get(outer.inputs[0]) or self.source(outer.inputs[0])
-            if inner is not None and inner.is_cast:
+            inner = get(outer.inputs[0]) or self.source(outer.inputs[0])
+            if inner is not None and inner.to is not None and inner.alive and inner.inputs and inner.inputs[0]:
                 yield outer, inner
 
     def num_uses(self, name: str) -> int:
