@@ -87,7 +87,7 @@ class Scope:
     types: dict[str, int] = field(default_factory=dict)
     parent: GraphCtx | None = None
     # shape inference's element types for this graph, asked only when the schema facts leave a value untyped that
-    # inference could type (``GraphCtx.needs_inference``); None: the caller ran it already, or there is none
+    # inference could type (``type_facts.needs_inference``); None: the caller ran it already, or there is none
     infer: Callable[[], dict[str, int]] | None = None
 
 
@@ -124,10 +124,10 @@ class GraphCtx:
         self.untyped: list[Node] = []  # nodes left with an untyped output by ``_index``
         self.has_subgraphs = False  # a node of this graph carries a subgraph
         self._index(nodes)
-        if scope.infer is not None and self.needs_inference():
+        if scope.infer is not None and needs_inference(self):
             self.types.update(scope.infer())
             for n in self.untyped:  # facts that follow from the inferred ones (data movement, shared variables)
-                self._infer_type(n)
+                infer_local(self, n)
 
     def _index(self, nodes: list[NodeProto]) -> None:
         """One ``Node`` per proto, the producer and consumer maps and local type facts: the view's one pass over the
@@ -166,14 +166,6 @@ class GraphCtx:
                     untyped.append(n)
 
     # ----------------------------------------------------------------- types
-    def _infer_type(self, n: Node) -> None:
-        """Local element-type facts for ``n``'s outputs (``type_facts.infer_local``)."""
-        infer_local(self, n)
-
-    def needs_inference(self) -> bool:
-        """Shape inference could type a value these facts leave untyped (``type_facts.needs_inference``)."""
-        return needs_inference(self)
-
     def defines(self, name: str) -> bool:
         """This graph itself defines ``name`` (graph input, initializer or node output): it shadows outer names."""
         return name in self.producer or name in self.inputs or name in self.initializers

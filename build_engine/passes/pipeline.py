@@ -107,7 +107,7 @@ def _infer_types(model: ModelProto) -> dict[str, int]:
 
 def _inferred_main_types(model: ModelProto) -> Callable[[], dict[str, int]]:
     """Shape inference's types for a model without subgraphs or functions, run when the main view asks for them
-    (``ir.GraphCtx.needs_inference``): on such a model the schema facts usually type every value already, and
+    (``type_facts.needs_inference``): on such a model the schema facts usually type every value already, and
     inference of a 100k-node graph costs more than all the rules together (and ~30x the model in C++ heap)."""
     def infer() -> dict[str, int]:
         try:
