@@ -3,9 +3,11 @@
 Targets: 100k nodes fold in under 2 s; 200k nodes take at most 2.1x the 100k time; peak memory under 3x the model's
 serialized size. Each size is folded ``reps`` times with the sizes alternated (so a load change hits all sizes alike);
 the median CPU time of the process (``time.process_time``) is judged, wall time is printed beside it, and so is the
-load average. Memory, in one more untimed fold per size: the growth of the resident set during fold (peak RSS
-``VmHWM``, reset first through ``/proc/self/clear_refs``, minus the RSS before; Linux only), and tracemalloc's peak
-of Python allocations in a separate run (tracing slows allocation, so it is never timed).
+load average and an anchor measured after each fold: one Python pass reading every node's op type, inputs and
+outputs (fold / anchor compares machines of other speeds; the 2 s target is absolute). Memory, in one more untimed
+fold per size: the growth of the resident set during fold (peak RSS ``VmHWM``, reset first through
+``/proc/self/clear_refs``, minus the RSS before; Linux only), and tracemalloc's peak of Python allocations in a
+separate run (tracing slows allocation, so it is never timed).
 
 Run: ``python -P bench/fold_scale.py [--reps 3] [--sizes 50000,100000,200000]`` (``bench/fold.py --only scaling``
 runs the same). For a quieter figure on a shared machine: ``chrt -f 10 python -P bench/fold_scale.py``.
@@ -39,6 +41,7 @@ class Point:
     serialized: int
     cpu: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
+    anchor: list[float] = field(default_factory=list)  # CPU s of one Python read of every node (``_anchor``)
     rss_growth: int | None = None  # bytes; None where /proc/self/clear_refs is not available
     python_peak: int = 0  # bytes
 
@@ -71,6 +74,15 @@ def _rss_growth(n: int) -> int | None:
     return None if out == "None" else int(out)
 
 
+def _anchor(model: object) -> float:
+    """CPU seconds of one Python pass reading every node's op type, inputs and outputs: the floor of any Python rewrite
+    of the graph, measured beside each fold so that machines of other speeds compare by ratio."""
+    c0 = time.process_time()
+    rows = [(p.op_type, p.input[:], p.output[:]) for p in model.graph.node]  # type: ignore[attr-defined]
+    del rows
+    return time.process_time() - c0
+
+
 def measure(sizes: list[int], reps: int) -> list[Point]:
     models = {n: synthetic(n) for n in sizes}
     points = {n: Point(n, len(m.SerializeToString())) for n, m in models.items()}
@@ -81,6 +93,7 @@ def measure(sizes: list[int], reps: int) -> list[Point]:
             fold(models[n])
             points[n].cpu.append(time.process_time() - c0)
             points[n].wall.append(time.perf_counter() - w0)
+            points[n].anchor.append(_anchor(models[n]))
     for n in sizes:
         points[n].rss_growth = _rss_growth(n)
         tracemalloc.start()
@@ -96,14 +109,17 @@ def _verdict(ok: bool) -> str:
 
 def report(points: list[Point], load: tuple[str, str]) -> list[str]:
     lines = [f"load average before / after: {load[0]} / {load[1]}", "",
-             "| nodes | median cpu s | cpu s (each run) | median wall s | cpu us/node | serialized MB | RSS growth MB "
-             "(x serialized) | Python peak MB (x serialized) |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "| nodes | median cpu s | cpu s (each run) | median wall s | cpu us/node | anchor cpu s (fold / anchor) | "
+             "serialized MB | RSS growth MB (x serialized) | Python peak MB (x serialized) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         rss = "n/a" if p.rss_growth is None else f"{p.rss_growth / 1e6:.0f} ({p.rss_growth / p.serialized:.1f}x)"
         med = statistics.median(p.cpu)
         each = ", ".join(f"{c:.2f}" for c in p.cpu)
+        anchor = statistics.median(p.anchor)
         lines.append(f"| {p.nodes:,} | {med:.2f} | {each} | {statistics.median(p.wall):.2f} | "
-                     f"{med / p.nodes * 1e6:.1f} | {p.serialized / 1e6:.1f} | {rss} | "
+                     f"{med / p.nodes * 1e6:.1f} | {anchor:.3f} ({med / anchor:.1f}x) | {p.serialized / 1e6:.1f} | "
+                     f"{rss} | "
                      f"{p.python_peak / 1e6:.0f} ({p.python_peak / p.serialized:.1f}x) |")
     by = {p.nodes: p for p in points}
     lines.append("")
