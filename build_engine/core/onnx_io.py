@@ -14,13 +14,14 @@ import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from .errors import InputError, ModelError
-from .graph import PROTO_LIMIT, stable_topo_order
+from .graph import CONTROL_FLOW_OPS, PROTO_LIMIT, may_have_subgraphs, stable_topo_order, subgraphs
 from .onnx_skeleton import check_model
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
@@ -151,45 +152,63 @@ def _check_external(model: ModelProto, path: Path) -> tuple[Path, ...]:
 
 
 def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = ()) -> None:
-    """Refuse dangling inputs and cycles; sort nodes topologically in place if they are merely out of order."""
+    """Refuse dangling inputs and cycles; sort nodes topologically in place if they are merely out of order.
+
+    Each node's inputs and outputs are read once; subgraphs are looked for in the nodes that can carry them (control
+    flow, custom domains: ``graph.may_have_subgraphs``; a graph attribute on any other op is refused by onnx's
+    checker); an order that is already topological is recognised while the dependencies are read."""
     available: set[str] = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     available |= {t.name for t in graph.sparse_initializer}
     available.add("")  # optional inputs
+    nodes = graph.node
+    rows = [(n.input[:], n.output[:]) for n in nodes]
     producer: dict[str, int] = {}
-    for idx, node in enumerate(graph.node):
-        for out in node.output:
+    for idx, (_, outs) in enumerate(rows):
+        for out in outs:
             if out:
                 producer[out] = idx
-    for node in graph.node:
-        for attr in node.attribute:
-            subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-            for sub in subs:
+    for node in nodes if _any_nested(nodes) else ():
+        if may_have_subgraphs(node):
+            for sub in subgraphs(node):
                 check_graph_structure(sub, where, available | set(producer))
-    deps: list[set[int]] = []
-    for node in graph.node:
-        d: set[int] = set()
-        for name in node.input:
-            if name in producer:
-                d.add(producer[name])
-            elif name not in available:
-                raise ModelError(
-                    f"{where}: node {node.name or node.op_type!r} reads {name!r}, which no node, input or initializer "
-                    "produces (dangling input); fix the export or add the missing input"
-                )
-        deps.append(d)
+    ordered = True
+    get = producer.get
+    for idx, (ins, _) in enumerate(rows):
+        for name in ins:
+            j = get(name)
+            if j is None:
+                if name not in available:
+                    node = nodes[idx]
+                    raise ModelError(
+                        f"{where}: node {node.name or node.op_type!r} reads {name!r}, which no node, input or "
+                        "initializer produces (dangling input); fix the export or add the missing input")
+            elif j >= idx:
+                ordered = False
+    if ordered:
+        return  # every read is of an earlier node's output: acyclic and in order
+    deps = [{producer[name] for name in ins if name in producer} for ins, _ in rows]
     order = stable_topo_order(deps)
-    if len(order) != len(graph.node):
+    if len(order) != len(nodes):
         placed = set(order)
-        stuck = next(graph.node[i] for i in range(len(deps)) if i not in placed)
+        stuck = next(nodes[i] for i in range(len(deps)) if i not in placed)
         raise ModelError(
             f"{where}: the graph has a cycle through node {stuck.name or stuck.op_type!r}; ONNX graphs must be "
             "acyclic, re-export the model"
         )
     if order != list(range(len(order))):
         # Acyclic but out of order: the stable order keeps the original one wherever it is already valid.
-        nodes = [graph.node[i] for i in order]
+        sorted_nodes = [nodes[i] for i in order]
         del graph.node[:]
-        graph.node.extend(nodes)
+        graph.node.extend(sorted_nodes)
+
+
+_OP_TYPE = attrgetter("op_type")
+
+
+def _any_nested(nodes: Iterable[NodeProto]) -> bool:
+    """Some node is a control-flow op or of a custom domain (read as two C-speed maps, not a call per node)."""
+    return (not CONTROL_FLOW_OPS.isdisjoint(map(_OP_TYPE, nodes))
+            or not {n.domain for n in nodes} <= {"", "ai.onnx"})
 
 
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:

@@ -38,6 +38,21 @@ def test_check_graph_structure_sorts_out_of_order_nodes_stably_and_refuses_cycle
         check_graph_structure(cyc, "m.onnx")
 
 
+def test_check_graph_structure_looks_into_subgraphs_and_outer_names() -> None:
+    def with_branch(reads: str) -> onnx.GraphProto:
+        branch = h.make_graph([h.make_node("Neg", [reads], ["o"])], "b", [],
+                              [h.make_tensor_value_info("o", T.FLOAT, [2])])
+        nodes = [h.make_node("Abs", ["x"], ["a"]), h.make_node("If", ["c"], ["y"], then_branch=branch,
+                                                               else_branch=branch)]
+        return h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2]),
+                                         h.make_tensor_value_info("c", T.BOOL, [])],
+                            [h.make_tensor_value_info("y", T.FLOAT, [2])])
+
+    check_graph_structure(with_branch("a"), "m.onnx")  # an outer node's output, read inside the branch
+    with pytest.raises(ModelError, match="reads 'nowhere'"):
+        check_graph_structure(with_branch("nowhere"), "m.onnx")
+
+
 def test_dtype_names_one_table() -> None:
     assert cg.dtype_name(T.FLOAT) == "float32" and cg.dtype_name(T.BFLOAT16) == "bfloat16"
     assert cg.dtype_name(T.INT32) == "int32" and cg.dtype_name(T.BOOL) == "bool"
