@@ -64,6 +64,7 @@ class Load:
     replica the prompt tokens it worked off and the seconds it did so while backlogged (see the module doc)."""
 
     n: int
+    best_rate: float = 0.0  # prompt tokens/s of one replica at the step model's best prefill rate (0: unknown)
     t0: float | None = None
     arrived: int = 0
     last_t: float = 0.0
@@ -94,8 +95,11 @@ class Load:
         self.last_sent[k] = prompt_tokens
 
     def overloaded(self, t: float) -> bool:
-        """lambda >= n * the slowest measured drain rate (module doc); False while nothing was measured."""
+        """lambda >= n * the slowest measured drain rate (module doc); before any replica was seen backlogged,
+        n * the best prefill rate (no replica prefills faster; 0: unknown, never overloaded)."""
         rates = [d / b for d, b in zip(self.drained, self.backlogged_s, strict=True) if b > 0]
+        if not rates and self.best_rate > 0:
+            rates = [self.best_rate]
         if not rates or self.t0 is None or t <= self.t0:
             return False
         return self.arrived / (t - self.t0) >= self.n * min(rates)
@@ -113,7 +117,7 @@ class Router:
         self.prefill_s_per_token = prefill_s_per_token
         self.slo_ttft_s = slo_ttft_s
         self.prefill_s = prefill_s or (lambda start, end: (end - start) * prefill_s_per_token)
-        self.load = Load(len(self.scheds))
+        self.load = Load(len(self.scheds), 1.0 / prefill_s_per_token if prefill_s_per_token > 0 else 0.0)
 
     def pick(self, req: Request, i: int) -> int:
         n = len(self.scheds)
