@@ -9,8 +9,10 @@
 
   Spare capacity (round 4), from the router's own observations (``Load``): the prompt tokens arrived per second
   since the first arrival (lambda), against each replica's measured drain rate (mu_k: prompt tokens it worked off
-  per second over the intervals between arrivals in which it had prompt tokens waiting at both ends, i.e. while
-  backlogged, so KV stalls, decode interleaving and attention over long contexts are all in it). Round-robin gives
+  per second over the intervals between arrivals in which it had prompt tokens to prefill throughout: some at the
+  start, the arrival routed then included, and some left at the end; so KV stalls, decode interleaving and
+  attention over long contexts are all in it. An interval in which it ran dry is left out: how long it was busy
+  then is unknown). Round-robin gives
   every replica lambda / n; while lambda >= n * min_k mu_k (no measure yet: not overloaded) some replica
   receives work faster than it has been seen to clear it, and the router is exactly round-robin. The replicas are
   the same hardware, so their rates differ by the mix of requests each got; taking the slowest errs toward
@@ -77,13 +79,14 @@ class Load:
         self.last_sent, self.drained, self.backlogged_s = [0] * self.n, [0.0] * self.n, [0.0] * self.n
 
     def observe(self, t: float, ahead: list[int]) -> None:
-        """At an arrival at ``t`` (before routing it): credit each replica backlogged since the last arrival."""
+        """At an arrival at ``t`` (before routing it): credit each replica that had prompt tokens to prefill
+        from the last arrival (after routing it) until now."""
         if self.t0 is None:
             self.t0 = t
         elif t > self.last_t:
             dt = t - self.last_t
             for k in range(self.n):
-                if self.last_ahead[k] > 0 and ahead[k] > 0:
+                if self.last_ahead[k] + self.last_sent[k] > 0 and ahead[k] > 0:
                     self.drained[k] += self.last_ahead[k] + self.last_sent[k] - ahead[k]
                     self.backlogged_s[k] += dt
         self.last_t, self.last_ahead = t, ahead

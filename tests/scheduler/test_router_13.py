@@ -73,17 +73,17 @@ def test_load_detects_sustained_overload() -> None:
     assert not load.overloaded(1.0)  # 1,500 tokens/s < 2 replicas x 1,000 (nothing measured: the best rate)
     load.record(1, 1000)
     assert load.overloaded(1.0)  # 2,500 tokens/s >= 2,000: more than the replicas can prefill at their best
-    # measured: replica 0 backlogged across [1, 2] s, worked off 1,500 + 300 - 1,000 = 800 tokens in 1 s
+    # measured: replica 0 got 800 prompt tokens at 0 s and still has 300 to prefill at 1 s: 500 tokens/s
     load = Load(2, best_rate=1000.0)
     load.observe(0.0, [0, 0])
-    load.record(0, 300)
-    load.observe(1.0, [1500, 0])
-    load.record(0, 300)
-    load.observe(2.0, [1000, 0])
-    assert load.drained == [800.0, 0.0] and load.backlogged_s == [1.0, 0.0]
-    assert not load.overloaded(2.0)  # 600 tokens in 2 s = 300/s < 2 x 800
-    load.record(1, 3000)
-    assert load.overloaded(2.0)  # 3,600 tokens in 2 s = 1,800/s >= 2 x 800 (the slowest measured replica)
+    load.record(0, 800)
+    load.observe(1.0, [300, 0])
+    assert load.drained == [500.0, 0.0] and load.backlogged_s == [1.0, 0.0]  # replica 1 had nothing to do
+    assert not load.overloaded(1.0)  # 800 tokens/s < 2 x 500 (the measured rate, not the best one)
+    load.record(1, 400)
+    assert load.overloaded(1.0)  # 1,200 tokens/s >= 2 x 500: the slowest measured replica sets the capacity
+    load.observe(2.0, [0, 0])  # both drained within [1, 2] s: how long they were busy is unknown, not counted
+    assert load.drained == [500.0, 0.0] and load.backlogged_s == [1.0, 0.0]
     assert not Load(2).overloaded(5.0)  # no rate known at all: never overloaded
 
 
