@@ -12,14 +12,14 @@
   per second over the intervals between arrivals in which it had prompt tokens to prefill throughout: some at the
   start, the arrival routed then included, and some left at the end; so KV stalls, decode interleaving and
   attention over long contexts are all in it. An interval in which it ran dry is left out: how long it was busy
-  then is unknown). Round-robin gives
-  every replica lambda / n; while lambda >= n * min_k mu_k (no measure yet: not overloaded) some replica
-  receives work faster than it has been seen to clear it, and the router is exactly round-robin. The replicas are
-  the same hardware, so their rates differ by the mix of requests each got; taking the slowest errs toward
-  round-robin, the baseline. Why: in a sustained overload every replica saturates within a minute and all the
+  then is unknown). Round-robin gives every replica lambda / n; while lambda >= n * min_k mu_k (before any
+  replica was measured: n * the step model's best prefill rate, which no replica beats without cache hits) some
+  replica receives work faster than it has been seen to clear it, and the router is exactly round-robin. The
+  replicas are the same hardware, so their rates differ by the mix of requests each got; taking the slowest errs
+  toward round-robin, the baseline. Why: in a sustained overload every replica saturates within a minute and all the
   goodput is made before that (bench/RESULTS.md, issue 13 rounds 3-4); a move there only chooses which requests
-  miss, and the outcome is chaotic in single early moves (-6% and -23% from one or two moves in rows at 2x / 3x
-  the traces' rate). Moves are worth making while there is room to absorb them, not in a pile-up.
+  miss, and the outcome is chaotic in a few early moves (-6% from two moves at 2x the traces' rate, -23% from
+  five in the first 16 s at 3x). Moves are worth making while there is room to absorb them, not in a pile-up.
 
   The move (round 3, with the request's own prefill from the step model, round 4). Per replica k:
   - ``low[k]``: a lower bound on the request's TTFT there: the prompt tokens k must prefill first (the rest of its
