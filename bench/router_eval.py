@@ -11,7 +11,9 @@ load per replica matches 4 replicas at that rate; KV = ``plan_kv``'s blocks x 1.
 - ``mooncake-heldout``: Mooncake windows 3.. (every later window of the trace), 4 replicas, 1x and 2x;
 - ``azure``: the Azure conversation trace's windows (no prefix hashes: only load rules act), 4 replicas, 1x, 2x;
 - ``rates``: Mooncake windows 0-5 at 1.5x and 3x, 4 replicas;
-- ``replicas``: Mooncake windows 0-5 at 1x and 2x with 2 and with 8 replicas.
+- ``replicas``: Mooncake windows 0-5 at 1x and 2x with 2 and with 8 replicas;
+- ``extra`` (added after the rule was fixed, never used to choose it): Mooncake windows 0-5 with KV x 0.5 and 0.2
+  at 1.25x and 2.5x (4 replicas), and with KV x 1.0 and 0.3 at 1x and 2x on 3 and 6 replicas.
 
 ``--save`` writes every row's numbers as JSON; ``--compare`` prints the ratio of an earlier saved run (e.g. the
 router of ``main``) next to this one's, and its summary. Simulated time only: the numbers do not depend on the
@@ -37,7 +39,7 @@ from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 KV = (1.0, 0.3, 0.15)
 WINDOW_S = 600.0
-SETS = ("design", "mooncake-heldout", "azure", "rates", "replicas")
+SETS = ("design", "mooncake-heldout", "azure", "rates", "replicas", "extra")
 Row = tuple[str, str, int, float, float, int]  # (set, trace, window, kv x, rate, replicas)
 
 
@@ -55,8 +57,9 @@ def windows(reqs: list[Request]) -> list[list[Request]]:
 
 
 def rows_of(name: str, n_mooncake: int, n_azure: int) -> list[Row]:
-    def grid(trace: str, wins: range, rates: tuple[float, ...], reps: tuple[int, ...]) -> list[Row]:
-        return [(name, trace, w, kv, rate, n) for n in reps for rate in rates for w in wins for kv in KV]
+    def grid(trace: str, wins: range, rates: tuple[float, ...], reps: tuple[int, ...],
+             kvs: tuple[float, ...] = KV) -> list[Row]:
+        return [(name, trace, w, kv, rate, n) for n in reps for rate in rates for w in wins for kv in kvs]
 
     if name == "design":
         return grid("mooncake", range(3), (1.0, 2.0), (4,))
@@ -68,6 +71,10 @@ def rows_of(name: str, n_mooncake: int, n_azure: int) -> list[Row]:
         return grid("mooncake", range(min(6, n_mooncake)), (1.5, 3.0), (4,))
     if name == "replicas":
         return grid("mooncake", range(min(6, n_mooncake)), (1.0, 2.0), (2, 8))
+    if name == "extra":
+        six = range(min(6, n_mooncake))
+        return grid("mooncake", six, (1.25, 2.5), (4,), (0.5, 0.2)) + grid("mooncake", six, (1.0, 2.0), (3, 6),
+                                                                              (1.0, 0.3))
     raise SystemExit(f"unknown set {name!r}; use {', '.join(SETS)}")
 
 
@@ -102,7 +109,7 @@ def summary(label: str, rows: list[Row], res: dict[str, dict[str, float]]) -> st
     for g in groups:
         rs = [ratio(res[key(r)]) for r in rows if (r[0], r[4], r[5]) == g and key(r) in res]
         unserved = sum(res[key(r)]["ca_unserved"] for r in rows if (r[0], r[4], r[5]) == g and key(r) in res)
-        lines.append(f"  {label:7s} {g[0]:17s} {g[1]:.1f}x {g[2]} replicas: {sum(x < 1 for x in rs):2d} of "
+        lines.append(f"  {label:7s} {g[0]:17s} {g[1]:.2f}x {g[2]} replicas: {sum(x < 1 for x in rs):2d} of "
                      f"{len(rs):2d} rows below RR, worst {min(rs):.3f}, mean {sum(rs) / len(rs):.3f}, "
                      f"CA unserved {unserved:.0f}")
     return "\n".join(lines)
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         res[key(row)] = got = run_row(row, wins, kv.num_blocks, kv.tokens_per_block, model)
         old = f" | {ratio(before[key(row)]):.3f}" if key(row) in before else ""
         flag = "  BELOW RR" if got["ca"] < got["rr"] else ""
-        print(f"{row[0]} | {row[1]} | {row[2]} | {row[3]:.2f} | {row[4]:.1f}x | {row[5]} | {got['ca']:.3f} | "
+        print(f"{row[0]} | {row[1]} | {row[2]} | {row[3]:.2f} | {row[4]:g}x | {row[5]} | {got['ca']:.3f} | "
               f"{got['rr']:.3f} | {ratio(got):.3f} | {got['ca_unserved']:.0f}{old}{flag}", flush=True)
     print("\nsummary (ratio = CA router / round-robin goodput, cache-aware policy behind both)")
     print(summary("now", rows, res))
