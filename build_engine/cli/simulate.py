@@ -29,7 +29,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--router", choices=ROUTER_NAMES, default="round-robin",
                    help="how arrivals pick a replica (cache-aware: round-robin, except a request round-robin would "
                    "certainly serve past the TTFT SLO goes to a replica that starts it in time, longest cached prefix "
-                   "first)")
+                   "first; exactly round-robin while prompt tokens arrive at least as fast as the replicas were seen "
+                   "to work them off, the slowest replica's measured rate x replicas)")
     p.add_argument("--max-tokens", default="2048", metavar="{N,context,oracle}",
                    help="the cap clients send (max_tokens); requests stop at min(cap, the trace's output length), "
                         "and only the simulator knows the latter. Default 2048: above every output of the bundled "

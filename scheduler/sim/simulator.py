@@ -236,7 +236,8 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     rejected: dict[str, str] = {}
     samples: list[tuple[float, float, int]] = []
     budget = reps[0].sched.config.token_budget  # a full chunk at context 0: the best prefill rate per token
-    route = Router(router, [r.sched for r in reps], model.step_seconds([(0, budget)], 0, 0) / budget, slo_ttft_s)
+    route = Router(router, [r.sched for r in reps], model.step_seconds([(0, budget)], 0, 0) / budget, slo_ttft_s,
+                   lambda start, end: model.prefill_seconds(start, end, budget))
     steps = _replay(reqs, reps, route, model, deadline, truth,
                     (first, done, rejected), samples, max_samples, fast_forward, front)
     out = Outcome(first, done, rejected, truth)

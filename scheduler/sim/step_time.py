@@ -111,3 +111,13 @@ class StepTimeModel:
         t_mem = nbytes / (self.bandwidth_gbs * 1e9 * self.bw_eff)
         t_flop = flops / (self.tflops * 1e12 * self.flop_eff)
         return self.overhead_s + max(t_mem, t_flop)
+
+    def prefill_seconds(self, start: int, end: int, chunk: int) -> float:
+        """Prompt tokens [start, end) of one request prefilled alone in chunks of ``chunk`` tokens (the fewest
+        steps): the step model's time, attention over the context already read included."""
+        t, pos = 0.0, start
+        while pos < end:
+            n = min(chunk, end - pos)
+            t += self.step_seconds([(pos, n)], 0, 0)
+            pos += n
+        return t

@@ -1,5 +1,6 @@
-"""Issue 13, round 3: the cache-aware router leaves round-robin only from a certain TTFT miss to a likely hit
-(then for the longest cached prefix among the replicas that start the request in time)."""
+"""Issue 13, rounds 3-4: the cache-aware router leaves round-robin only from a certain TTFT miss to a likely hit
+(then for the longest cached prefix among the replicas that start the request in time), and never while its own
+load signals show a sustained overload (round 4)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from trtforge.profiles.loader import load_profile
 from trtforge.scheduler.kv_plan import PRESETS
 from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
-from trtforge.scheduler.sim.router import Router
+from trtforge.scheduler.sim.router import Load, Router
 from trtforge.scheduler.sim.simulator import simulate
 from trtforge.scheduler.sim.step_time import StepTimeModel
 
@@ -55,6 +56,61 @@ def test_cache_aware_router_decisions() -> None:
         d.submit(Request(f"s{k}", 0, 1000, 4))
     assert d.queue and Router("cache-aware", [c, d], rate).pick(cold, 1) == 1
     assert Router("round-robin", [a, b]).pick(probe, 1) == 1
+
+
+def _queued_pair(cfg: SchedulerConfig) -> tuple[Scheduler, Scheduler]:
+    """Replica 0 idle, replica 1 queueing 40 x 8,000 prompt tokens (a certain TTFT miss there)."""
+    a, b = Scheduler(cfg), Scheduler(cfg)
+    for k in range(40):
+        b.submit(Request(f"q{k}", 0, 8000, 4))
+    return a, b
+
+
+def test_load_detects_sustained_overload() -> None:
+    load = Load(2, best_rate=1000.0)
+    load.observe(0.0, [0, 0])
+    load.record(0, 1500)
+    assert not load.overloaded(1.0)  # 1,500 tokens/s < 2 replicas x 1,000 (nothing measured: the best rate)
+    load.record(1, 1000)
+    assert load.overloaded(1.0)  # 2,500 tokens/s >= 2,000: more than the replicas can prefill at their best
+    # measured: replica 0 got 800 prompt tokens at 0 s and still has 300 to prefill at 1 s: 500 tokens/s
+    load = Load(2, best_rate=1000.0)
+    load.observe(0.0, [0, 0])
+    load.record(0, 800)
+    load.observe(1.0, [300, 0])
+    assert load.drained == [500.0, 0.0] and load.backlogged_s == [1.0, 0.0]  # replica 1 had nothing to do
+    assert not load.overloaded(1.0)  # 800 tokens/s < 2 x 500 (the measured rate, not the best one)
+    load.record(1, 400)
+    assert load.overloaded(1.0)  # 1,200 tokens/s >= 2 x 500: the slowest measured replica sets the capacity
+    load.observe(2.0, [0, 0])  # both drained within [1, 2] s: how long they were busy is unknown, not counted
+    assert load.drained == [500.0, 0.0] and load.backlogged_s == [1.0, 0.0]
+    assert not Load(2).overloaded(5.0)  # no rate known at all: never overloaded
+
+
+def test_cache_aware_router_is_round_robin_under_sustained_overload() -> None:
+    cfg = SchedulerConfig(num_blocks=4000, tokens_per_block=64, max_running=4)
+    rate = _per_token(cfg)
+    cold = Request("cold", 10.0, 4096, 4, tuple(range(100, 108)))
+    a, b = _queued_pair(cfg)
+    spare = Router("cache-aware", [a, b], rate)
+    assert spare.pick(cold, 1) == 0  # a certain miss at round-robin's replica, replica 0 starts it now: moved
+    over = Router("cache-aware", [a, b], rate)
+    over.load.t0, over.load.arrived = 0.0, int(10 * 3 / rate)  # 10 s of prompt tokens at 3 x the best rate
+    over.load.last_ahead = [0, 0]
+    assert over.pick(cold, 1) == 1  # the same request, in a sustained overload: round-robin
+    assert over.load.arrived == int(10 * 3 / rate) + 4096  # what the router saw is recorded
+
+
+def test_cache_aware_router_keeps_a_request_whose_own_prefill_misses_the_slo() -> None:
+    cfg = SchedulerConfig(num_blocks=4000, tokens_per_block=64, max_running=4)
+    model, rate = _model(), _per_token(cfg)
+    a, b = _queued_pair(cfg)
+    huge = Request("huge", 0, 120_000, 4, tuple(range(500, 735)))
+    assert 120_000 * rate < 5.0 < model.prefill_seconds(0, 120_000, cfg.token_budget)  # ~3.6 s vs ~10 s
+    best = Router("cache-aware", [a, b], rate)  # no step model: the best rate says replica 0 meets the SLO
+    step = Router("cache-aware", [a, b], rate,
+                  prefill_s=lambda start, end: model.prefill_seconds(start, end, cfg.token_budget))
+    assert best.pick(huge, 1) == 0 and step.pick(huge, 1) == 1  # a miss everywhere: it stays with round-robin
 
 
 def _skewed(seed: int, n: int, gap: float) -> list[Request]:
