@@ -9,7 +9,8 @@ attributes are not known to ONNX). ``all_graphs`` yields a graph and every body 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from operator import attrgetter
 
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto
@@ -67,10 +68,20 @@ def elem_type(name: str) -> int:
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 #: The same set, for callers that already hold a node's op type and domain (reading them off a proto again is slow).
 CONTROL_FLOW_OPS = _CONTROL_FLOW
+_DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+_OP_TYPE = attrgetter("op_type")
 
 
 def may_have_subgraphs(node: NodeProto) -> bool:
     return node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")
+
+
+def any_may_have_subgraphs(nodes: Iterable[NodeProto], ops: Iterable[str] | None = None) -> bool:
+    """``any(may_have_subgraphs(n) for n in nodes)``, read as two C-speed maps instead of a call per node (on a graph
+    of 100k nodes the calls cost more than the rest of a walk); ``nodes`` is read twice (a repeated field or a list);
+    ``ops``: their op types when already read."""
+    return (not _CONTROL_FLOW.isdisjoint(map(_OP_TYPE, nodes) if ops is None else ops)
+            or not {n.domain for n in nodes} <= _DEFAULT_DOMAINS)
 
 
 def subgraphs(node: NodeProto) -> Iterator[GraphProto]:

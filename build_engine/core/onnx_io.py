@@ -14,14 +14,13 @@ import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from .errors import InputError, ModelError
-from .graph import CONTROL_FLOW_OPS, PROTO_LIMIT, may_have_subgraphs, stable_topo_order, subgraphs
+from .graph import PROTO_LIMIT, any_may_have_subgraphs, may_have_subgraphs, stable_topo_order, subgraphs
 from .onnx_skeleton import check_model
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
@@ -167,7 +166,7 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
         for out in outs:
             if out:
                 producer[out] = idx
-    for node in nodes if _any_nested(nodes) else ():
+    for node in nodes if any_may_have_subgraphs(nodes) else ():
         if may_have_subgraphs(node):
             for sub in subgraphs(node):
                 check_graph_structure(sub, where, available | set(producer))
@@ -200,15 +199,6 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
         sorted_nodes = [nodes[i] for i in order]
         del graph.node[:]
         graph.node.extend(sorted_nodes)
-
-
-_OP_TYPE = attrgetter("op_type")
-
-
-def _any_nested(nodes: Iterable[NodeProto]) -> bool:
-    """Some node is a control-flow op or of a custom domain (read as two C-speed maps, not a call per node)."""
-    return (not CONTROL_FLOW_OPS.isdisjoint(map(_OP_TYPE, nodes))
-            or not {n.domain for n in nodes} <= {"", "ai.onnx"})
 
 
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:

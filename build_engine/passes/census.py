@@ -1,8 +1,9 @@
 """Whole-graph walks of the fold pipeline (op histogram, nested graphs), at C speed per node where it matters.
 
 On a graph of 100k nodes, one Python call per node (``core.graph.may_have_subgraphs``) costs more than the rest of
-such a walk; here the op types and domains are read in two comprehensions first, and nodes are looked at one by one
-only in the (rare) graphs that have a control-flow or custom-domain node at all. The answers are those of
+such a walk; here the op types and domains are read in two comprehensions first
+(``core.graph.any_may_have_subgraphs``), and nodes are looked at one by one only in the (rare) graphs that have a
+control-flow or custom-domain node at all. The answers are those of
 ``core.graph.all_graphs`` for a graph that is not changed while it is walked.
 """
 
@@ -14,9 +15,8 @@ from operator import attrgetter
 
 from onnx import GraphProto, ModelProto
 
-from ..core.graph import CONTROL_FLOW_OPS, may_have_subgraphs, subgraphs
+from ..core.graph import any_may_have_subgraphs, may_have_subgraphs, subgraphs
 
-_DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 _OP_TYPE = attrgetter("op_type")
 
 
@@ -24,8 +24,7 @@ def nested_indices(graph: GraphProto, ops: list[str] | None = None) -> list[int]
     """Indices of the nodes of ``graph`` that may carry subgraphs (``may_have_subgraphs``), in node order; ``ops``:
     the nodes' op types when the caller has read them already."""
     nodes = graph.node
-    if (CONTROL_FLOW_OPS.isdisjoint(map(_OP_TYPE, nodes) if ops is None else ops)
-            and {n.domain for n in nodes} <= _DEFAULT_DOMAINS):
+    if not any_may_have_subgraphs(nodes, ops):
         return []
     return [k for k, n in enumerate(nodes) if may_have_subgraphs(n)]
 

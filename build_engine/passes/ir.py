@@ -230,7 +230,7 @@ class GraphCtx:
         get = self.producer.get
         for outer in self.casts():  # a local producer shadows every outer one (a dead one fails ``is_cast``)
             inner = get(outer.inputs[0]) or self.source(outer.inputs[0])
-            if inner is not None and inner.to is not None and inner.alive and inner.inputs and inner.inputs[0]:
+            if inner is not None and inner.is_cast:
                 yield outer, inner
 
     def num_uses(self, name: str) -> int:

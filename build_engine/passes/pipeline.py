@@ -109,22 +109,6 @@ def _infer_types(model: ModelProto) -> dict[str, int]:
     return types
 
 
-def _inferred_main_types(model: ModelProto) -> Callable[[], dict[str, int]]:
-    """Shape inference's types for a model without subgraphs or functions, run when the main view asks for them
-    (``type_facts.needs_inference``): on such a model the schema facts usually type every value already, and
-    inference of a 100k-node graph costs more than all the rules together (and ~30x the model in C++ heap)."""
-    def infer() -> dict[str, int]:
-        try:
-            inferred = infer_shapes(model)
-        except Exception:
-            return {}
-        types = graph_types(inferred.graph)
-        del inferred
-        release_free_heap()
-        return types
-    return infer
-
-
 def _annotate_subgraphs(graph: GraphProto, inferred: GraphProto) -> None:
     """Copy inferred element types into the value_info of each subgraph of ``graph`` (same structure as
     ``inferred``, which shape inference produced from a copy), at every depth."""
@@ -243,7 +227,9 @@ def _fold(model: ModelProto, passes: Sequence[GraphPass] | None, validate: bool,
     before, flat = census(work)
     pipeline = Pipeline(passes)
     if flat:  # folding adds no subgraph and no function: the result is flat too
-        pipeline.call(work, graph_types(work.graph), _inferred_main_types(work))
+        # shape inference runs only if the view asks (``type_facts.needs_inference``): on such a model the schema
+        # facts usually type every value, and inference of a 100k-node graph costs more than all the rules together
+        pipeline.call(work, graph_types(work.graph), lambda: _infer_types(work))
     else:  # subgraphs get their inferred types in their value_info
         pipeline.call(work, _infer_types(work))
     _tidy_value_info(work.graph, flat)
