@@ -84,6 +84,15 @@ def any_may_have_subgraphs(nodes: Iterable[NodeProto], ops: Iterable[str] | None
             or not {n.domain for n in nodes} <= _DEFAULT_DOMAINS)
 
 
+
+def nested_indices(graph: GraphProto, ops: list[str] | None = None) -> list[int]:
+    """Indices of the nodes of ``graph`` that may carry subgraphs (``may_have_subgraphs``), in node order; ``ops``:
+    the nodes' op types when the caller has read them already."""
+    nodes = graph.node
+    if not any_may_have_subgraphs(nodes, ops):
+        return []
+    return [k for k, n in enumerate(nodes) if may_have_subgraphs(n)]
+
 def subgraphs(node: NodeProto) -> Iterator[GraphProto]:
     for a in node.attribute:
         if a.type == AttributeProto.GRAPH:

@@ -20,7 +20,7 @@ import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from .errors import InputError, ModelError
-from .graph import PROTO_LIMIT, any_may_have_subgraphs, may_have_subgraphs, stable_topo_order, subgraphs
+from .graph import PROTO_LIMIT, nested_indices, stable_topo_order, subgraphs
 from .onnx_skeleton import check_model
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
@@ -166,10 +166,9 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
         for out in outs:
             if out:
                 producer[out] = idx
-    for node in nodes if any_may_have_subgraphs(nodes) else ():
-        if may_have_subgraphs(node):
-            for sub in subgraphs(node):
-                check_graph_structure(sub, where, available | set(producer))
+    for k in nested_indices(graph):
+        for sub in subgraphs(nodes[k]):
+            check_graph_structure(sub, where, available | set(producer))
     ordered = True
     get = producer.get
     for idx, (ins, _) in enumerate(rows):

@@ -15,18 +15,9 @@ from operator import attrgetter
 
 from onnx import GraphProto, ModelProto
 
-from ..core.graph import any_may_have_subgraphs, may_have_subgraphs, subgraphs
+from ..core.graph import nested_indices, subgraphs
 
 _OP_TYPE = attrgetter("op_type")
-
-
-def nested_indices(graph: GraphProto, ops: list[str] | None = None) -> list[int]:
-    """Indices of the nodes of ``graph`` that may carry subgraphs (``may_have_subgraphs``), in node order; ``ops``:
-    the nodes' op types when the caller has read them already."""
-    nodes = graph.node
-    if not any_may_have_subgraphs(nodes, ops):
-        return []
-    return [k for k, n in enumerate(nodes) if may_have_subgraphs(n)]
 
 
 def graphs_under(graph: GraphProto) -> Iterator[GraphProto]:

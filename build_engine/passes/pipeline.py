@@ -22,11 +22,11 @@ from onnx import GraphProto, ModelProto
 
 from ..core import onnx_skeleton, steps
 from ..core.errors import CheckFailed
-from ..core.graph import PROTO_LIMIT, subgraphs
+from ..core.graph import PROTO_LIMIT, nested_indices, subgraphs
 from ..core.heap import release_free_heap
 from ..core.shape_inference import infer_shapes
 from .base import GraphPass, PassResult
-from .census import census, nested_indices, op_histogram
+from .census import census, op_histogram
 from .report import FoldReport
 from .walk import WalkStats, graph_types, run_passes
 

@@ -17,8 +17,7 @@ from typing import Protocol
 
 from onnx import GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
-from ..core.graph import may_have_subgraphs, subgraphs
-from .census import nested_indices
+from ..core.graph import may_have_subgraphs, nested_indices, subgraphs
 from .ir import GraphCtx, Scope
 
 

@@ -16,8 +16,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from trtforge.build_engine.core import onnx_skeleton
-from trtforge.build_engine.core.graph import all_graphs
-from trtforge.build_engine.passes.census import graphs_under, nested_indices, op_histogram
+from trtforge.build_engine.core.graph import all_graphs, nested_indices
+from trtforge.build_engine.passes.census import graphs_under, op_histogram
 from trtforge.build_engine.passes.const_expr import EXACT_OPS, FoldConstantExpression, _Computable
 from trtforge.build_engine.passes.dead_nodes import RemoveDeadNodes
 from trtforge.build_engine.passes.ir import GraphCtx, Scope

@@ -19,10 +19,10 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
+from trtforge.build_engine.core.graph import nested_indices
 from trtforge.build_engine.core.shape_inference import infer_shapes
 from trtforge.build_engine.passes import fold
 from trtforge.build_engine.passes import pipeline as pipeline_mod
-from trtforge.build_engine.passes.census import nested_indices
 from trtforge.build_engine.passes.ir import GraphCtx, Scope
 from trtforge.build_engine.passes.type_facts import needs_inference, output_types
 from trtforge.build_engine.passes.walk import default_opset, graph_types
