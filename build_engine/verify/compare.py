@@ -94,3 +94,26 @@ def _bitwise(a: np.ndarray, b: np.ndarray, fa: np.ndarray | None, fb: np.ndarray
     else:
         diff = np.where(same, 0.0, absd)
     return bool(np.all(same)), float(diff.max()) if diff.size else 0.0
+
+
+def byte_mismatches(a: np.ndarray, b: np.ndarray) -> int:
+    """Elements of ``a`` whose bytes differ from ``b``'s at the same index (every element when dtypes or shapes
+    differ): the mismatch count of a bitwise comparison, where identical NaNs match."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.size, b.size)
+    if a.dtype.kind in "OUS":
+        return int(np.count_nonzero(a != b))
+    ra = np.ascontiguousarray(a).view(np.uint8).reshape(a.size, a.dtype.itemsize)
+    rb = np.ascontiguousarray(b).view(np.uint8).reshape(b.size, b.dtype.itemsize)
+    return int(np.count_nonzero(np.any(ra != rb, axis=1)))
+
+
+def nan_count(a: np.ndarray, b: np.ndarray) -> int:
+    """Elements that are NaN in ``a`` or in ``b`` (same shape; 0 for non-float arrays): each is a mismatch under
+    Polygraphy's element-wise rule, even where both are NaN."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or not (_is_float(a) or _is_float(b)):
+        return 0
+    with np.errstate(invalid="ignore"):
+        return int(np.count_nonzero(np.isnan(a.astype(np.float64)) | np.isnan(b.astype(np.float64))))

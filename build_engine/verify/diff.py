@@ -2,7 +2,7 @@
 seeded random inputs, then ``Comparator.compare_accuracy`` with ``CompareFunc.simple``.
 
 Tolerances (Polygraphy's element-wise rule: an element mismatches only if ``|a-b| > atol`` AND ``|a-b|/|b| > rtol``;
-NaN always mismatches):
+NaN always mismatches, even against NaN; the bitwise mode below is judged on bytes alone):
 
 =========  ======  ======  ======================================================================
 precision  atol    rtol    why
@@ -51,7 +51,7 @@ import numpy as np
 
 from ..core import steps
 from ..core.errors import CheckFailed, InputError, ModelError
-from .compare import compare_arrays
+from .compare import byte_mismatches, compare_arrays, nan_count
 from .inputs import FeedSpec, graph_inputs, plan_feeds
 from .sessions import make_session
 
@@ -75,6 +75,7 @@ class OutputDiff:
     rel_to_scale: float = 0.0
     rel_error: float = 0.0        # ||a - b|| / ||b|| over the whole output
     top1: float | None = None     # share of positions whose argmax over the last axis agrees (float outputs)
+    nans: int = 0                 # elements NaN in either output (each a mismatch under the element-wise rule)
 
 
 @dataclass
@@ -194,10 +195,17 @@ _INLINE_SIZE = 64 << 20
 
 def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, poly_pass: bool) -> OutputDiff:
     """trtforge's numbers for one output (``compare.compare_arrays``); it passes when Polygraphy's verdict and the
-    element-wise rule agree, and, with ``atol = rtol = 0``, only when the arrays are byte-identical. Also the
-    whole-output relative error ``||a - b|| / ||b||`` and the top-1 agreement over the last axis (quantized presets)."""
+    element-wise rule agree, or, with ``atol = rtol = 0`` (bitwise), exactly when the arrays are byte-identical
+    (then identical NaNs match and ``mismatches`` counts the elements whose bytes differ: Polygraphy's rule, under
+    which a NaN never matches, would fail a model compared with itself). Also the whole-output relative error
+    ``||a - b|| / ||b||`` and the top-1 agreement over the last axis (quantized presets)."""
     d = compare_arrays(a, b, atol, rtol)
-    passed = poly_pass and d.mismatches == 0 and (d.identical or atol != 0 or rtol != 0)
+    mismatches, nans = d.mismatches, 0
+    if atol == 0 and rtol == 0:
+        mismatches = byte_mismatches(a, b)
+        passed = mismatches == 0
+    else:
+        passed, nans = poly_pass and d.mismatches == 0, nan_count(a, b)
     rel_error, top1 = float("inf"), None
     if a.shape == b.shape and a.dtype != np.bool_ and b.dtype != np.bool_:
         diff = a.astype(np.float64) - b.astype(np.float64)
@@ -206,7 +214,8 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
-    return OutputDiff(name, d.max_abs, d.max_rel, d.mismatches, d.total, passed, d.rel_to_scale, rel_error, top1)
+    return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed, d.rel_to_scale, rel_error, top1,
+                      nans)
 
 
 def judge_quantized(diff: OutputDiff, precision: str) -> OutputDiff:
@@ -350,5 +359,9 @@ def check(result: DiffResult) -> None:
     bad = [o for o in result.outputs if not o.passed]
     if bad:
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs differ beyond atol={result.atol} "
-                          f"rtol={result.rtol}: " + ", ".join(f"{o.name} (max abs {o.max_abs:.3g}, "
-                                                               f"{o.mismatches}/{o.total} mismatched)" for o in bad))
+                          f"rtol={result.rtol}: " + ", ".join(_why(o) for o in bad))
+
+
+def _why(o: OutputDiff) -> str:
+    nan = f", {o.nans} NaN: Polygraphy counts every NaN as a mismatch" if o.nans and o.mismatches else ""
+    return f"{o.name} (max abs {o.max_abs:.3g}, {o.mismatches}/{o.total} mismatched{nan})"

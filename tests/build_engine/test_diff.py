@@ -202,3 +202,39 @@ def test_rel_to_scale_is_max_abs_over_reference_scale(rng: np.random.Generator) 
     expect = np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b.astype(np.float64)))
     assert d.rel_to_scale == expect
     assert d.rel_to_scale < d.max_rel  # element-wise relative error blows up near zero; the scale-relative one not
+
+
+def _nan_model(path: Path) -> None:
+    """Log of a random float input (NaN wherever it is negative), then Neg."""
+    graph = helper.make_graph([helper.make_node("Log", ["x"], ["y"]), helper.make_node("Neg", ["y"], ["z"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_bitwise_mode_passes_identical_nans(tmp_path: Path, cli, rng: np.random.Generator) -> None:
+    """--atol 0 --rtol 0 is judged on bytes: a model against itself passes even where its outputs are NaN (Polygraphy's
+    rule alone would fail every NaN); under a tolerance every NaN fails, and the message says that NaN is why."""
+    a = tmp_path / "a.onnx"
+    _nan_model(a)
+    seed = str(int(rng.integers(1 << 30)))
+    res = cli("diff", a, a, "--atol", "0", "--rtol", "0", "--seed", seed)
+    assert res.code == 0, res.err
+    res = cli("diff", a, a, "--seed", seed)
+    assert_one_line_error(res, 1, "z", "NaN")
+
+
+def test_bitwise_mismatches_count_differing_bytes(rng: np.random.Generator) -> None:
+    from trtforge.build_engine.verify.compare import byte_mismatches, nan_count
+
+    a = rng.standard_normal(64).astype(np.float32)
+    a[rng.choice(64, 9, replace=False)] = np.nan
+    b = a.copy()
+    assert byte_mismatches(a, b) == 0 and nan_count(a, b) == 9
+    b[np.isnan(b)] = -np.float32(np.nan)  # NaN with the sign bit set: other bytes
+    flipped = np.signbit(a[np.isnan(a)]) != np.signbit(b[np.isnan(b)])
+    assert byte_mismatches(a, b) == int(flipped.sum())
+    c = a.copy()
+    c[3] = np.nextafter(c[3], np.float32(np.inf)) if np.isfinite(c[3]) else np.float32(1.0)
+    assert byte_mismatches(a, c) == 1
+    assert byte_mismatches(a, a.astype(np.float64)) == 64
