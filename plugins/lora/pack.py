@@ -7,10 +7,17 @@ transposed), ``lora_b.<path>`` [N, R, O] (B transposed), zero-padded to R, and `
 with ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` for rsLoRA). Slots whose adapter does not adapt a module hold zeros
 and scale 0, which adds exactly nothing.
 
+``target_modules`` follows PEFT: a list matches a module whose path equals a name or ends with ``.name``; a string
+is a regular expression the whole module path must match (``re.fullmatch``), ``"all-linear"`` every module. A
+config without ``lora_alpha`` gets PEFT's ``LoraConfig`` default, 8.
+
 Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a rank
 above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
-not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), and ``rank_pattern`` /
-``alpha_pattern`` configs (per-module ranks are not supported yet).
+not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), ``rank_pattern`` /
+``alpha_pattern`` configs (per-module ranks are not supported yet), and every adapter feature whose effect is more
+than ``scale * B @ A`` added to a projection: DoRA (``use_dora``), trained biases (``bias`` other than ``"none"``),
+``modules_to_save``, and any tensor in the weights file that is not a ``lora_A`` / ``lora_B`` weight (embedding
+LoRA, DoRA magnitudes, biases): dropping one silently would change the adapted model's outputs.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from trtforge.build_engine.core.errors import InputError
 from . import spec
 
 _KEY = re.compile(r"^base_model\.model\.(?P<path>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
+Targets = tuple[str, ...] | str  # target_modules: names, or one regular expression (PEFT's two forms)
+_PEFT_DEFAULT_ALPHA = 8  # peft.LoraConfig.lora_alpha's default
 _ST_DTYPES: dict[str, Any] = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": "bfloat16"}
 
 
@@ -38,7 +47,7 @@ class Adapter:
     folder: Path
     rank: int
     scale: float
-    targets: tuple[str, ...]
+    targets: Targets
     a: Mapping[str, np.ndarray]  # module path -> [r, H]
     b: Mapping[str, np.ndarray]  # module path -> [O, r]
 
@@ -91,7 +100,9 @@ def load_adapter(folder: Path) -> Adapter:
     for key, t in read_safetensors(w_path).items():
         m = _KEY.match(key)
         if not m:
-            continue
+            raise InputError(f"{w_path}: tensor {key} is not a base_model.model.<module>.lora_A/lora_B.weight; only "
+                             "plain LoRA on linear projections is supported (embedding LoRA, DoRA magnitudes and "
+                             "trained biases are not), and leaving it out would change the adapter's outputs")
         path = m["path"]
         if targets and not _targeted(path, targets):
             raise InputError(f"{folder}: tensor {key} adapts module {path!r}, which is not in target_modules "
@@ -109,8 +120,9 @@ def load_adapter(folder: Path) -> Adapter:
     return Adapter(folder, r, scale, targets, a, b)
 
 
-def _read_config(cfg_path: Path) -> tuple[int, float, tuple[str, ...], bool]:
-    """r (a whole number, never truncated), lora_alpha (finite) and target_modules (a name or a list of names)."""
+def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
+    """r (a whole number, never truncated), lora_alpha (finite) and target_modules (a list of names, or a regular
+    expression); refuses the PEFT features ``pack`` cannot represent (module docstring)."""
     try:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
@@ -122,7 +134,8 @@ def _read_config(cfg_path: Path) -> tuple[int, float, tuple[str, ...], bool]:
     if isinstance(raw, bool) or not whole:
         raise InputError(f"{cfg_path}: 'r' is {raw!r}; it must be a whole number (the adapter's rank)")
     r = int(raw)  # type: ignore[arg-type]
-    alpha = cfg.get("lora_alpha", r)
+    _refuse_features(cfg, cfg_path)
+    alpha = cfg.get("lora_alpha", _PEFT_DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise InputError(f"{cfg_path}: 'lora_alpha' is {alpha!r}; it must be a finite number")
     if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
@@ -131,13 +144,34 @@ def _read_config(cfg_path: Path) -> tuple[int, float, tuple[str, ...], bool]:
         raise InputError(f"{cfg_path}: 'r' is {r}; it must be from 1 to {spec.MAX_RANK}")
     tm = cfg.get("target_modules") or []
     if isinstance(tm, str):
-        tm = [tm]
+        try:
+            re.compile(tm)
+        except re.error as exc:
+            raise InputError(f"{cfg_path}: 'target_modules' {tm!r} is not a regular expression ({exc}); give a "
+                             "list of module names or a valid pattern") from exc
+        return r, float(alpha), tm, bool(cfg.get("use_rslora"))
     if not isinstance(tm, list) or not all(isinstance(t, str) for t in tm):
-        raise InputError(f"{cfg_path}: 'target_modules' is {tm!r}; it must be a module name or a list of names")
+        raise InputError(f"{cfg_path}: 'target_modules' is {tm!r}; it must be a list of module names or a regular "
+                         "expression")
     return r, float(alpha), tuple(tm), bool(cfg.get("use_rslora"))
 
 
-def _targeted(path: str, targets: Sequence[str]) -> bool:
+def _refuse_features(cfg: Mapping[str, Any], cfg_path: Path) -> None:
+    """The adapter features whose effect is more than ``scale * B @ A`` on a projection (module docstring)."""
+    if cfg.get("use_dora"):
+        raise InputError(f"{cfg_path}: DoRA adapters (use_dora) are not supported (their magnitude vectors rescale "
+                         "the whole weight); merge the adapter into the model or train a plain LoRA")
+    if cfg.get("bias") not in (None, "none"):
+        raise InputError(f"{cfg_path}: 'bias' is {cfg.get('bias')!r}; only adapters with bias 'none' are supported "
+                         "(trained biases are not part of a LoRA slot)")
+    if cfg.get("modules_to_save"):
+        raise InputError(f"{cfg_path}: 'modules_to_save' {cfg.get('modules_to_save')!r} holds fully trained modules, "
+                         "which a LoRA slot cannot carry; merge the adapter into the model instead")
+
+
+def _targeted(path: str, targets: Targets) -> bool:
+    if isinstance(targets, str):  # PEFT: a string is a regular expression over the whole module path
+        return targets == "all-linear" or re.fullmatch(targets, path) is not None
     parts = path.split(".")
     return any(t in parts or path.endswith("." + t) or path == t for t in targets)
 
@@ -173,7 +207,7 @@ def layout_from_adapters(adapters: Sequence[Adapter], targets: Sequence[str] | N
     modules: dict[str, tuple[int, int]] = {}
     for ad in adapters:
         for path, a in ad.a.items():
-            if targets and not _targeted(path, targets):
+            if targets and not _targeted(path, tuple(targets)):
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A.weight adapts a module not in "
                                  f"--targets {list(targets)}")
             hw = (a.shape[1], ad.b[path].shape[0])

@@ -125,7 +125,8 @@ def test_hf_config_parses_or_input_error(over: dict[str, Any], whole: bool) -> N
 
 
 # -------------------------------------------------------------------------------------------------- adapter configs
-_AD_KEYS = st.sampled_from(["r", "lora_alpha", "target_modules", "use_rslora", "rank_pattern", "alpha_pattern"])
+_AD_KEYS = st.sampled_from(["r", "lora_alpha", "target_modules", "use_rslora", "rank_pattern", "alpha_pattern",
+                           "use_dora", "bias", "modules_to_save"])
 
 
 @FUZZ

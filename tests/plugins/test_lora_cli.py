@@ -26,7 +26,7 @@ def _example(tmp_path: Path) -> Path:
 
 
 def _adapter(folder: Path, r: int, alpha: float, modules: dict[str, tuple[int, int]], *, rslora: bool = False,
-             target_modules: list[str] | None = None, seed: int | None = None) -> dict[str, np.ndarray]:
+             target_modules: list[str] | str | None = None, seed: int | None = None) -> dict[str, np.ndarray]:
     from safetensors.numpy import save_file
 
     g = np.random.default_rng(seed)
@@ -141,3 +141,53 @@ def test_pack_with_targets_and_errors(cli, tmp_path):
 @pytest.mark.parametrize("argv", [["lora"], ["lora", "frobnicate"], ["lora", "inject", "x.onnx"]])
 def test_usage_errors(cli, argv):
     assert_one_line_error(cli(*argv), 2)
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"use_dora": True}, "DoRA"), ({"bias": "lora_only"}, "bias"), ({"bias": "all"}, "bias"),
+    ({"modules_to_save": ["classifier"]}, "modules_to_save")])
+def test_pack_refuses_features_beyond_b_times_a(cli, tmp_path, extra, why):
+    """PEFT features whose effect is more than scale * B @ A (vLLM's PEFTHelper refuses the same) exit 2."""
+    q0 = "model.layers.0.self_attn.q_proj"
+    _adapter(tmp_path / "ad", 4, 8.0, {q0: (32, 16)})
+    cfg_path = tmp_path / "ad" / "adapter_config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **extra}))
+    res = cli("lora", "pack", tmp_path / "ad", "-o", tmp_path / "pool.st")
+    assert_one_line_error(res, 2, "adapter_config.json", why)
+    assert not (tmp_path / "pool.st").exists()
+
+
+@pytest.mark.parametrize("key", ["base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
+                                 "base_model.model.model.layers.0.self_attn.q_proj.bias",
+                                 "base_model.model.model.embed_tokens.lora_embedding_A"])
+def test_pack_refuses_tensors_it_would_drop(cli, tmp_path, key):
+    """A weights-file tensor that is not a lora_A/B weight changes the adapter's outputs: exit 2 naming it, never a
+    pool that silently leaves it out."""
+    from safetensors.numpy import save_file
+
+    q0 = "model.layers.0.self_attn.q_proj"
+    tensors = _adapter(tmp_path / "ad", 4, 8.0, {q0: (32, 16)})
+    tensors[key] = np.random.default_rng().standard_normal(16).astype(np.float32)
+    save_file(tensors, str(tmp_path / "ad" / "adapter_model.safetensors"))
+    res = cli("lora", "pack", tmp_path / "ad", "-o", tmp_path / "pool.st")
+    assert_one_line_error(res, 2, key)
+    assert not (tmp_path / "pool.st").exists()
+
+
+def test_pack_follows_peft_target_regex_and_default_alpha(cli, tmp_path):
+    """target_modules as a string is a regular expression over the whole module path (PEFT); a config without
+    lora_alpha gets PEFT's default 8."""
+    q0, up = "model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj"
+    _adapter(tmp_path / "rx", 4, 8.0, {q0: (32, 16)}, target_modules=r".*\.self_attn\.(q|v)_proj")
+    cfg_path = tmp_path / "rx" / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    del cfg["lora_alpha"]
+    cfg_path.write_text(json.dumps(cfg))
+    res = cli("lora", "pack", tmp_path / "rx", "-o", tmp_path / "pool.st")
+    assert res.code == 0, res.err
+    np.testing.assert_allclose(read_safetensors(tmp_path / "pool.st")[f"lora_scales.{q0}"], [8 / 4])
+    _adapter(tmp_path / "miss", 4, 8.0, {up: (32, 16)}, target_modules=r".*\.self_attn\.(q|v)_proj")
+    res = cli("lora", "pack", tmp_path / "miss", "-o", tmp_path / "p2.st")
+    assert_one_line_error(res, 2, f"base_model.model.{up}.lora_A.weight", "target_modules")
+    _adapter(tmp_path / "bad", 4, 8.0, {q0: (32, 16)}, target_modules="(q_proj")
+    assert_one_line_error(cli("lora", "pack", tmp_path / "bad", "-o", tmp_path / "p3.st"), 2, "regular expression")
