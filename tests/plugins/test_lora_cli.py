@@ -160,14 +160,14 @@ def test_pack_refuses_features_beyond_b_times_a(cli, tmp_path, extra, why):
 @pytest.mark.parametrize("key", ["base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector",
                                  "base_model.model.model.layers.0.self_attn.q_proj.bias",
                                  "base_model.model.model.embed_tokens.lora_embedding_A"])
-def test_pack_refuses_tensors_it_would_drop(cli, tmp_path, key):
+def test_pack_refuses_tensors_it_would_drop(cli, tmp_path, key, rng):
     """A weights-file tensor that is not a lora_A/B weight changes the adapter's outputs: exit 2 naming it, never a
     pool that silently leaves it out."""
     from safetensors.numpy import save_file
 
     q0 = "model.layers.0.self_attn.q_proj"
     tensors = _adapter(tmp_path / "ad", 4, 8.0, {q0: (32, 16)})
-    tensors[key] = np.random.default_rng().standard_normal(16).astype(np.float32)
+    tensors[key] = rng.standard_normal(16).astype(np.float32)
     save_file(tensors, str(tmp_path / "ad" / "adapter_model.safetensors"))
     res = cli("lora", "pack", tmp_path / "ad", "-o", tmp_path / "pool.st")
     assert_one_line_error(res, 2, key)
