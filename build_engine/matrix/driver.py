@@ -179,7 +179,8 @@ def _sources(spec: MatrixSpec, need: list[CellStatus], executor: str) -> dict[st
         if executor != "ray" or spec.shared_fs:
             out[m.name] = None
         else:
-            out[m.name] = {f.name: f.read_bytes() for f in [m.path, *external_files(m.path)]}
+            # keyed by the path relative to the model's folder, as the model names its external data
+            out[m.name] = {os.path.relpath(f, m.path.parent): f.read_bytes() for f in [m.path, *external_files(m.path)]}
     return out
 
 

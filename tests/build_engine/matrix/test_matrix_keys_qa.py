@@ -77,3 +77,33 @@ def test_key_changes_with_every_input_of_the_engine(tmp_path: Path, rng: np.rand
     assert cells.plan_cells(load_matrix(tmp_path / "g" / "mx.toml"))[0].key != ext
     monkeypatch.setattr(cells, "backend_version", lambda module: "99.0.0")
     assert cells.plan_cells(load_matrix(tmp_path / "a" / "mx.toml"))[0].key != base
+
+
+def test_object_store_keeps_external_data_in_its_subfolder(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Ray without a shared filesystem ships the model's files by name: external data in a subfolder (location
+    "data/weights.bin") must arrive there (it was flattened to "weights.bin", so every Ray cell of such a model failed
+    while the local executor built it)."""
+    from trtforge.build_engine.core.onnx_io import load_model
+    from trtforge.build_engine.matrix.driver import CellStatus, _sources
+    from trtforge.build_engine.matrix.worker import CellJob, _source
+
+    w = rng.standard_normal((32, 24)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 24])],
+                              [numpy_helper.from_array(w, "w")])
+    (tmp_path / "src" / "data").mkdir(parents=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "src" / "m.onnx",
+              save_as_external_data=True, location="data/weights.bin", size_threshold=0)
+    (tmp_path / "src" / "a100.toml").write_text((PROFILES / "a100.toml").read_text())
+    (tmp_path / "src" / "mx.toml").write_text('[matrix]\nprofiles = ["a100.toml"]\nbackend = "tensorrt-rtx"\n'
+                                              '[[model]]\npath = "m.onnx"\nname = "m"\n')
+    spec = load_matrix(tmp_path / "src" / "mx.toml")
+    (cell,) = cells.plan_cells(spec)
+    files = _sources(spec, [CellStatus(cell)], "ray")["m"]
+    assert files is not None and sorted(files) == ["data/weights.bin", "m.onnx"]
+    job = CellJob(label=cell.label, model_name="m.onnx", source_path=None, source_files=files,
+                  pipeline=cell.model.pipeline, profile=cell.profile, backend=cell.backend, staging=None)
+    (tmp_path / "work").mkdir()
+    got = load_model(_source(job, tmp_path / "work"))
+    np.testing.assert_array_equal(numpy_helper.to_array(got.graph.initializer[0]), w)
