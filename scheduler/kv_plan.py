@@ -10,7 +10,9 @@ loaded and a peak-sized forward pass has run, the KV cache takes ``fraction`` of
 
 ``kv_bytes_per_token = 2 (K and V) * layers * kv_heads * head_dim * dtype bytes`` for the whole model; with tensor
 parallelism each GPU holds ``ceil(kv_heads / tp)`` heads (heads are replicated when ``tp > kv_heads``), so every
-GPU holds the same number of blocks and the token capacity is per model replica.
+GPU holds the same number of blocks and the token capacity is per model replica. A config's ``sliding_window`` is not
+used: every layer is planned as full attention (a request's blocks grow with all its tokens), so for sliding-window
+models the capacity is a lower bound.
 
 TensorRT-LLM *measures* the activation peak with a dummy forward; we estimate it (documented in
 ``activation_bytes``), so the result is a plan, not a promise: expect a few percent of difference.

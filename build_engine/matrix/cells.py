@@ -1,9 +1,11 @@
 """Plan the matrix: one cell per (model, profile), its backend, the cluster resource it needs and its cache key.
 
 The cache key is a sha256 over everything that decides the engine's bytes: the source model's bytes (and its
-external-data files), the pipeline options, the profile's full content (not its name), the backend and its version,
-and trtforge's version. A cell whose folder already holds a build with the same key (and an intact plan) is not
-rebuilt.
+external-data files, each with the location the model names it by), the pipeline options, the profile's full content
+except what only labels it (its name, description and the file it was read from), the backend and its version, and
+trtforge's version. Nothing else enters it: moving or renaming the model, the profile or the matrix file, or touching
+their mtimes, keeps the key (the cell folder is named after the matrix's model name and the profile's name).
+A cell whose folder already holds a build with the same key (and an intact plan) is not rebuilt.
 
 Resources (Ray custom resources, see ``node_resources``): a TensorRT-RTX cell runs on any node advertising
 ``trtforge_rtx``; a full-TensorRT cell only on a node whose GPU has the profile's compute capability
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -28,6 +31,8 @@ from .spec import MatrixSpec, ModelEntry
 RESOURCE_RTX = "trtforge_rtx"
 # Compute capabilities TensorRT-RTX 1.x can target ahead of time (its ComputeCapability enum); Hopper is not one.
 RTX_TARGETS = ("8.0", "8.6", "8.9", "12.0")
+# Profile fields that label it and never reach the builder (the cell folder carries the name).
+PROFILE_LABELS = frozenset({"name", "description", "source"})
 _DISTS = {"tensorrt_rtx": ("tensorrt-rtx", "tensorrt_rtx"), "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt_cu13")}
 
 
@@ -87,14 +92,16 @@ def resolve_backend(choice: str, cc: str) -> str:
 
 
 def model_digest(path: Path) -> str:
-    """sha256 of the model file and every external-data file it names (streamed, in a stable order)."""
+    """sha256 of the model file's bytes and of every external-data file it names, with the location the model
+    names it by (streamed, in a stable order); independent of the model's own path and name."""
     h = hashlib.sha256()
-    files = [path, *external_files(path)]
-    for f in files:
-        h.update(f.name.encode() + b"\0")
+    for label, f in [("", path), *((os.path.relpath(f, path.parent), f) for f in external_files(path))]:
+        h.update(label.encode() + b"\0")  # the model file's own name is not content: "" (a rename keeps the key)
+        part = hashlib.sha256()
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+                part.update(chunk)
+        h.update(part.digest())  # fixed-size per-file digests: no two file sets hash the same stream
     return h.hexdigest()
 
 
@@ -117,7 +124,8 @@ def external_files(path: Path) -> list[Path]:
 
 
 def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) -> str:
-    payload = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": asdict(profile),
+    content = {k: v for k, v in asdict(profile).items() if k not in PROFILE_LABELS}
+    payload = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": content,
                "backend": backend, "backend_version": backend_version(backend), "trtforge": trtforge_version()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 

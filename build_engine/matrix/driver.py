@@ -4,17 +4,21 @@ Workers produce; only the driver writes under OUTROOT, and each cell's folder ``
 published by one rename (old folder moved aside first), so a kill at any instant leaves every cell folder all-old or
 all-new. ``cell.json`` in the folder records the cache key; a rerun (after a crash of the driver or a worker too)
 skips every cell whose folder holds the same key and an intact plan. ``OUTROOT/matrix.json`` lists every cell with its
-status: built, cached, failed (with the reason) or refused.
+status: built, cached, failed (with the reason) or refused. Runs that write one OUTROOT are serialized by a lock
+file in it (``run_matrix``), so concurrent runs never delete each other's staged builds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ CELL_FILE = "cell.json"
 REPORT_FILE = "matrix.json"
 # Its own name: core.staging's .trtforge-staging under OUTROOT may hold another live process's output.
 STAGING = ".trtforge-matrix-staging"
+_log = logging.getLogger("trtforge.build_engine.matrix")
 
 
 @dataclass
@@ -174,7 +179,8 @@ def _sources(spec: MatrixSpec, need: list[CellStatus], executor: str) -> dict[st
         if executor != "ray" or spec.shared_fs:
             out[m.name] = None
         else:
-            out[m.name] = {f.name: f.read_bytes() for f in [m.path, *external_files(m.path)]}
+            # keyed by the path relative to the model's folder, as the model names its external data
+            out[m.name] = {os.path.relpath(f, m.path.parent): f.read_bytes() for f in [m.path, *external_files(m.path)]}
     return out
 
 
@@ -197,9 +203,55 @@ def _submissions(spec: MatrixSpec, root: Path, need: list[CellStatus], sources: 
 
 def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", address: str = "local", jobs: int = 2,
                retries: int = 2, dry_run: bool = False, progress: Any = None) -> MatrixReport:
-    """Plan, build what is not cached, commit, write matrix.json; returns the report (see module docstring)."""
+    """Plan, build what is not cached, commit, write matrix.json; returns the report (see module docstring).
+
+    A run that writes holds an exclusive ``flock`` on ``OUTROOT/.trtforge-matrix.lock`` from planning to its last
+    write, so two runs on one OUTROOT take turns (the second waits, then finds the first's cells cached) instead of
+    deleting each other's staged builds; a dry run reads only and takes no lock."""
     t0 = time.perf_counter()
     root = check_outroot(spec, outroot)
+    if dry_run:
+        report = _plan(spec, root, executor, dry_run=True)
+        report.seconds = time.perf_counter() - t0
+        return report
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(root):
+        report = _plan(spec, root, executor, dry_run=False)
+        need = [st for st in report.cells if st.status == "pending"]
+        _clean_staging(root)
+        if need:
+            _execute(spec, root, need, executor, address, jobs, retries, progress)
+        shutil.rmtree(root / STAGING, ignore_errors=True)
+        report.seconds = time.perf_counter() - t0
+        fsutil.write_json(root / REPORT_FILE, report.to_json())
+        if spec.triton_repo is not None:
+            from .triton_assembly import assemble
+
+            assemble(report.cells, spec.triton_repo)
+    return report
+
+
+LOCK_FILE = ".trtforge-matrix.lock"
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
+    """Hold OUTROOT's run lock (waits while another run holds it; the kernel drops it when a holder dies)."""
+    import fcntl
+
+    fd = os.open(root / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log.warning("another build-matrix run is writing %s; waiting for it to finish", root)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _plan(spec: MatrixSpec, root: Path, executor: str, dry_run: bool) -> MatrixReport:
     report = MatrixReport(source=str(spec.source), executor=executor)
     report.cells = [CellStatus(c) for c in plan_cells(spec)]
     for st in report.cells:
@@ -212,21 +264,6 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
             st.status = "planned"
     if executor == "local":
         _refuse_unplaceable(report.cells)
-    need = [st for st in report.cells if st.status == "pending"]
-    if dry_run:
-        report.seconds = time.perf_counter() - t0
-        return report
-    root.mkdir(parents=True, exist_ok=True)
-    _clean_staging(root)
-    if need:
-        _execute(spec, root, need, executor, address, jobs, retries, progress)
-    shutil.rmtree(root / STAGING, ignore_errors=True)
-    report.seconds = time.perf_counter() - t0
-    fsutil.write_json(root / REPORT_FILE, report.to_json())
-    if spec.triton_repo is not None:
-        from .triton_assembly import assemble
-
-        assemble(report.cells, spec.triton_repo)
     return report
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import env
-from ..core.errors import TrtforgeError
+from ..core.errors import InputError, TrtforgeError
 from .spec import Pipeline
 
 # Fault injection for the tests (a worker killed mid-build): when set to a folder, the first attempt of each cell
@@ -70,8 +70,13 @@ def _source(job: CellJob, work: Path) -> Path:
         return Path(job.source_path)
     src = work / "source"
     src.mkdir()
-    for name, data in job.source_files.items():
-        (src / name).write_bytes(data)
+    for name, data in job.source_files.items():  # names relative to the model's folder ("data/w.bin" keeps its folder)
+        target = (src / name).resolve()
+        if not target.is_relative_to(src.resolve()):
+            raise InputError(f"{job.label}: external data {name!r} lies outside the model's folder; keep external data "
+                             "files in the model's folder or below it")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
     return src / job.model_name
 
 

@@ -19,6 +19,13 @@ _TINY = np.float32(1e-12)
 ACT_QMAX = {"int8": INT8_MAX, "fp8": FP8_MAX}
 
 
+def act_scale(amax: float, mode: str) -> np.float32:
+    """The per-tensor activation scale ``max(amax, 1e-12) / qmax``: always positive (an activation that is all zeros
+    on the calibration set would otherwise get scale 0, which QuantizeLinear divides by: 0 / 0 = NaN in fp8, and
+    TensorRT refuses non-positive scales)."""
+    return np.float32(max(amax, float(_TINY)) / ACT_QMAX[mode])
+
+
 def _fp8(x: np.ndarray) -> np.ndarray:
     import ml_dtypes
 
@@ -77,7 +84,7 @@ def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128,
 
 def fake_quant_act(x: np.ndarray, amax: float, mode: str) -> np.ndarray:
     """Per-tensor symmetric activation quantization, as the inserted QuantizeLinear/DequantizeLinear compute it."""
-    scale = np.float32(max(amax, 1e-12) / ACT_QMAX[mode])
+    scale = act_scale(amax, mode)
     if mode == "int8":
         return np.clip(np.rint(x / scale), -INT8_MAX, INT8_MAX).astype(np.float32) * scale
     return _fp8(x / scale).astype(np.float32) * scale

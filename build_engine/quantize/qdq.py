@@ -20,7 +20,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from ..core.onnx_io import MIGRATION_DOC
 from .config import MIN_IR, MIN_OPSET
-from .numerics import ACT_QMAX, quantize_weight
+from .numerics import act_scale, quantize_weight
 from .targets import Target
 
 
@@ -77,7 +77,7 @@ def _edge_nodes(edge: EdgePlan, mode: str, new: _Namer, inits: list[TensorProto]
         cur = out
     if edge.act_amax is not None:
         scale, zp = new(f"{edge.x}_act_scale"), new(f"{edge.x}_act_zero_point")
-        inits.append(numpy_helper.from_array(np.array(edge.act_amax / ACT_QMAX[mode], np.float32), scale))
+        inits.append(numpy_helper.from_array(np.array(act_scale(edge.act_amax, mode), np.float32), scale))
         inits.append(_zero_point(mode, zp))
         q, dq = new(f"{cur}_quantized"), new(f"{cur}_dequantized")
         nodes.append(helper.make_node("QuantizeLinear", [cur, scale, zp], [q], name=new(f"{edge.x}/QuantizeLinear")))

@@ -81,6 +81,7 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
         groups[t.x].append(t)
     inits = {i.name: i for i in model.graph.initializer}
     weights = {t.weight: numpy_helper.to_array(inits[t.weight]).astype(np.float32) for t in sel.targets}
+    _check_finite(sel.targets, weights)
     blocks = {x: block_for(ts[0].in_features, cfg.block_size) for x, ts in groups.items()}
     scales, notes, stats = _migrations(model, cfg, groups, weights, blocks, calib)
     amax = _act_ranges(model, cfg, groups, scales, stats, calib)
@@ -105,10 +106,22 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     return QuantResult(out, report)
 
 
+def _check_finite(targets: tuple[Target, ...], weights: dict[str, np.ndarray], what: str = "") -> None:
+    """Refuse NaN / infinite weights (exit 2): a scale computed from them is NaN or inf, and the stored values would
+    silently turn every output non-finite (or, for inf under int8's clipping, wrong)."""
+    for t in targets:
+        w = weights[t.weight]
+        if not np.all(np.isfinite(w)):
+            bad = int(np.count_nonzero(~np.isfinite(w)))
+            raise InputError(f"{t.name}: weight {t.weight!r} {what}holds {bad} NaN or infinite values; quantization "
+                             f"needs finite weights (fix the source model, or keep it float with --exclude {t.name})")
+
+
 def _weight_plan(t: Target, w: np.ndarray, s: np.ndarray | None, block: int, stats: calibrators.ActStats | None,
                  cfg: QuantConfig) -> WeightPlan:
     """The weight to store (rows * s when migrated) and, for AWQ, its clipping ratios on the migrated rows."""
     w = w * s[:, None] if s is not None else w
+    _check_finite((t,), {t.weight: w}, "times the migration scales ")
     clip = None
     if cfg.mode == "int4-wo" and cfg.int4_method == "awq" and stats is not None and stats.rows is not None:
         rows = stats.rows / s if s is not None else stats.rows
@@ -141,7 +154,8 @@ def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
     if cfg.mode == "int4-wo":
         return {}
     if cfg.calibrator == "max":
-        return {x: smoothquant.smoothed_amax(stats[x], scales.get(x, np.ones_like(stats[x].amax))) for x in groups}
+        found = {x: smoothquant.smoothed_amax(stats[x], scales.get(x, np.ones_like(stats[x].amax))) for x in groups}
+        return _finite_ranges(found)
     # Percentile / entropy: onnxruntime's calibrators on the migrated, still float model (x / s and s * W, so every
     # later activation is the float model's).
     migrated = model
@@ -158,7 +172,17 @@ def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
         migrated = rewrite(migrated, cfg.mode, edges, [])
     names = {x: _migrated_name(migrated, x) for x in groups}
     found = calibrators.ranges(migrated, list(names.values()), calib.samples, cfg.calibrator)
-    return {x: found[names[x]] for x in groups}
+    return _finite_ranges({x: found[names[x]] for x in groups})
+
+
+def _finite_ranges(amax: dict[str, float]) -> dict[str, float]:
+    """Refuse an activation whose calibrated range is NaN / inf (float32 overflow inside the model on the
+    calibration samples): its scale would be too."""
+    for x, a in amax.items():
+        if not np.isfinite(a):
+            raise InputError(f"calibration: activation {x!r} reaches {a} on the calibration samples (float32 "
+                             "overflow); check the calibration data and the model's weights")
+    return amax
 
 
 def _migrated_name(model: ModelProto, x: str) -> str:

@@ -1,7 +1,10 @@
 """Which MatMuls are quantized, and why every other one stays float (pure decision, no graph edits).
 
 A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initializer (a projection weight
-``[in, out]``) and whose first input is a runtime float32 tensor. Activation x activation MatMuls (attention scores,
+``[in, out]``) and whose first input is a runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported
+with 2-D inputs) are never candidates: they stay float and are listed as excluded, so the report shows them; a
+MatMul whose weight is computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a
+projection here either. Activation x activation MatMuls (attention scores,
 probabilities x values) are never candidates. A candidate stays float when:
 
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
@@ -9,6 +12,10 @@ probabilities x values) are never candidates. A candidate stays float when:
 2. it is the LM head (a MatMul from which a graph output is reached through data-movement ops only), unless
    ``quantize_lm_head``;
 3. its name matches an ``--exclude`` pattern.
+
+A weight initializer that is also listed in ``graph.input`` is only a default the caller may override at run time
+(ONNX IR < 4 style): it is not a constant, so its MatMul is never a candidate (quantizing it would silently ignore
+the fed value); it is reported as excluded.
 
 Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
 touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
@@ -95,17 +102,24 @@ def node_label(node: object, index: int) -> str:
 def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False) -> Selection:
     """Targets and excluded candidates of ``model`` (see the module docstring)."""
     inits = {t.name: t for t in model.graph.initializer}
+    fed = {vi.name for vi in model.graph.input}
     decisions = node_decisions(model, "fp16")
     heads = _lm_heads(model)
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
+        if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
+            excluded.append(Excluded(node_label(node, i), "Gemm is never quantized (only MatMul projections are)"))
+            continue
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         w = inits.get(node.input[1])
         if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
             continue  # not a projection with a float32 weight (activation x activation, or already quantized)
         label = node_label(node, i)
+        if w.name in fed:
+            excluded.append(Excluded(label, f"its weight {w.name!r} is a graph input (overridable at run time)"))
+            continue
         decision = decisions[i]
         pattern = _matches(label, exclude)
         if decision.mode is not Mode.LOW:

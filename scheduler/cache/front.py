@@ -29,6 +29,7 @@ class Lookup:
     stale: bool = False
     refresh: bool = False  # this caller should recompute the (stale) answer
     similarity: float = 1.0
+    version: str = ""  # the cache version the lookup ran under: an answer computed after it is stored under it
 
     @property
     def hit(self) -> bool:
@@ -106,11 +107,12 @@ class ResponseCache:
         entry = self.l1.get(key.digest)
         if entry is not None and entry.version == version:
             self._timed("l1", t0, "hit")
-            return Lookup(key, entry.value, "l1")
+            return Lookup(key, entry.value, "l1", version=version)
         self._timed("l1", t0, "miss")
         if self.l2 is not None:
             got = self._lookup_l2(key, version, now)
             if got is not None:
+                got.version = version
                 return got
         if self.l3 is not None:
             t0 = time.perf_counter()
@@ -119,8 +121,8 @@ class ResponseCache:
             if found is not None:
                 entry, sim = found
                 self.l1.put(replace(entry, digest=key.digest))
-                return Lookup(key, entry.value, "l3", similarity=sim)
-        return Lookup(key)
+                return Lookup(key, entry.value, "l3", similarity=sim, version=version)
+        return Lookup(key, version=version)
 
     def _lookup_l2(self, key: CacheKey, version: str, now: float) -> Lookup | None:
         assert self.l2 is not None
@@ -144,9 +146,14 @@ class ResponseCache:
         self._timed("l2", t0, "stale")
         return Lookup(key, entry.value, "l2", stale=True, refresh=self.l2.claim_refresh(version, key.digest))
 
-    def store(self, key: CacheKey, value: Any, now: float | None = None) -> Entry | None:
-        """Cache ``value`` as the answer of ``key`` (ignored when the key is not cacheable)."""
+    def store(self, key: CacheKey, value: Any, now: float | None = None, version: str | None = None) -> Entry | None:
+        """Cache ``value`` as the answer of ``key`` (ignored when the key is not cacheable). ``version``: the cache
+        version the answer was computed under (``Lookup.version``). When an invalidation (a new engine) arrived while
+        it was computed, the answer is the old engine's: it is not stored at all, so no tier serves it under the new
+        version. Without ``version`` the current one is assumed (the caller vouches the answer is current)."""
         if not key.cacheable:
+            return None
+        if version is not None and version != self.version:
             return None
         now = time.time() if now is None else now
         entry = Entry(digest=key.digest, value=value, created=now, expires=now + self.cfg.ttl(key.task),
@@ -164,7 +171,7 @@ class ResponseCache:
         if got.hit and not got.refresh:
             return got.value, got
         value = compute(request)
-        self.store(got.key, value)
+        self.store(got.key, value, version=got.version)
         return value, got
 
     def close(self) -> None:

@@ -8,21 +8,33 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
 | ``adapter`` (or ``lora``) | string or absent (absent = base model); a different adapter is a different key |
 | ``conversation_id`` | string or absent; different conversations never share an entry |
 | ``task`` (role/task class) | string or absent (e.g. "qa", "tool"; also picks the TTL class) |
-| ``messages`` | the *system* messages and the *final user* message, text normalised (below); roles lower-cased.
-  Earlier turns are identified by ``conversation_id`` |
+| ``messages`` | the *system* messages, the *final user* message and every turn after it (an assistant prefill),
+  text normalised (below), roles lower-cased; without a ``conversation_id`` also every earlier turn (in order), so
+  two histories ending in the same question never share an entry. With a ``conversation_id`` the earlier turns are
+  identified by it and not read |
 | ``prompt`` | instead of ``messages``: the same text normalisation |
 | ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
 | ``top_k``, ``max_tokens``, ``seed`` | integers, exact; absent = null |
 | ``stop`` | a string or list of strings, sorted and deduplicated |
+| ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``, ``min_p``, ``logit_bias``, ``n``, ``best_of``,
+  ``max_completion_tokens``, ``min_tokens``, ``length_penalty``, ``logprobs``, ``top_logprobs`` | canonical JSON,
+  exact (present = part of the key; an explicit default is another key than absent: a miss, never a collision) |
 | ``response_format``, ``tools`` | canonical JSON (sorted keys) |
 
 Text normalisation: Unicode NFKC, line endings to ``\\n``, runs of spaces and tabs to one space, trailing spaces on
 each line removed, runs of 3+ newlines to 2, leading/trailing blank space removed.
 
 Everything else (``id``, ``request_id``, ``user``, ``stream``, ``stream_options``, ``metadata``, ``timeout``,
-headers, ``debug``, ``logprobs`` display options...) is transport or debug data and does not change the key. Text is
-not case-folded (case changes meaning). Equal meaning under these normalisations gives equal keys; a different
-model, adapter, conversation, task, final message or generation setting gives a different key.
+headers, ``debug``...) is transport or debug data and does not change the key. Text is not case-folded (case changes
+meaning). Equal texts under these normalisations give equal keys; a different model, adapter, conversation, task,
+message read above or generation setting gives a different key. What the normalisations merge, on purpose: NFKC
+also maps compatibility characters to their plain forms, some of which differ in meaning (``x²`` and ``x2``, ``①``
+and ``1``, ``½`` and ``1⁄2``), and blank runs collapse inside code and quoted strings too (indentation included):
+prompts differing only so share a key.
+
+Scope (what a semantic L3 hit may not cross): model, adapter, conversation, task and a digest of every other keyed
+field except the final user message (system messages, the other turns read, every generation setting): two
+requests share a scope only when they differ in nothing but the final user message's text.
 
 Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` 0, or ``top_k`` 1) or
 carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on.
@@ -44,8 +56,11 @@ from typing import Any, NamedTuple
 from trtforge.build_engine.core.errors import InputError
 
 KEY_VERSION = 1
+# Generation settings besides temperature/top_p/top_k/max_tokens/seed: each changes the response (or its content).
+_SAMPLING = ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p", "logit_bias", "n", "best_of",
+             "max_completion_tokens", "min_tokens", "length_penalty", "logprobs", "top_logprobs")
 _SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", "prompt", "temperature", "top_p",
-             "top_k", "max_tokens", "seed", "stop", "response_format", "tools"}
+             "top_k", "max_tokens", "seed", "stop", "response_format", "tools", *_SAMPLING}
 MAX_TEXT = 1 << 20  # characters of prompt text a key accepts (a cache is no place for bigger requests)
 
 
@@ -53,7 +68,7 @@ MAX_TEXT = 1 << 20  # characters of prompt text a key accepts (a cache is no pla
 # (each field set through object.__setattr__).
 class CacheKey(NamedTuple):
     digest: str  # sha256 hex of the canonical form
-    scope: str  # model / adapter / conversation / task: semantic (L3) hits never cross scopes
+    scope: str  # JSON [model, adapter, conversation, task, context]: semantic (L3) hits never cross scopes
     text: str  # the normalised final user message (what L3 embeds)
     task: str | None
     cacheable: bool
@@ -132,29 +147,34 @@ def _normalized(text: str) -> str:
     return _normalized_short(text) if len(text) <= 1024 else normalize_text(text)
 
 
-def _messages(req: dict[str, Any]) -> tuple[list[tuple[str, str]], str]:
-    """(system messages, final user message), normalised."""
+def _messages(req: dict[str, Any], history: bool) -> tuple[list[tuple[str, str]], str, list[tuple[str, str]]]:
+    """(system messages, final user message, the other turns the key reads), normalised: the turns after the final
+    user message, and with ``history`` (no conversation id) the earlier ones too, in order."""
     if "messages" not in req:
         prompt = _string(req, "prompt")
         if prompt is None:
             raise InputError("request: needs 'messages' (a list of {role, content}) or 'prompt' (a string)")
-        return [], _normalized(prompt)
+        return [], _normalized(prompt), []
     msgs = req["messages"]
     if not isinstance(msgs, list) or not msgs:
         raise InputError("request: 'messages' must be a non-empty list of {role, content} objects")
     system: list[tuple[str, str]] = []
-    last_user: str | None = None
+    turns: list[tuple[str, str]] = []  # non-system messages, in order
+    last_user = -1
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f"request: messages[{i}] must be an object with string 'role' and 'content'")
         role = m["role"].strip().lower()
         if role == "system":
             system.append((role, _normalized(m["content"])))
-        elif role == "user":
-            last_user = _normalized(m["content"])
-    if last_user is None:
+            continue
+        if role == "user":
+            last_user = len(turns)
+        turns.append((role, _normalized(m["content"])))
+    if last_user < 0:
         raise InputError("request: 'messages' has no user message; the cache keys on the final user message")
-    return system, last_user
+    other = (turns[:last_user] if history else []) + turns[last_user + 1:]
+    return system, turns[last_user][1], other
 
 
 def _stop(req: dict[str, Any]) -> list[str]:
@@ -168,9 +188,9 @@ def _stop(req: dict[str, Any]) -> list[str]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _scope(model: str | None, adapter: str | None, conversation: str | None, task: str | None) -> str:
+def _scope(model: str | None, adapter: str | None, conversation: str | None, task: str | None, context: str) -> str:
     # Few distinct scopes, asked on every lookup: remembered rather than encoded each time (the same string).
-    return json.dumps([model, adapter, conversation, task])
+    return json.dumps([model, adapter, conversation, task, context])
 
 
 # Requests already seen: their keys, by a serialisation of their semantic fields. A hit repeats a request, and the
@@ -223,14 +243,17 @@ def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
     try:
         blob = _encode_canonical(c)
     except (TypeError, ValueError) as exc:
-        raise InputError(f"request: 'response_format'/'tools' must be plain JSON ({exc})") from exc
+        raise InputError(f"request: 'response_format'/'tools'/sampling settings must be plain JSON ({exc})") from exc
     try:
         data = blob.encode()
     except UnicodeEncodeError as exc:  # JSON's "\ud800" escape parses to a str that is not valid Unicode
         raise InputError("request: a text holds an unpaired surrogate (a lone \\ud800-\\udfff escape); send valid "
                          "Unicode") from exc
     greedy = c["temperature"] == 0 or c["top_k"] == 1
-    scope = _scope(c["model"], c["adapter"], c["conversation"], c["task"])
+    # The scope's last part: every keyed field but the final user message (system prompts, other turns, generation
+    # settings), so an L3 (similarity) hit only ever crosses requests that differ in that message's text alone.
+    context = hashlib.sha256(_encode_canonical({**c, "final": ""}).encode()).hexdigest()[:16]
+    scope = _scope(c["model"], c["adapter"], c["conversation"], c["task"], context)
     return CacheKey(digest=hashlib.sha256(data).hexdigest(), scope=scope, text=c["final"], task=c["task"],
                     cacheable=greedy or c["seed"] is not None or cache_sampled)
 
@@ -243,7 +266,7 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     adapter = _string(req, "adapter") if "adapter" in req else _string(req, "lora")
     conversation = _string(req, "conversation_id")
     task = _string(req, "task")
-    system, final = _messages(req)
+    system, final, turns = _messages(req, history=conversation is None)
     if len(final) + sum(len(t) for _, t in system) > MAX_TEXT:
         raise InputError(f"request: prompt text over {MAX_TEXT} characters; such requests are not cached")
     temperature = _number(req, "temperature", 1.0)  # checked in this order: the first bad field is the one named
@@ -254,6 +277,7 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
         "system": system, "final": final, "temperature": temperature, "top_p": _number(req, "top_p", 1.0),
         "top_k": top_k, "max_tokens": _number(req, "max_tokens", None, integer=True), "seed": seed,
         "stop": _stop(req), "response_format": req.get("response_format"), "tools": req.get("tools"),
+        "sampling": {k: req[k] for k in _SAMPLING if k in req} or None, "turns": turns,
     }
 
 
@@ -268,17 +292,20 @@ def _encode_canonical(c: dict[str, Any]) -> str:
     temperature, top_p, top_k = c["temperature"], c["top_p"], c["top_k"]
     max_tokens, seed, response_format, tools = c["max_tokens"], c["seed"], c["response_format"], c["tools"]
     system = ",".join([f"[{enc(role)},{enc(text)}]" for role, text in c["system"]])
+    turns = ",".join([f"[{enc(role)},{enc(text)}]" for role, text in c["turns"]])
+    sampling = c["sampling"]
     stop = ",".join([enc(s) for s in c["stop"]])
     return (f'{{"adapter":{"null" if adapter is None else enc(adapter)},'
             f'"conversation":{"null" if conversation is None else enc(conversation)},"final":{enc(c["final"])},'
             f'"max_tokens":{"null" if max_tokens is None else repr(max_tokens)},"model":{enc(c["model"])},'
             f'"response_format":{"null" if response_format is None else _CANONICAL(response_format)},'
+            f'"sampling":{"null" if sampling is None else _CANONICAL(sampling)},'
             f'"seed":{"null" if seed is None else repr(seed)},"stop":[{stop}],"system":[{system}],'
             f'"task":{"null" if task is None else enc(task)},'
             f'"temperature":{"null" if temperature is None else repr(temperature)},'
             f'"tools":{"null" if tools is None else _CANONICAL(tools)},'
             f'"top_k":{"null" if top_k is None else repr(top_k)},"top_p":{"null" if top_p is None else repr(top_p)},'
-            f'"v":{c["v"]!r}}}')
+            f'"turns":[{turns}],"v":{c["v"]!r}}}')
 
 
 def semantic_fields() -> frozenset[str]:

@@ -227,8 +227,10 @@ def test_remembered_keys_equal_keys_computed_afresh() -> None:
                 fields = keys._canonical_fields(req)
                 assert keys._encode_canonical(fields) == keys._CANONICAL(fields)
                 canonical += 1
-    # The memo was exercised (and stayed bounded), and so was the canonical encoder.
-    assert hits > 1000 and canonical > 3000 and 0 < len(keys._MEMO) <= keys._MEMO_ENTRIES, (hits, canonical)
+    # The memo was exercised (and stayed bounded), and so was the canonical encoder. (940 hits at this seed since
+    # earlier turns count without a conversation id: a lone surrogate there is now an error, and errors are not
+    # remembered.)
+    assert hits > 800 and canonical > 3000 and 0 < len(keys._MEMO) <= keys._MEMO_ENTRIES, (hits, canonical)
 
 
 def test_memo_under_threads_and_eviction(monkeypatch: pytest.MonkeyPatch) -> None:
