@@ -151,6 +151,45 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
     return out
 
 
+#: A Loop whose trip count is a constant above this is not run by ``--check`` (onnx.reference interprets every
+#: iteration in Python: a model-defined 10**12 would never finish); its trip count is the model's, not an input.
+MAX_LOOP_TRIPS = 10_000
+
+
+def _constant_trip_count(graph: Any, name: str) -> int | None:
+    """The value of ``name`` when ``graph`` defines it as a constant for the check: an initializer (also one that is
+    a graph input's default: the check's feeds leave those at their defaults), or a Constant node's tensor; None
+    otherwise."""
+    from onnx import numpy_helper
+
+    for t in graph.initializer:
+        if t.name == name:
+            return int(numpy_helper.to_array(t).reshape(-1)[0]) if t.data_location != TensorProto.EXTERNAL else None
+    for n in graph.node:
+        if n.op_type == "Constant" and name in n.output and n.attribute and n.attribute[0].name == "value":
+            return int(numpy_helper.to_array(n.attribute[0].t).reshape(-1)[0])
+    return None
+
+
+def _check_runnable(model: ModelProto) -> None:
+    """``CannotCheck`` before anything runs, for models no check can run: a graph input that is not a tensor (the
+    feeds are tensors), or a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS`` (it would not finish)."""
+    for vi in model.graph.input:
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            what = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+                    "sparse_tensor_type": "a sparse tensor"}.get(kind or "", "not typed")
+            raise CannotCheck(f"could not check this model: graph input {vi.name!r} is {what}, not a tensor "
+                              "(--check feeds tensors only); fold without --check")
+    for g in all_graphs(model.graph):
+        for n in g.node:
+            if n.op_type == "Loop" and n.input and n.input[0]:
+                trips = _constant_trip_count(g, n.input[0])
+                if trips is not None and trips > MAX_LOOP_TRIPS:
+                    raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "
+                                      f"than {MAX_LOOP_TRIPS} iterations are not run; op Loop); fold without --check")
+
+
 @steps.timed("check")
 def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
                      runtime: str | None = None, trials: int = 2,
@@ -161,6 +200,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     ``CannotCheck`` says why. ``paths``: the two models' files (original, folded), which onnxruntime then runs by
     path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_skeleton.weightless``)."""
     path_a, path_b = paths if paths is not None else (None, None)
+    _check_runnable(original)
     plan = _trials(original, seed, trials)
     runtime = _pick_runtime(original, plan[0][1], runtime, path_a)
     names = [o.name for o in original.graph.output]
