@@ -5,8 +5,11 @@ semantics exactness is judged by); otherwise onnxruntime's CPU provider with eve
 thread and no weight pre-packing (``sessions.make_session``: it then evaluates the graph as written); if neither
 runs it, ``CannotCheck`` (exit 2: "could not check this model: reason (op X)"). Inputs: typical values (the shared
 planner ``inputs.random_feeds``) and every value class of each dtype (``fold_feeds``), with Loop bodies run and If
-conditions tried both ways. Both models run on the same inputs in the same runtime, compared by
-``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else must match
+conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
+Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor, or with a Loop whose
+constant trip count exceeds ``MAX_LOOP_TRIPS`` (a Loop bounded only by its condition is run as the model says, and
+one that never stops would not let the check stop either). Both models run on the same inputs in the same runtime,
+compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else must match
 bitwise, including the sign of zero.
 """
 
@@ -136,8 +139,12 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
 
 
 def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways."""
+    """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways. A graph
+    input with an initializer (IR >= 4: a default the caller may override) keeps its default in those draws and gets
+    every value class in one more draw, so a fold that took such a default for a constant is seen too."""
     pins, branch_inputs = control_pins(original)
+    inits = {t.name: list(t.dims) for t in original.graph.initializer}
+    defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits}
     out = []
     for k in range(trials):
         typical = random_feeds(original, seed + k)
@@ -145,7 +152,10 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
         extreme = extreme_inputs(original, shapes, seed + k)
         # integers of every class often index out of range (token ids): also a draw with typical integers
         floats_only = {n: (a if a.dtype.kind in "iu" else extreme.get(n, a)) for n, a in typical.items()}
-        for kind, feeds in (("typical", typical), ("value classes", extreme), ("value classes", floats_only)):
+        draws = [("typical", typical), ("value classes", extreme), ("value classes", floats_only)]
+        if defaults:
+            draws.append(("value classes", {**typical, **extreme_inputs(original, defaults, seed + k)}))
+        for kind, feeds in draws:
             for flag in ((True, False) if branch_inputs else (True,)):
                 out.append((kind, pinned(feeds, pins, branch_inputs, flag)))
     return out

@@ -205,3 +205,31 @@ def test_non_tensor_graph_input_exit_2_naming_it(cli, tmp_path: Path, kind: str)
     assert_one_line_error(res, 2, "could not check this model", f"graph input 's' is an {kind}"
                           if kind == "optional" else "graph input 's' is a sequence")
     assert not out.exists()
+
+
+class _FoldInitializerInputs(GraphPass):
+    """Deliberately wrong: folds a Cast of a graph input's default initializer as if it were a constant."""
+
+    name = "fold_defaults"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        n = 0
+        for c in ctx.nodes:
+            if c.alive and c.op == "Cast" and c.inputs and c.inputs[0] in ctx.initializers and c.to is not None:
+                value = nh.to_array(ctx.initializers[c.inputs[0]]).astype(h.tensor_dtype_to_np_dtype(c.to))
+                ctx.replace_node(c, h.make_node("Constant", [], c.outputs, value=nh.from_array(value)))
+                n += 1
+        return n
+
+
+def test_inputs_with_a_default_initializer_are_fed_other_values() -> None:
+    """IR >= 4: an initializer that is also a graph input is only a default; --check now overrides it."""
+    w = nh.from_array(np.array([1.5, -2.0, 3.0], np.float32), "w")
+    m = _model([h.make_node("Cast", ["w"], ["w16"], to=T.FLOAT16), h.make_node("Add", ["x", "w16"], ["y"])],
+               [("x", T.FLOAT16, [3]), ("w", T.FLOAT, [3])], [("y", T.FLOAT16, [3])], [w])
+    onnx.checker.check_model(m, full_check=True)
+    res = fold(m)
+    assert check_equivalent(m, res.model).passed and res.report.removed == {}
+    bad = fold(m, passes=[_FoldInitializerInputs()], validate=False).model
+    assert [n.op_type for n in bad.graph.node] == ["Constant", "Add"]
+    assert not check_equivalent(m, bad).passed
