@@ -9,8 +9,8 @@ conditions tried both ways; a graph input with a default initializer gets every 
 Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor, or with a Loop whose
 constant trip count exceeds ``MAX_LOOP_TRIPS`` (a Loop bounded only by its condition is run as the model says, and
 one that never stops would not let the check stop either). Both models run on the same inputs in the same runtime,
-compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else must match
-bitwise, including the sign of zero.
+compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
+must match bitwise, including the sign of zero.
 """
 
 from __future__ import annotations
