@@ -25,6 +25,8 @@ EXACT_OPS = frozenset({
 _FLOAT_ONLY = frozenset({"Div", "Sqrt"})
 _INT_ONLY = frozenset({"Range"})
 _MAX_CONE = 64
+#: No value on the way to a folded constant is computed above this many elements (``_evaluate``).
+_MAX_ELEMENTS = 1 << 20
 
 
 class FoldConstantExpression(GraphPass):
@@ -38,7 +40,9 @@ class FoldConstantExpression(GraphPass):
       custom domain, has subgraphs, or is a Div/Sqrt on a non-float type, a Range on a non-integer type, a Cast
       that is not ``dtypes.cast_defined`` (results onnx.reference alone would decide);
     - the expression has more than 64 nodes, or its value more than ``SMALL_CONSTANT`` elements (bounded model
-      growth when the expression's parts stay alive for other readers);
+      growth when the expression's parts stay alive for other readers), or a value on the way to it more than
+      ``_MAX_ELEMENTS`` or a shape onnx's inference does not fix from the constants (bounded work: known before
+      the node runs, ``_evaluate``);
     - the Cast of the value would not fold (``exact_cast`` refuses: out-of-range float->int, ...): nothing is gained;
     - onnx.reference cannot evaluate it.
     """
@@ -165,32 +169,77 @@ def _cone(ctx: GraphCtx, root: Node) -> list[Node] | None:
 
 
 def _evaluate(ctx: GraphCtx, cone: list[Node], out: str) -> np.ndarray | None:
+    """The value of ``out``, computed by onnx.reference node by node over ``cone`` (topologically ordered); None when
+    it cannot evaluate a node, or when a node's output would have more than ``_MAX_ELEMENTS`` elements or a shape
+    onnx's inference does not fix from the node's (constant) inputs. The size is known before the node runs, so a
+    tiny model whose constant expression expands to gigabytes (``ConstantOfShape([10**5, 10**5])`` then ``Slice``)
+    costs nothing: only the last value must be small (``SMALL_CONSTANT``), the bound is for what leads to it."""
+    values: dict[str, TensorProto] = {}
+    for n in cone:
+        inputs = []
+        for i in n.inputs:
+            t = _value(ctx, values, i) if i else None
+            if i and t is None:
+                return None
+            if t is not None:
+                inputs.append(t)
+        outs = _run_node(n, inputs, ctx.opset)
+        if outs is None:
+            return None
+        for name, a in zip(n.outputs, outs, strict=False):
+            if name:
+                try:
+                    values[name] = numpy_helper.from_array(a, name=name)
+                except Exception:  # no TensorProto for this value: leave it to the runtime
+                    return None
+    found = values.get(out)
+    return None if found is None else numpy_helper.to_array(found)
+
+
+def _value(ctx: GraphCtx, values: dict[str, TensorProto], name: str) -> TensorProto | None:
+    """``name``'s tensor: computed earlier in the cone, or a constant of this graph (a copy named ``name``)."""
+    t = values.get(name)
+    if t is None:
+        c = ctx.constant_tensor(name)
+        if c is not None:
+            t = values[name] = TensorProto()
+            t.CopyFrom(c)
+            t.name = name
+    return t
+
+
+def _run_node(n: Node, inputs: list[TensorProto], opset: int) -> list[np.ndarray] | None:
+    """``n``'s outputs from constant ``inputs`` (onnx.reference), or None: it cannot run it, or an output's size is
+    not known before running (onnx shape inference, which reads the constant inputs) or exceeds ``_MAX_ELEMENTS``."""
     from onnx.reference import ReferenceEvaluator
 
-    inits: dict[str, TensorProto] = {}
-    nodes = []
-    for n in cone:
-        p = onnx.NodeProto()
-        p.CopyFrom(n.proto)
-        del p.input[:]
-        p.input.extend(n.inputs)
-        del p.output[:]
-        p.output.extend(n.outputs)
-        nodes.append(p)
-        for i in n.inputs:
-            t = ctx.constant_tensor(i) if i and i not in inits else None
-            if t is not None:
-                leaf = TensorProto()
-                leaf.CopyFrom(t)
-                leaf.name = i
-                inits[i] = leaf
-    g = helper.make_graph(nodes, "constant_expression", [], [helper.make_value_info(out, onnx.TypeProto())],
-                          initializer=list(inits.values()))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ctx.opset)])
+    p = onnx.NodeProto()
+    p.CopyFrom(n.proto)
+    del p.input[:]
+    p.input.extend(n.inputs)
+    del p.output[:]
+    p.output.extend(n.outputs)
+    g = helper.make_graph([p], "constant_expression", [], [helper.make_value_info(o, onnx.TypeProto())
+                                                             for o in n.outputs if o], initializer=inputs)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     try:
+        if n.op != "Constant" and not _small_outputs(m, [o for o in n.outputs if o]):
+            return None
         with np.errstate(all="ignore"):
-            (value,) = ReferenceEvaluator(m).run(None, {})
-    except Exception:  # onnx.reference cannot evaluate it: leave it to the runtime
+            return [np.asarray(v) for v in ReferenceEvaluator(m).run(None, {})]
+    except Exception:  # onnx.reference (or inference) cannot evaluate it: leave it to the runtime
         return None
-    return np.asarray(value)
+
+
+def _small_outputs(m: onnx.ModelProto, outputs: list[str]) -> bool:
+    """Every output of the one-node model ``m`` has a shape onnx's inference fixes, of at most ``_MAX_ELEMENTS``."""
+    inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    shapes = {v.name: v.type.tensor_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    for o in outputs:
+        tt = shapes.get(o)
+        if tt is None or not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim):
+            return False
+        if int(np.prod([d.dim_value for d in tt.shape.dim], dtype=object)) > _MAX_ELEMENTS:
+            return False
+    return True

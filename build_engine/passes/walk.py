@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from onnx import GraphProto, ModelProto, NodeProto, OperatorSetIdProto
+from onnx import FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
 from ..core.graph import may_have_subgraphs, nested_indices, subgraphs
 from .ir import GraphCtx, Scope
@@ -142,5 +142,20 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
             nodes = ctx.commit()
             del fn.node[:]
             fn.node.extend(nodes)
+            _tidy_function_value_info(fn, ctx.retyped)
         _run_subgraphs(fn.node, ctx, passes, stats, fixed_point)
     return stats
+
+
+def _tidy_function_value_info(fn: FunctionProto, retyped: set[str]) -> None:
+    """Drop the entries of ``fn.value_info`` (IR >= 10) for values a pass retyped (``sink_cast``: a moved op now
+    carries the Cast's input type) or removed. Kept, they would declare a wrong or a dangling type: ``onnx.inliner``
+    copies them into the caller's graph, whose inference and onnxruntime then reject the model. The view never reads
+    them (function bodies are typed from Cast and Constant alone), so dropping one loses no fact."""
+    if not fn.value_info:
+        return
+    defined = set(fn.input) | {o for n in fn.node for o in n.output}
+    keep = [v for v in fn.value_info if v.name in defined and v.name not in retyped]
+    if len(keep) != len(fn.value_info):
+        del fn.value_info[:]
+        fn.value_info.extend(keep)

@@ -5,9 +5,12 @@ semantics exactness is judged by); otherwise onnxruntime's CPU provider with eve
 thread and no weight pre-packing (``sessions.make_session``: it then evaluates the graph as written); if neither
 runs it, ``CannotCheck`` (exit 2: "could not check this model: reason (op X)"). Inputs: typical values (the shared
 planner ``inputs.random_feeds``) and every value class of each dtype (``fold_feeds``), with Loop bodies run and If
-conditions tried both ways. Both models run on the same inputs in the same runtime, compared by
-``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else must match
-bitwise, including the sign of zero.
+conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
+Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor, or with a Loop whose
+constant trip count exceeds ``MAX_LOOP_TRIPS`` (a Loop bounded only by its condition is run as the model says, and
+one that never stops would not let the check stop either). Both models run on the same inputs in the same runtime,
+compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
+must match bitwise, including the sign of zero.
 """
 
 from __future__ import annotations
@@ -136,8 +139,12 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
 
 
 def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways."""
+    """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways. A graph
+    input with an initializer (IR >= 4: a default the caller may override) keeps its default in those draws and gets
+    every value class in one more draw, so a fold that took such a default for a constant is seen too."""
     pins, branch_inputs = control_pins(original)
+    inits = {t.name: list(t.dims) for t in original.graph.initializer}
+    defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits}
     out = []
     for k in range(trials):
         typical = random_feeds(original, seed + k)
@@ -145,10 +152,52 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
         extreme = extreme_inputs(original, shapes, seed + k)
         # integers of every class often index out of range (token ids): also a draw with typical integers
         floats_only = {n: (a if a.dtype.kind in "iu" else extreme.get(n, a)) for n, a in typical.items()}
-        for kind, feeds in (("typical", typical), ("value classes", extreme), ("value classes", floats_only)):
+        draws = [("typical", typical), ("value classes", extreme), ("value classes", floats_only)]
+        if defaults:
+            draws.append(("value classes", {**typical, **extreme_inputs(original, defaults, seed + k)}))
+        for kind, feeds in draws:
             for flag in ((True, False) if branch_inputs else (True,)):
                 out.append((kind, pinned(feeds, pins, branch_inputs, flag)))
     return out
+
+
+#: A Loop whose trip count is a constant above this is not run by ``--check`` (onnx.reference interprets every
+#: iteration in Python: a model-defined 10**12 would never finish); its trip count is the model's, not an input.
+MAX_LOOP_TRIPS = 10_000
+
+
+def _constant_trip_count(graph: Any, name: str) -> int | None:
+    """The value of ``name`` when ``graph`` defines it as a constant for the check: an initializer (also one that is
+    a graph input's default: the check's feeds leave those at their defaults), or a Constant node's tensor; None
+    otherwise."""
+    from onnx import numpy_helper
+
+    for t in graph.initializer:
+        if t.name == name:
+            return int(numpy_helper.to_array(t).reshape(-1)[0]) if t.data_location != TensorProto.EXTERNAL else None
+    for n in graph.node:
+        if n.op_type == "Constant" and name in n.output and n.attribute and n.attribute[0].name == "value":
+            return int(numpy_helper.to_array(n.attribute[0].t).reshape(-1)[0])
+    return None
+
+
+def _check_runnable(model: ModelProto) -> None:
+    """``CannotCheck`` before anything runs, for models no check can run: a graph input that is not a tensor (the
+    feeds are tensors), or a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS`` (it would not finish)."""
+    for vi in model.graph.input:
+        kind = vi.type.WhichOneof("value")
+        if kind != "tensor_type":
+            what = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+                    "sparse_tensor_type": "a sparse tensor"}.get(kind or "", "not typed")
+            raise CannotCheck(f"could not check this model: graph input {vi.name!r} is {what}, not a tensor "
+                              "(--check feeds tensors only); fold without --check")
+    for g in all_graphs(model.graph):
+        for n in g.node:
+            if n.op_type == "Loop" and n.input and n.input[0]:
+                trips = _constant_trip_count(g, n.input[0])
+                if trips is not None and trips > MAX_LOOP_TRIPS:
+                    raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "
+                                      f"than {MAX_LOOP_TRIPS} iterations are not run; op Loop); fold without --check")
 
 
 @steps.timed("check")
@@ -161,6 +210,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     ``CannotCheck`` says why. ``paths``: the two models' files (original, folded), which onnxruntime then runs by
     path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_skeleton.weightless``)."""
     path_a, path_b = paths if paths is not None else (None, None)
+    _check_runnable(original)
     plan = _trials(original, seed, trials)
     runtime = _pick_runtime(original, plan[0][1], runtime, path_a)
     names = [o.name for o in original.graph.output]

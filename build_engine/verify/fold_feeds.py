@@ -13,6 +13,7 @@ a body the fold changed is executed.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
@@ -33,12 +34,26 @@ def _float_classes(d: np.dtype) -> np.ndarray:
         return np.array(vals, np.float64).astype(d)
 
 
+def _int_info(d: np.dtype) -> Any:
+    """The integer limits of ``d``: numpy's ``iinfo``, or ml_dtypes' for its sub-byte integers (int4, uint4, int2,
+    uint2: numpy kind ``V``, which ``np.iinfo`` rejects); None for a non-integer type."""
+    if d.kind in "iu":
+        return np.iinfo(d)
+    import ml_dtypes
+
+    try:
+        return ml_dtypes.iinfo(d)
+    except (ValueError, TypeError):
+        return None
+
+
 def _int_classes(d: np.dtype) -> np.ndarray:
-    i = np.iinfo(d)
+    i = _int_info(d)
     vals = {int(i.min), int(i.max), 0, 1, int(i.max) - 1, 127, 128, 255, 256, 32767, 32768, 65535, 2**31 - 1, 2**31}
     if i.min < 0:
         vals |= {-1, int(i.min) + 1, -128, -129, -32769}
-    return np.array(sorted(v for v in vals if i.min <= v <= i.max), dtype=object).astype(d)
+    carrier = np.int64 if i.max < 2**63 else object  # ml_dtypes' sub-byte ints convert from int64, not object
+    return np.array(sorted(v for v in vals if i.min <= v <= i.max), dtype=carrier).astype(d)
 
 
 def _fill(classes: np.ndarray, shape: list[int], rng: np.random.Generator, wide: np.ndarray) -> np.ndarray:
@@ -60,9 +75,9 @@ def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -
         shape = shapes[vi.name]
         if t == TensorProto.BOOL:
             feeds[vi.name] = rng.random(shape) < 0.5
-        elif d.kind in "iu":
-            i = np.iinfo(d)
-            wide = rng.integers(int(i.min), int(i.max), size=16, dtype=d, endpoint=True)
+        elif (i := _int_info(d)) is not None:
+            wide = rng.integers(int(i.min), int(i.max), size=16, dtype=d if d.kind in "iu" else np.int64,
+                                endpoint=True).astype(d)
             feeds[vi.name] = _fill(_int_classes(d), shape, rng, wide)
         elif t in (TensorProto.STRING,) or d.kind in "cOUS":
             continue

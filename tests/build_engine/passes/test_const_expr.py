@@ -50,3 +50,34 @@ def test_out_of_range_float_to_int_is_left_to_the_runtime(kit, folded) -> None:
     m = kit.make_model(nodes, [("x", T.INT32, [2])], [("y", T.INT32, [2])])
     out, rep = folded(m)
     assert "constant_expression" not in rep["rules"] and "Mul" in kit.ops(out)
+
+
+def _expanding_expression(kit, n: int):
+    """``Cast(Reshape(Slice(ConstantOfShape([n, n]))))`` + x: a tiny model whose constant expression passes through an
+    ``n * n``-element value (the Slice keeps 4 of them)."""
+    i64 = {k: nh.from_array(np.array(v, np.int64), k) for k, v in
+           (("sh", [n, n]), ("st", [0, 0]), ("en", [2, 2]), ("flat", [-1]))}
+    nodes = [h.make_node("ConstantOfShape", ["sh"], ["z"], value=nh.from_array(np.array([1.5], np.float64))),
+             h.make_node("Slice", ["z", "st", "en"], ["s"]), h.make_node("Reshape", ["s", "flat"], ["r"]),
+             h.make_node("Cast", ["r"], ["c"], to=T.INT32), h.make_node("Add", ["c", "x"], ["y"])]
+    return kit.make_model(nodes, [("x", T.INT32, [4])], [("y", T.INT32, [4])], list(i64.values()))
+
+
+def test_expression_through_a_huge_intermediate_is_not_computed(kit, folded) -> None:
+    # 2048 * 2048 elements > the 2**20 bound: refused before ConstantOfShape runs (at 10**5 * 10**5 the old
+    # evaluation allocated 80 GB for a 300-byte model); the same expression below the bound still folds
+    _, rep = folded(_expanding_expression(kit, 2048))
+    assert "constant_expression" not in rep["rules"] and "constant_cast" not in rep["rules"]
+    out, rep = folded(_expanding_expression(kit, 1024))
+    assert rep["rules"]["constant_expression"] == 1 and kit.ops(out) == ["Add"]
+    assert nh.to_array(out.graph.initializer[0]).tolist() == [1, 1, 1, 1]
+
+
+def test_range_longer_than_the_bound_is_not_computed(kit, folded) -> None:
+    i64 = [nh.from_array(np.array(v, np.int64), k) for k, v in (("a", 0), ("b", 2**24), ("d", 3), ("st", [0]),
+                                                                ("en", [4]))]
+    nodes = [h.make_node("Range", ["a", "b", "d"], ["z"]), h.make_node("Slice", ["z", "st", "en"], ["s"]),
+             h.make_node("Cast", ["s"], ["c"], to=T.INT32), h.make_node("Add", ["c", "x"], ["y"])]
+    m = kit.make_model(nodes, [("x", T.INT32, [4])], [("y", T.INT32, [4])], i64)
+    _, rep = folded(m)
+    assert "constant_expression" not in rep["rules"]

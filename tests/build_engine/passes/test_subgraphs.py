@@ -79,3 +79,26 @@ def test_model_local_function_is_folded(kit, folded) -> None:
     assert [n.op_type for n in out.functions[0].node] == ["Cast", "Neg"]
     assert list(out.functions[0].output) == ["fy"]
     assert rep["rules"]["cast_round_trip"] == 1 and rep["rules"]["identity"] == 1
+
+
+def test_function_value_info_of_moved_and_removed_values_is_dropped(kit, folded) -> None:
+    """A function's value_info (IR 10) declared ``r`` float; sink_cast makes the Reshape read the float16 value, so
+    that entry was wrong after folding (and ``b``'s dangling): inlining the function then gave a model onnx's
+    inference and onnxruntime reject."""
+    import onnx.inliner
+
+    body = [cast("fx", "a", T.FLOAT16), cast("a", "b", F),
+            h.make_node("Constant", [], ["sh"], value=onnx.numpy_helper.from_array(np.array([-1], np.int64))),
+            h.make_node("Reshape", ["b", "sh"], ["r"]), cast("r", "fy", F64)]
+    fn = h.make_function("local", "Sink", ["fx"], ["fy"], body, [h.make_opsetid("", 21)])
+    fn.value_info.extend([h.make_tensor_value_info(n, t, None) for n, t in (("a", T.FLOAT16), ("b", F), ("r", F))])
+    m = kit.make_model([h.make_node("Sink", ["x"], ["y"], domain="local")], [("x", F, [4, 8])], [("y", F64, [32])],
+                       functions=[fn])
+    onnx.checker.check_model(onnx.inliner.inline_local_functions(m), full_check=True)
+    out, rep = folded(m)
+    assert rep["rules"]["sink_cast"] == 1 and [n.op_type for n in out.functions[0].node] == [
+        "Cast", "Constant", "Reshape", "Cast"]
+    assert [v.name for v in out.functions[0].value_info] == ["a"]
+    inlined = onnx.inliner.inline_local_functions(out)
+    onnx.checker.check_model(inlined, full_check=True)
+    kit.assert_same_outputs(m, inlined, seeds=(3, 4))
