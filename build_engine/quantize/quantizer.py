@@ -19,7 +19,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ..core.errors import InputError
 from ..passes import fold
-from . import awq, calibrators, smoothquant
+from . import awq, calibrators, gemm, smoothquant
 from .calib_data import CalibSet
 from .config import METADATA_KEY, QuantConfig
 from .qdq import EdgePlan, WeightPlan, rewrite
@@ -70,7 +70,7 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     start = time.perf_counter()
     _check_source(model)
     model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
-    sel = select(model, cfg.exclude, cfg.quantize_lm_head)
+    model, sel = _select(model, cfg)
     if cfg.mode == "int4-wo":
         sel = _whole_blocks(sel, cfg.block_size)
     if not sel.targets:
@@ -104,6 +104,23 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     out = folded.model
     helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, METADATA_KEY: report.metadata()})
     return QuantResult(out, report)
+
+
+def _select(model: ModelProto, cfg: QuantConfig) -> tuple[ModelProto, Selection]:
+    """The model with the Gemms to quantize lowered to MatMul (+ Add), and its selection. Every Gemm that can be
+    lowered is, on trial; those the selection then leaves float are kept as Gemms (``gemm``: a lowered pair is not
+    bit-identical to the Gemm) and listed as excluded with the selection's reason, as is every Gemm that cannot be."""
+    found = gemm.candidates(model)
+    if not found:
+        return model, select(model, cfg.exclude, cfg.quantize_lm_head)
+    lowerable = {label for label, why in found.items() if why is None}
+    trial = select(gemm.lower(model, lowerable), cfg.exclude, cfg.quantize_lm_head)
+    wanted = {t.name for t in trial.targets} & lowerable
+    reasons = {label: why for label, why in found.items() if why is not None}
+    reasons.update({e.name: e.reason for e in trial.excluded if e.name in lowerable - wanted})
+    final = gemm.lower(model, wanted)
+    sel = select(final, cfg.exclude, cfg.quantize_lm_head)
+    return final, Selection(sel.targets, sel.excluded + tuple(Excluded(k, v) for k, v in reasons.items()))
 
 
 def _check_finite(targets: tuple[Target, ...], weights: dict[str, np.ndarray], what: str = "") -> None:

@@ -2,14 +2,15 @@
 
 A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initializer (a projection weight
 ``[in, out]``) and whose first input is a runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported
-with 2-D inputs) are never candidates: they stay float and are listed as excluded, so the report shows them; a
-MatMul whose weight is computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a
-projection here either. Activation x activation MatMuls (attention scores,
+with 2-D inputs) are not seen here: ``quantizer`` lowers those it can to MatMul + Add first (``gemm``) and reports
+the others as excluded. A MatMul whose weight is computed at run time (e.g. ``Transpose`` of an initializer, when
+the fold leaves it) is not a projection here either. Activation x activation MatMuls (attention scores,
 probabilities x values) are never candidates. A candidate stays float when:
 
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values;
-2. it is the LM head (a MatMul from which a graph output is reached through data-movement ops only), unless
+2. it is the LM head (a MatMul from which a graph output is reached through data-movement ops and bias Adds only: a
+   lowered Gemm's, or an Add of an initializer), unless
    ``quantize_lm_head``;
 3. its name matches an ``--exclude`` pattern.
 
@@ -25,16 +26,18 @@ input edge gets the Q/DQ pair (see ``qdq``), so a LoRA node after a quantized pr
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto, NodeProto, TensorProto
 
 from trtforge.plugins.lora import spec as lora_spec
 
 from ..precision.convert import node_decisions
 from ..precision.policy import Mode
 
+# the bias Add of a lowered Gemm (``gemm.GEMM_BIAS_DOC``; defined here, which ``gemm`` imports, to avoid a cycle)
+GEMM_BIAS_DOC = "trtforge.quantize: the bias Add of a lowered Gemm"
 _DATA_MOVEMENT = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
@@ -70,8 +73,17 @@ def _matches(name: str, patterns: Sequence[str]) -> str | None:
     return None
 
 
+def _is_bias(node: NodeProto, value: str, inits: Collection[str]) -> bool:
+    """A lowered Gemm's bias Add, or an Add of ``value`` and an initializer (a projection's bias)."""
+    if node.op_type != "Add" or len(node.input) != 2:
+        return False
+    other = node.input[1] if node.input[0] == value else node.input[0]
+    return node.doc_string == GEMM_BIAS_DOC or other in inits
+
+
 def _lm_heads(model: ModelProto) -> set[str]:
-    """MatMul outputs from which a graph output is reached through data-movement ops only."""
+    """MatMul outputs from which a graph output is reached through data-movement ops and bias Adds only."""
+    inits = {t.name for t in model.graph.initializer}
     consumers: dict[str, list[int]] = {}
     for i, node in enumerate(model.graph.node):
         for name in node.input:
@@ -89,7 +101,7 @@ def _lm_heads(model: ModelProto) -> set[str]:
                 break
             for j in consumers.get(value, []):
                 nxt = model.graph.node[j]
-                if nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt):
+                if nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt) or _is_bias(nxt, value, inits):
                     frontier.extend(nxt.output)
     return heads
 
@@ -108,9 +120,6 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
-        if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
-            excluded.append(Excluded(node_label(node, i), "Gemm is never quantized (only MatMul projections are)"))
-            continue
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         w = inits.get(node.input[1])

@@ -93,13 +93,15 @@ class DiffResult:
     decomposed: tuple[str, ...] = ()
     run_results: Any = field(default=None, repr=False)
     accuracy: Any = field(default=None, repr=False)
+    precision: str = "fp32"
 
     @property
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
     def summary(self) -> dict[str, Any]:
-        return {"a": self.a, "b": self.b, "atol": self.atol, "rtol": self.rtol, "seed": self.seed,
+        return {"a": self.a, "b": self.b, "precision": self.precision, "atol": self.atol, "rtol": self.rtol,
+                "seed": self.seed,
                 "passed": self.passed, "decomposed": list(self.decomposed),
                 "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "range": [i.low, i.high]}
                            for i in self.inputs],
@@ -271,7 +273,8 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
                   for n in out_a if n in out_b)
     if precision in QUANT_PRESETS:
         diffs = tuple(judge_quantized(d, precision) for d in diffs)
-    return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy)
+    return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy,
+                      precision)
 
 
 def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedSpec], seed: int, atol: float,
@@ -357,6 +360,12 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
 def check(result: DiffResult) -> None:
     """Raise CheckFailed (exit 1) naming the mismatching outputs."""
     bad = [o for o in result.outputs if not o.passed]
+    if bad and result.precision in QUANT_PRESETS:  # judged on the whole output (the element-wise rule is off)
+        max_rel, min_top1 = QUANT_PRESETS[result.precision]
+        raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs fail the {result.precision} preset (relative "
+                          f"error <= {max_rel:g}, top-1 agreement >= {min_top1:g}): " + ", ".join(
+                              f"{o.name} (relative error {o.rel_error:.3g}, top-1 "
+                              f"{'n/a' if o.top1 is None else f'{o.top1:.3f}'})" for o in bad))
     if bad:
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs differ beyond atol={result.atol} "
                           f"rtol={result.rtol}: " + ", ".join(_why(o) for o in bad))

@@ -238,3 +238,23 @@ def test_bitwise_mismatches_count_differing_bytes(rng: np.random.Generator) -> N
     c[3] = np.nextafter(c[3], np.float32(np.inf)) if np.isfinite(c[3]) else np.float32(1.0)
     assert byte_mismatches(a, c) == 1
     assert byte_mismatches(a, a.astype(np.float64)) == 64
+
+
+def test_quantized_preset_failure_names_its_criteria(tmp_path: Path, cli, rng: np.random.Generator) -> None:
+    """A quantized preset is judged on the whole output (relative error, top-1): a failure says which numbers failed
+    which bound, not the element-wise atol/rtol the preset turns off."""
+    seed = int(rng.integers(1 << 30))
+    model = _model(seed)
+    w = numpy_helper.to_array(model.graph.initializer[1])
+    noisy = onnx.ModelProto()
+    noisy.CopyFrom(model)
+    noisy.graph.initializer[1].CopyFrom(numpy_helper.from_array(
+        (w * (1 + 0.5 * rng.standard_normal(w.shape))).astype(np.float32), "w"))
+    onnx.save(model, tmp_path / "a.onnx")
+    onnx.save(noisy, tmp_path / "b.onnx")
+    res = cli("diff", tmp_path / "b.onnx", tmp_path / "a.onnx", "--precision", "int8",
+              "--save", tmp_path / "r.json")
+    assert_one_line_error(res, 1, "int8 preset", "relative error <= 0.1", "logits (relative error")
+    assert "atol" not in res.err
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary["precision"] == "int8" and not summary["passed"]

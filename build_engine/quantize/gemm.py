@@ -1,0 +1,111 @@
+"""Gemm projections lowered to ``MatMul`` (+ ``Add``), so a ``Linear`` exported with 2-D inputs (``Gemm``,
+usually ``transB=1``) is quantized like every MatMul projection.
+
+A Gemm can be lowered when all hold (otherwise it stays a float Gemm and ``candidates`` says which one failed):
+- default domain, at opset >= 7 (Gemm-6 has a ``broadcast`` attribute), only the attributes alpha, beta, transA,
+  transB;
+- ``transA = 0`` and input A is a runtime tensor (not an initializer);
+- B is a 2-D float32 initializer that is not also a graph input (an IR < 4 default the caller may override);
+- ``alpha = 1`` and, when C is given, ``beta = 1`` (so the lowered form computes the same expression).
+
+The lowered form: ``MatMul(A, W)`` named as the Gemm (its report label), with ``W = B`` (``transB = 0``) or a new
+initializer ``B^T`` (``transB = 1``, shared by every Gemm of that B), then ``Add(., C)`` when C is given, marked with
+``GEMM_BIAS_DOC`` (the LM-head search follows it as data movement). ``Add`` broadcasts every C that Gemm accepts
+(unidirectional to ``[M, N]``) to the same ``[M, N]`` result. A float result of the lowered pair may differ from the
+Gemm's in the last bits (another kernel's summation order), so ``quantizer`` lowers only the Gemms it then
+quantizes; a Gemm that stays float is never touched. ``B`` is removed when no node reads it any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from ..core.graph import all_graphs
+from .targets import GEMM_BIAS_DOC, node_label
+
+_ATTRS = frozenset({"alpha", "beta", "transA", "transB"})
+
+
+def _opset(model: ModelProto) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def _why_not(node: NodeProto, model: ModelProto, inits: dict[str, TensorProto], fed: set[str]) -> str | None:
+    attrs = {a.name: a for a in node.attribute}
+    if _opset(model) < 7 or set(attrs) - _ATTRS:
+        return "Gemm before opset 7 (broadcast attribute) is not quantized"
+    if attrs.get("transA") is not None and attrs["transA"].i != 0:
+        return "Gemm with transA=1 is not quantized"
+    if node.input[0] in inits:
+        return "its input A is a constant"
+    w = inits.get(node.input[1])
+    if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2:
+        return "its weight B is not a 2-D float32 initializer"
+    if w.name in fed:
+        return f"its weight {w.name!r} is a graph input (overridable at run time)"
+    if attrs.get("alpha") is not None and attrs["alpha"].f != 1.0:
+        return "Gemm with alpha != 1 is not quantized"
+    has_c = len(node.input) > 2 and node.input[2] != ""
+    if has_c and attrs.get("beta") is not None and attrs["beta"].f != 1.0:
+        return "Gemm with beta != 1 is not quantized"
+    return None
+
+
+def candidates(model: ModelProto) -> dict[str, str | None]:
+    """Every top-level default-domain Gemm's label -> None (can be lowered) or the reason it cannot."""
+    inits = {t.name: t for t in model.graph.initializer}
+    fed = {vi.name for vi in model.graph.input}
+    return {node_label(n, i): _why_not(n, model, inits, fed) for i, n in enumerate(model.graph.node)
+            if n.op_type == "Gemm" and n.domain in ("", "ai.onnx")}
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def lower(model: ModelProto, labels: Collection[str]) -> ModelProto:
+    """A copy of ``model`` with the Gemms labelled ``labels`` (each one ``candidates`` accepts) lowered."""
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    inits = {t.name: t for t in g.initializer}
+    taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {n.name for n in g.node}
+    taken |= {o for n in g.node for o in n.output}
+    transposed: dict[str, str] = {}
+    nodes: list[NodeProto] = []
+    for i, node in enumerate(g.node):
+        label = node_label(node, i)
+        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or label not in labels:
+            nodes.append(node)
+            continue
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        w = node.input[1]
+        if trans_b:
+            if w not in transposed:
+                transposed[w] = _fresh(f"{w}_transposed", taken)
+                t = np.ascontiguousarray(numpy_helper.to_array(inits[w]).T)
+                g.initializer.append(numpy_helper.from_array(t, transposed[w]))
+            w = transposed[w]
+        has_c = len(node.input) > 2 and node.input[2] != ""
+        y = _fresh(f"{node.output[0]}_matmul", taken) if has_c else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], w], [y], name=label))
+        if has_c:
+            add = helper.make_node("Add", [y, node.input[2]], [node.output[0]], name=_fresh(f"{label}/bias", taken))
+            add.doc_string = GEMM_BIAS_DOC
+            nodes.append(add)
+    del g.node[:]
+    g.node.extend(nodes)
+    # any graph's reader counts (a subgraph may capture B from this scope)
+    read = {name for sub in all_graphs(g) for n in sub.node for name in n.input} | {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name not in transposed or t.name in read]
+    if len(keep) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(keep)
+    return out
