@@ -38,7 +38,8 @@ def build_parser() -> ArgumentParser:
                                                     "R.summary.json beside it)")
     p.add_argument("--ort-optimize", action="store_true",
                    help="let onnxruntime optimize the graphs and prepack weights (off by default: then every op runs "
-                        "as written, so equivalent graphs give bitwise equal outputs)")
+                        "as written, so equivalent graphs give bitwise equal outputs; onnxruntime 1.32's CPU "
+                        "optimizations compute fp8 Q/DQ MatMuls wrong, so leave it off for fp8 models)")
     return p
 
 
