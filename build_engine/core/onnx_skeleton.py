@@ -17,6 +17,14 @@ from onnx import ModelProto, TensorProto
 # Initializers with at least this many elements are stood in for by typed graph inputs in ``skeleton``. Smaller ones
 # stay: shape inference reads the values of small constants (Reshape targets, Slice bounds, ...).
 SKELETON_MIN_ELEMENTS = 1024
+# Floating-point initializers are stood in for from this many elements: shape inference reads a float tensor's values
+# only as Resize / Upsample scales (one per dimension of the input: rank 64 and up is no model's), never as a shape or
+# an index, so a float tensor of 64 elements or more only ever matters to it by type and shape. Graphs with many small
+# weights (biases, norm scales) then serialise no weight bytes for the checker and inference.
+SKELETON_MIN_FLOAT_ELEMENTS = 64
+_FLOATS = frozenset(getattr(TensorProto, n) for n in (
+    "FLOAT", "DOUBLE", "FLOAT16", "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ",
+    "FLOAT4E2M1") if hasattr(TensorProto, n))
 
 
 def _num_elements(tensor: TensorProto) -> int:
@@ -50,9 +58,13 @@ def weight_tensors(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS)
 
 
 def _is_weight(t: TensorProto, min_elements: int) -> bool:
-    """Stood in for by ``skeleton``: a big tensor, or one whose data is still on disk (``load_structure``), whose
-    values nothing in memory could read anyway."""
-    return _num_elements(t) >= min_elements or t.data_location == TensorProto.EXTERNAL
+    """Stood in for by ``skeleton``: a big tensor (a float one from ``SKELETON_MIN_FLOAT_ELEMENTS`` elements when
+    ``min_elements`` is the default), or one whose data is still on disk (``load_structure``), whose values nothing in
+    memory could read anyway."""
+    n = _num_elements(t)
+    if n >= min_elements or t.data_location == TensorProto.EXTERNAL:
+        return True
+    return min_elements == SKELETON_MIN_ELEMENTS and n >= SKELETON_MIN_FLOAT_ELEMENTS and t.data_type in _FLOATS
 
 
 def without_initializers(model: ModelProto) -> ModelProto:
