@@ -137,6 +137,29 @@ def test_check_model_accepts_a_valid_model_and_skeleton_keeps_inferred_types(rng
     assert types(m)["y"] == (TensorProto.FLOAT, [4, 16])  # the small Reshape target's values were read
 
 
+def test_small_float_weights_are_stood_in_for_and_still_checked(rng: np.random.Generator) -> None:
+    """Float initializers from 64 elements are stood in for (shape inference reads float values only as Resize
+    scales); integer ones below 1024 keep their values (they may be shapes or indices); a malformed stood-in float
+    tensor is still rejected, as the full checker rejects it."""
+    bias = numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "bias")
+    table = numpy_helper.from_array(rng.integers(0, 9, 96).astype(np.int64), "table")
+    tiny = numpy_helper.from_array(rng.standard_normal(63).astype(np.float32), "tiny")
+    nodes = [helper.make_node("Add", ["x", "bias"], ["h"]), helper.make_node("Gather", ["h", "table"], ["g"]),
+             helper.make_node("Add", ["tiny", "tiny"], ["t"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [96])],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, [96]),
+                               helper.make_tensor_value_info("t", TensorProto.FLOAT, [63])], [bias, table, tiny])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    skel = onnx_skeleton.skeleton(m)
+    assert sorted(t.name for t in skel.graph.initializer) == ["table", "tiny"]
+    assert "bias" in {i.name for i in skel.graph.input}
+    inferred = onnx.shape_inference.infer_shapes(skel, strict_mode=True).graph
+    assert {v.name: v.type.tensor_type.elem_type for v in inferred.value_info} == {"h": TensorProto.FLOAT}
+    onnx_skeleton.check_model(m)
+    m.graph.initializer[0].raw_data = m.graph.initializer[0].raw_data[:-4]
+    assert _rejects(onnx.checker.check_model, m) and _rejects(onnx_skeleton.check_model, m)
+
+
 def test_load_rejects_a_truncated_weight(tmp_path, rng: np.random.Generator) -> None:
     m = _model(rng)
     _short_raw(m)
