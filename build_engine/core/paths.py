@@ -1,9 +1,10 @@
 """The one rule that keeps a command from destroying its own inputs (issue 11, "Data loss").
 
 Before anything is written, every output path is compared with every input path and every file an input depends
-on (an ONNX model's external data files, every file under an input folder: a PEFT adapter, an engine folder). The
-comparison is by identity, not by spelling: paths are resolved (symlinks, ``..``) and compared by
-``(st_dev, st_ino)``, so hard links and the case-folding of a case-insensitive filesystem are caught too.
+on (an ONNX model's external data files, whatever the model file is named: ``model.pb`` and ``model`` load as ONNX
+too; every file under an input folder: a PEFT adapter, an engine folder). The comparison is by identity, not by
+spelling: paths are resolved (symlinks, ``..``) and compared by ``(st_dev, st_ino)``, so hard links and the
+case-folding of a case-insensitive filesystem are caught too.
 
 Refused (``InputError``, exit 2, naming both paths), with or without ``--force``:
 
@@ -93,7 +94,7 @@ def _expand(label: str, given: PathLike) -> list[_Input]:
     out = [_Input(label, p, p)]
     if p.is_dir():
         out += [_Input(label, p, f) for f in _folder_files(p)]
-    elif p.suffix.lower() == ".onnx" and p.is_file():
+    elif p.is_file():  # any name: the loaders read ``model.pb`` or ``model`` as ONNX too, data file and all
         out += [_Input(label, p, f) for f in external_data_files(p)]
     return out
 

@@ -89,6 +89,36 @@ def _fold_ext_data_sibling(t: Path) -> Case:
     return Case(["fold", s(m), "-o", s(t / "x.onnx")], ("x.onnx.data",))
 
 
+def _renamed_external(t: Path, model_name: str, data_name: str) -> Path:
+    """``external_model`` saved as ``model_name`` (any suffix: the loaders read it as ONNX) with its data in
+    ``data_name``."""
+    import onnx
+
+    m = fx.external_model(t / "tmp.onnx")
+    model = onnx.load(m, load_external_data=False)
+    for e in model.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = data_name
+    os.replace(t / "tmp.onnx.data", t / data_name)
+    m.unlink()
+    onnx.save(model, t / model_name)
+    return t / model_name
+
+
+def _suffixless_case(cmd: list[str], more: list[str], model_name: str) -> Builder:
+    # The data file of a model not named *.onnx was not protected: -o o.onnx deleted o.onnx.data (the input's
+    # weights) when the small output went out inline.
+    def build(t: Path) -> Case:
+        m = _renamed_external(t, model_name, "o.onnx.data")
+        return Case([*cmd, s(m), "-o", s(t / "o.onnx"), *more], ("-o", "o.onnx.data", model_name))
+    return build
+
+
+for _cmd, _more, _name in ((["fold"], [], "model.pb"), (["precision"], ["--to", "fp16"], "model"),
+                           (["lora", "decompose"], [], "model.bin"), (["quantize"], ["--mode", "int8"], "m.onnx.bak")):
+    PATH_CASES[f"{' '.join(_cmd)} {_name} whose data is OUT.data"] = _suffixless_case(_cmd, _more, _name)
+
+
 @case("precision -o IN")
 def _precision(t: Path) -> Case:
     m = fx.tiny_model(t / "in.onnx")
