@@ -141,6 +141,11 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
     """
     ins = [i for label, p in inputs if p for i in _expand(label, p)]
     in_ids = [(_ident(i.file), i) for i in ins]
+    for label, p in files:
+        _refuse_empty(label, p)
+    for label, p in folders:
+        if p is not None and os.fspath(p) == "":
+            raise InputError(f"{label} '': the path is empty; give an output folder for {label}")
     outs = [(label, Path(p), False) for label, p in files if p] + [(label, Path(p), True) for label, p in folders if p]
     for label, out, is_folder in outs:
         refuse_special(label, out)
@@ -177,8 +182,17 @@ def _check_outputs_apart(outs: Sequence[tuple[str, Path, bool]]) -> None:
                                  f"choose a {label} path outside it")
 
 
+def _refuse_empty(label: str, path: PathLike | None) -> None:
+    """``-o ''`` (an unset shell variable) is a given, empty path, not an absent option: it must not pass the checks
+    as "not given" and then write, or be silently skipped; a path with no file name (``.``, ``/``) is a folder."""
+    if path is not None and (os.fspath(path) == "" or Path(path).name in ("", "..")):
+        raise InputError(f"{label} {os.fspath(path)!r}: not a file path (empty, or a folder such as '.' or '/'); "
+                         f"give a file name for {label}")
+
+
 def onnx_output(label: str, path: PathLike | None) -> list[Named]:
     """An ONNX output and the external data file ``save_model`` may write beside it (``OUT.onnx.data``)."""
+    _refuse_empty(label, path)
     if not path:
         return []
     p = Path(path)

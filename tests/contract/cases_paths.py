@@ -256,3 +256,34 @@ def _matrix_triton(t: Path) -> Case:
     mat.write_text('[matrix]\nprofiles = ["a100"]\n\n[[model]]\nname = "m"\npath = "repo/m_a100/in.onnx"\n\n'
                    '[triton]\nrepo = "repo"\n')
     return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "in.onnx"))
+
+
+# An empty or name-less output path (`-o "$OUT"` with OUT unset, `--save .`): lora inject and diff --save crashed
+# (exit 3, ValueError from Path.with_name), kv-plan --json '' and diff --save '' exited 0 and wrote nothing.
+@case("lora inject -o ''")
+def _inject_empty(t: Path) -> Case:
+    m = fx.llama(t / "in.onnx")
+    return Case(["lora", "inject", s(m), "-o", "", "--targets", "q_proj"], ("-o", "not a file path"))
+
+
+@case("diff --save .")
+def _diff_dot(t: Path) -> Case:
+    a = fx.tiny_model(t / "a.onnx")
+    return Case(["diff", s(a), s(a), "--save", "."], ("--save", "not a file path"))
+
+
+@case("diff --save ''")
+def _diff_empty(t: Path) -> Case:
+    a = fx.tiny_model(t / "a.onnx")
+    return Case(["diff", s(a), s(a), "--save", ""], ("--save", "not a file path"))
+
+
+@case("kv-plan --json ''")
+def _kv_empty(t: Path) -> Case:
+    return Case(["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b", "--json", ""], ("--json", "not a file"))
+
+
+@case("build -o ''")
+def _build_empty(t: Path) -> Case:
+    m = fx.tiny_model(t / "in.onnx")
+    return Case(["build", s(m), "--profile", "a100", "-o", ""], ("-o", "empty"))
