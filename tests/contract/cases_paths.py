@@ -287,3 +287,26 @@ def _kv_empty(t: Path) -> Case:
 def _build_empty(t: Path) -> Case:
     m = fx.tiny_model(t / "in.onnx")
     return Case(["build", s(m), "--profile", "a100", "-o", ""], ("-o", "empty"))
+
+
+# A .toml profile of a matrix was not an input: build-matrix deleted it when it lay in the cell folder it replaced
+# (OUT/<model>/<profile name>/) or in a [triton] entry (named by the profile's `name`, not its file stem).
+@case("build-matrix: a cell folder holds a .toml profile")
+def _matrix_profile(t: Path) -> Case:
+    fx.tiny_model(t / "m.onnx")
+    (t / "out" / "m" / "a100").mkdir(parents=True)
+    fx.profile(t / "out" / "m" / "a100" / "prof.toml")
+    mat = t / "matrix.toml"
+    mat.write_text('[matrix]\nprofiles = ["out/m/a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n')
+    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("-o", "prof.toml"))
+
+
+@case("build-matrix: a [triton] entry holds a .toml profile")
+def _matrix_triton_profile(t: Path) -> Case:
+    fx.tiny_model(t / "m.onnx")
+    (t / "repo" / "m_a100").mkdir(parents=True)
+    fx.profile(t / "repo" / "m_a100" / "prof.toml")
+    mat = t / "matrix.toml"
+    mat.write_text('[matrix]\nprofiles = ["repo/m_a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n\n'
+                   '[triton]\nrepo = "repo"\n')
+    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "prof.toml"))
