@@ -191,12 +191,18 @@ def _refuse_empty(label: str, path: PathLike | None) -> None:
 
 
 def onnx_output(label: str, path: PathLike | None) -> list[Named]:
-    """An ONNX output and the external data file ``save_model`` may write beside it (``OUT.onnx.data``)."""
+    """An ONNX output, the external data file ``save_model`` may write beside it (``OUT.onnx.data``) and every
+    existing file of its data family (``OUT.onnx.<8 hex>.data``), which the commit removes (``model_commit``): an
+    input that reads one of those (``mv o.onnx keep.onnx; fold keep.onnx -o o.onnx``) would lose its weights."""
     _refuse_empty(label, path)
     if not path:
         return []
+    from .model_commit import data_family
+
     p = Path(path)
-    return [(label, p), (label, p.with_name(f"{p.name}.data"))]
+    plain = p.with_name(f"{p.name}.data")
+    parent = p.parent if str(p.parent) else Path(".")
+    return [(label, p), (label, plain), *((label, f) for f in data_family(parent, p.name) if f.name != plain.name)]
 
 
 __all__ = ["MAX_FOLDER_FILES", "check", "external_data_files", "onnx_output", "refuse_special"]

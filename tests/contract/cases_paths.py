@@ -310,3 +310,17 @@ def _matrix_triton_profile(t: Path) -> Case:
     mat.write_text('[matrix]\nprofiles = ["repo/m_a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n\n'
                    '[triton]\nrepo = "repo"\n')
     return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "prof.toml"))
+
+
+# The commit of -o o.onnx removes the o.onnx.<8 hex>.data files it does not use (an older output's data): an input
+# renamed from an older output (`mv o.onnx keep.onnx`) reads one of them and lost its weights.
+@case("fold keep.onnx -o o.onnx, keep.onnx reads o.onnx.<hex>.data")
+def _fold_family(t: Path) -> Case:
+    m = _renamed_external(t, "keep.onnx", "o.onnx.0123abcd.data")
+    return Case(["fold", s(m), "-o", s(t / "o.onnx")], ("-o", "o.onnx.0123abcd.data", "keep.onnx"))
+
+
+@case("precision keep.onnx -o o.onnx, keep.onnx reads o.onnx.<hex>.data")
+def _precision_family(t: Path) -> Case:
+    m = _renamed_external(t, "keep.onnx", "o.onnx.0123abcd.data")
+    return Case(["precision", s(m), "-o", s(t / "o.onnx"), "--to", "fp16"], ("-o", "o.onnx.0123abcd.data"))
