@@ -118,6 +118,19 @@ def refuse_special(label: str, path: Path) -> None:
                          f"file, which would remove {path}; give a regular file path for {label}")
 
 
+def _refuse_special_input(label: str, path: Path) -> None:
+    """An input that is a FIFO, socket or device is refused: opening a FIFO with no writer blocks forever (the
+    command hung until killed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    kind = _kind(mode)
+    if kind is not None:
+        raise InputError(f"{label} {path}: is {kind}, not a regular file; trtforge reads its inputs from files "
+                         f"(save the stream to a file first); give a regular file for {label}")
+
+
 def _inside(child: Path, folder_id: tuple[int, int]) -> bool:
     """Whether ``child`` (resolved) is ``folder`` or lies under it, by identity of each ancestor."""
     return any(_ident(anc) == folder_id for anc in (child, *child.parents))
@@ -139,6 +152,9 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
     ``inputs``: (label, path) of what the command reads; ``files``: output files (each replaced as a file);
     ``folders``: output folders (each replaced as a whole). ``None`` paths (options not given) are skipped.
     """
+    for label, p in inputs:
+        if p:
+            _refuse_special_input(label, Path(p))
     ins = [i for label, p in inputs if p for i in _expand(label, p)]
     in_ids = [(_ident(i.file), i) for i in ins]
     for label, p in files:

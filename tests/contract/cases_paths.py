@@ -324,3 +324,36 @@ def _fold_family(t: Path) -> Case:
 def _precision_family(t: Path) -> Case:
     m = _renamed_external(t, "keep.onnx", "o.onnx.0123abcd.data")
     return Case(["precision", s(m), "-o", s(t / "o.onnx"), "--to", "fp16"], ("-o", "o.onnx.0123abcd.data"))
+
+
+# A FIFO (no writer) as a text input: simulate, kv-plan, cache key and build-matrix blocked in open() forever.
+def _unblock_later(fifo: Path, after_s: float = 20.0) -> None:
+    """A regression must fail, not hang the suite: if a reader is still blocked on ``fifo`` after ``after_s``, open
+    it for writing once (the reader then reads end-of-file) and close it."""
+    import contextlib
+    import threading
+
+    def unblock() -> None:
+        with contextlib.suppress(OSError):  # ENXIO when nobody reads: nothing to unblock
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(after_s, unblock)
+    timer.daemon = True
+    timer.start()
+
+
+def _fifo_input_case(argv: Callable[[str], list[str]], label: str) -> Builder:
+    def build(t: Path) -> Case:
+        os.mkfifo(t / "in.fifo")
+        _unblock_later(t / "in.fifo")
+        return Case(argv(s(t / "in.fifo")), (label, "FIFO"))
+    return build
+
+
+for _name, _argv, _label in (
+        ("simulate --trace FIFO", lambda f: ["simulate", "--trace", f, "--profile", "a100", "--model", "llama-3.1-8b",
+                                             "--policy", "cache-aware"], "--trace"),
+        ("kv-plan --model FIFO", lambda f: ["kv-plan", "--profile", "a100", "--model", f], "--model"),
+        ("cache key FIFO", lambda f: ["cache", "key", f], "REQUEST.json"),
+        ("build-matrix FIFO", lambda f: ["build-matrix", f, "-o", "out"], "MATRIX.toml")):
+    PATH_CASES[_name] = _fifo_input_case(_argv, _label)
