@@ -105,9 +105,11 @@ def _run(args: Any) -> int:
         fail(f"--jobs {args.jobs}: give a number from 1 to 256")
     if not 0 <= args.retries <= 20:
         fail(f"--retries {args.retries}: give a number from 0 to 20")
+    from ..core import paths
     from ..matrix.driver import run_matrix
     from ..matrix.spec import load_matrix
 
+    paths.check(inputs=[("MATRIX.toml", args.matrix)])  # a FIFO here would block the read below forever
     spec = load_matrix(args.matrix)
     live = _LiveTable() if sys.stderr.isatty() and not args.dry_run else None
     progress = live if live is not None else (None if args.dry_run else _progress_printer(sys.stderr))

@@ -40,6 +40,10 @@ def build_parser() -> ArgumentParser:
 
 
 def _read_request(where: str) -> Any:
+    if where != "-":  # a FIFO would block the read forever; '-' is how a stream is given
+        from ..core import paths
+
+        paths.check(inputs=[("REQUEST.json", where)])
     try:
         text = sys.stdin.read() if where == "-" else Path(where).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

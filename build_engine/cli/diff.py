@@ -51,7 +51,7 @@ def _run(args: Namespace) -> int:
     from ._bounds import check_seed
 
     check_seed(args.seed)
-    if args.save:  # before comparing: a bad --save path fails fast and cannot overwrite a compared model
+    if args.save is not None:  # ('' too) before comparing: a bad --save fails fast, cannot overwrite a model
         save_paths(args.save, (args.a, args.b))
     result = run_diff(args.a, args.b, precision=args.precision, atol=args.atol, rtol=args.rtol, seed=args.seed,
                       shapes=parse_shape_args(args.shape), values=parse_value_args(args.value),
@@ -71,7 +71,7 @@ def _run(args: Namespace) -> int:
     for o in result.outputs:  # one plain line per output for scripts and the demo summary
         if o.top1 is not None and args.precision in ("int8", "int4-wo", "fp8"):
             console.print(f"accuracy {o.name}: top-1 agreement {o.top1:.3f}, relative error {o.rel_error:.4f}")
-    if args.save:
+    if args.save is not None:
         saved = save_results(result, args.save)
         console.print("saved " + ", ".join(str(p) for p in saved))
     check(result)

@@ -1,9 +1,10 @@
 """The one rule that keeps a command from destroying its own inputs (issue 11, "Data loss").
 
 Before anything is written, every output path is compared with every input path and every file an input depends
-on (an ONNX model's external data files, every file under an input folder: a PEFT adapter, an engine folder). The
-comparison is by identity, not by spelling: paths are resolved (symlinks, ``..``) and compared by
-``(st_dev, st_ino)``, so hard links and the case-folding of a case-insensitive filesystem are caught too.
+on (an ONNX model's external data files, whatever the model file is named: ``model.pb`` and ``model`` load as ONNX
+too; every file under an input folder: a PEFT adapter, an engine folder). The comparison is by identity, not by
+spelling: paths are resolved (symlinks, ``..``) and compared by ``(st_dev, st_ino)``, so hard links and the
+case-folding of a case-insensitive filesystem are caught too.
 
 Refused (``InputError``, exit 2, naming both paths), with or without ``--force``:
 
@@ -93,7 +94,7 @@ def _expand(label: str, given: PathLike) -> list[_Input]:
     out = [_Input(label, p, p)]
     if p.is_dir():
         out += [_Input(label, p, f) for f in _folder_files(p)]
-    elif p.suffix.lower() == ".onnx" and p.is_file():
+    elif p.is_file():  # any name: the loaders read ``model.pb`` or ``model`` as ONNX too, data file and all
         out += [_Input(label, p, f) for f in external_data_files(p)]
     return out
 
@@ -117,6 +118,19 @@ def refuse_special(label: str, path: Path) -> None:
                          f"file, which would remove {path}; give a regular file path for {label}")
 
 
+def _refuse_special_input(label: str, path: Path) -> None:
+    """An input that is a FIFO, socket or device is refused: opening a FIFO with no writer blocks forever (the
+    command hung until killed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    kind = _kind(mode)
+    if kind is not None:
+        raise InputError(f"{label} {path}: is {kind}, not a regular file; trtforge reads its inputs from files "
+                         f"(save the stream to a file first); give a regular file for {label}")
+
+
 def _inside(child: Path, folder_id: tuple[int, int]) -> bool:
     """Whether ``child`` (resolved) is ``folder`` or lies under it, by identity of each ancestor."""
     return any(_ident(anc) == folder_id for anc in (child, *child.parents))
@@ -138,8 +152,16 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
     ``inputs``: (label, path) of what the command reads; ``files``: output files (each replaced as a file);
     ``folders``: output folders (each replaced as a whole). ``None`` paths (options not given) are skipped.
     """
+    for label, p in inputs:
+        if p:
+            _refuse_special_input(label, Path(p))
     ins = [i for label, p in inputs if p for i in _expand(label, p)]
     in_ids = [(_ident(i.file), i) for i in ins]
+    for label, p in files:
+        _refuse_empty(label, p)
+    for label, p in folders:
+        if p is not None and os.fspath(p) == "":
+            raise InputError(f"{label} '': the path is empty; give an output folder for {label}")
     outs = [(label, Path(p), False) for label, p in files if p] + [(label, Path(p), True) for label, p in folders if p]
     for label, out, is_folder in outs:
         refuse_special(label, out)
@@ -176,12 +198,27 @@ def _check_outputs_apart(outs: Sequence[tuple[str, Path, bool]]) -> None:
                                  f"choose a {label} path outside it")
 
 
+def _refuse_empty(label: str, path: PathLike | None) -> None:
+    """``-o ''`` (an unset shell variable) is a given, empty path, not an absent option: it must not pass the checks
+    as "not given" and then write, or be silently skipped; a path with no file name (``.``, ``/``) is a folder."""
+    if path is not None and (os.fspath(path) == "" or Path(path).name in ("", "..")):
+        raise InputError(f"{label} {os.fspath(path)!r}: not a file path (empty, or a folder such as '.' or '/'); "
+                         f"give a file name for {label}")
+
+
 def onnx_output(label: str, path: PathLike | None) -> list[Named]:
-    """An ONNX output and the external data file ``save_model`` may write beside it (``OUT.onnx.data``)."""
+    """An ONNX output, the external data file ``save_model`` may write beside it (``OUT.onnx.data``) and every
+    existing file of its data family (``OUT.onnx.<8 hex>.data``), which the commit removes (``model_commit``): an
+    input that reads one of those (``mv o.onnx keep.onnx; fold keep.onnx -o o.onnx``) would lose its weights."""
+    _refuse_empty(label, path)
     if not path:
         return []
+    from .model_commit import data_family
+
     p = Path(path)
-    return [(label, p), (label, p.with_name(f"{p.name}.data"))]
+    plain = p.with_name(f"{p.name}.data")
+    parent = p.parent if str(p.parent) else Path(".")
+    return [(label, p), (label, plain), *((label, f) for f in data_family(parent, p.name) if f.name != plain.name)]
 
 
 __all__ = ["MAX_FOLDER_FILES", "check", "external_data_files", "onnx_output", "refuse_special"]

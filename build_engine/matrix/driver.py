@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import fsutil, staging
-from ..core.errors import InputError
+from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
 from .cells import Cell, describe, plan_cells, trtforge_version
 from .executors import Submission, run_local, run_ray, start_ray
@@ -100,17 +100,33 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     # OUTROOT's cell folders are replaced as wholes: OUTROOT itself must hold no input (the one rule, core.paths).
     from .triton_assembly import entry_name
 
+    # A .toml profile is an input too, and names its cells (OUTROOT/<model>/<profile name>, REPO/<model>_<name>)
+    # by the profile's `name`, not by its file name.
+    tomls = {ref: spec.source.parent / ref for m in spec.models for ref in m.profiles if ref.endswith(".toml")}
+    names = {ref: _profile_name(ref, path) for ref, path in tomls.items()}
     # [triton] entries REPO/<model>_<profile> are replaced (force) too: none may hold an input either.
     entries = [] if spec.triton_repo is None else [
-        (f"[triton] repo entry {entry_name(m.name, Path(p).stem)}", spec.triton_repo / entry_name(m.name, Path(p).stem))
-        for m in spec.models for p in m.profiles]
-    paths.check(inputs=[("MATRIX.toml", spec.source), *((f"model {m.name}", m.path) for m in spec.models)],
+        (f"[triton] repo entry {e}", spec.triton_repo / e)
+        for e in (entry_name(m.name, names.get(p, p)) for m in spec.models for p in m.profiles)]
+    paths.check(inputs=[("MATRIX.toml", spec.source), *((f"model {m.name}", m.path) for m in spec.models),
+                        *((f"profile {ref}", path) for ref, path in tomls.items())],
                 folders=[("-o", outroot), *entries])
     if root.exists() and not root.is_dir():
         raise InputError(f"{outroot} exists and is not a folder; choose another output folder")
     if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):
         raise InputError(f"the Triton repository {spec.triton_repo} must not be inside the output folder {outroot}")
     return root
+
+
+def _profile_name(ref: str, path: Path) -> str:
+    """The name a .toml profile's cells get (its ``name``), or its file stem when it does not load (its cells are
+    then refused, and write nothing)."""
+    from trtforge.profiles.loader import load_profile
+
+    try:
+        return load_profile(str(path.resolve())).name
+    except TrtforgeError:
+        return Path(ref).stem
 
 
 def _refuse_unplaceable(cells: list[CellStatus]) -> None:

@@ -334,6 +334,7 @@ def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path
     from ..core import fsutil
     from ..core import paths as guard
 
+    guard.check(files=[("--save", path)])  # '' or a name-less path ('.', '/') first: it has no stem to add to
     dest = Path(path)
     paths = [dest, dest.with_name(dest.stem + ".accuracy.json"), dest.with_name(dest.stem + ".summary.json")]
     if models:

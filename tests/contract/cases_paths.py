@@ -89,6 +89,36 @@ def _fold_ext_data_sibling(t: Path) -> Case:
     return Case(["fold", s(m), "-o", s(t / "x.onnx")], ("x.onnx.data",))
 
 
+def _renamed_external(t: Path, model_name: str, data_name: str) -> Path:
+    """``external_model`` saved as ``model_name`` (any suffix: the loaders read it as ONNX) with its data in
+    ``data_name``."""
+    import onnx
+
+    m = fx.external_model(t / "tmp.onnx")
+    model = onnx.load(m, load_external_data=False)
+    for e in model.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = data_name
+    os.replace(t / "tmp.onnx.data", t / data_name)
+    m.unlink()
+    onnx.save(model, t / model_name)
+    return t / model_name
+
+
+def _suffixless_case(cmd: list[str], more: list[str], model_name: str) -> Builder:
+    # The data file of a model not named *.onnx was not protected: -o o.onnx deleted o.onnx.data (the input's
+    # weights) when the small output went out inline.
+    def build(t: Path) -> Case:
+        m = _renamed_external(t, model_name, "o.onnx.data")
+        return Case([*cmd, s(m), "-o", s(t / "o.onnx"), *more], ("-o", "o.onnx.data", model_name))
+    return build
+
+
+for _cmd, _more, _name in ((["fold"], [], "model.pb"), (["precision"], ["--to", "fp16"], "model"),
+                           (["lora", "decompose"], [], "model.bin"), (["quantize"], ["--mode", "int8"], "m.onnx.bak")):
+    PATH_CASES[f"{' '.join(_cmd)} {_name} whose data is OUT.data"] = _suffixless_case(_cmd, _more, _name)
+
+
 @case("precision -o IN")
 def _precision(t: Path) -> Case:
     m = fx.tiny_model(t / "in.onnx")
@@ -226,3 +256,104 @@ def _matrix_triton(t: Path) -> Case:
     mat.write_text('[matrix]\nprofiles = ["a100"]\n\n[[model]]\nname = "m"\npath = "repo/m_a100/in.onnx"\n\n'
                    '[triton]\nrepo = "repo"\n')
     return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "in.onnx"))
+
+
+# An empty or name-less output path (`-o "$OUT"` with OUT unset, `--save .`): lora inject and diff --save crashed
+# (exit 3, ValueError from Path.with_name), kv-plan --json '' and diff --save '' exited 0 and wrote nothing.
+@case("lora inject -o ''")
+def _inject_empty(t: Path) -> Case:
+    m = fx.llama(t / "in.onnx")
+    return Case(["lora", "inject", s(m), "-o", "", "--targets", "q_proj"], ("-o", "not a file path"))
+
+
+@case("diff --save .")
+def _diff_dot(t: Path) -> Case:
+    a = fx.tiny_model(t / "a.onnx")
+    return Case(["diff", s(a), s(a), "--save", "."], ("--save", "not a file path"))
+
+
+@case("diff --save ''")
+def _diff_empty(t: Path) -> Case:
+    a = fx.tiny_model(t / "a.onnx")
+    return Case(["diff", s(a), s(a), "--save", ""], ("--save", "not a file path"))
+
+
+@case("kv-plan --json ''")
+def _kv_empty(t: Path) -> Case:
+    return Case(["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b", "--json", ""], ("--json", "not a file"))
+
+
+@case("build -o ''")
+def _build_empty(t: Path) -> Case:
+    m = fx.tiny_model(t / "in.onnx")
+    return Case(["build", s(m), "--profile", "a100", "-o", ""], ("-o", "empty"))
+
+
+# A .toml profile of a matrix was not an input: build-matrix deleted it when it lay in the cell folder it replaced
+# (OUT/<model>/<profile name>/) or in a [triton] entry (named by the profile's `name`, not its file stem).
+@case("build-matrix: a cell folder holds a .toml profile")
+def _matrix_profile(t: Path) -> Case:
+    fx.tiny_model(t / "m.onnx")
+    (t / "out" / "m" / "a100").mkdir(parents=True)
+    fx.profile(t / "out" / "m" / "a100" / "prof.toml")
+    mat = t / "matrix.toml"
+    mat.write_text('[matrix]\nprofiles = ["out/m/a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n')
+    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("-o", "prof.toml"))
+
+
+@case("build-matrix: a [triton] entry holds a .toml profile")
+def _matrix_triton_profile(t: Path) -> Case:
+    fx.tiny_model(t / "m.onnx")
+    (t / "repo" / "m_a100").mkdir(parents=True)
+    fx.profile(t / "repo" / "m_a100" / "prof.toml")
+    mat = t / "matrix.toml"
+    mat.write_text('[matrix]\nprofiles = ["repo/m_a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n\n'
+                   '[triton]\nrepo = "repo"\n')
+    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "prof.toml"))
+
+
+# The commit of -o o.onnx removes the o.onnx.<8 hex>.data files it does not use (an older output's data): an input
+# renamed from an older output (`mv o.onnx keep.onnx`) reads one of them and lost its weights.
+@case("fold keep.onnx -o o.onnx, keep.onnx reads o.onnx.<hex>.data")
+def _fold_family(t: Path) -> Case:
+    m = _renamed_external(t, "keep.onnx", "o.onnx.0123abcd.data")
+    return Case(["fold", s(m), "-o", s(t / "o.onnx")], ("-o", "o.onnx.0123abcd.data", "keep.onnx"))
+
+
+@case("precision keep.onnx -o o.onnx, keep.onnx reads o.onnx.<hex>.data")
+def _precision_family(t: Path) -> Case:
+    m = _renamed_external(t, "keep.onnx", "o.onnx.0123abcd.data")
+    return Case(["precision", s(m), "-o", s(t / "o.onnx"), "--to", "fp16"], ("-o", "o.onnx.0123abcd.data"))
+
+
+# A FIFO (no writer) as a text input: simulate, kv-plan, cache key and build-matrix blocked in open() forever.
+def _unblock_later(fifo: Path, after_s: float = 20.0) -> None:
+    """A regression must fail, not hang the suite: if a reader is still blocked on ``fifo`` after ``after_s``, open
+    it for writing once (the reader then reads end-of-file) and close it."""
+    import contextlib
+    import threading
+
+    def unblock() -> None:
+        with contextlib.suppress(OSError):  # ENXIO when nobody reads: nothing to unblock
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(after_s, unblock)
+    timer.daemon = True
+    timer.start()
+
+
+def _fifo_input_case(argv: Callable[[str], list[str]], label: str) -> Builder:
+    def build(t: Path) -> Case:
+        os.mkfifo(t / "in.fifo")
+        _unblock_later(t / "in.fifo")
+        return Case(argv(s(t / "in.fifo")), (label, "FIFO"))
+    return build
+
+
+for _name, _argv, _label in (
+        ("simulate --trace FIFO", lambda f: ["simulate", "--trace", f, "--profile", "a100", "--model", "llama-3.1-8b",
+                                             "--policy", "cache-aware"], "--trace"),
+        ("kv-plan --model FIFO", lambda f: ["kv-plan", "--profile", "a100", "--model", f], "--model"),
+        ("cache key FIFO", lambda f: ["cache", "key", f], "REQUEST.json"),
+        ("build-matrix FIFO", lambda f: ["build-matrix", f, "-o", "out"], "MATRIX.toml")):
+    PATH_CASES[_name] = _fifo_input_case(_argv, _label)
