@@ -53,10 +53,12 @@ class ModelSpec:
     vocab_size: int
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 131072
+    #: Mixtral-style MoE (``num_local_experts``): every layer holds this many MLPs of ``intermediate_size``
+    num_experts: int = 1
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
-                    "vocab_size", "max_position_embeddings"):
+                    "vocab_size", "max_position_embeddings", "num_experts"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InputError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
@@ -69,7 +71,8 @@ class ModelSpec:
         """Parameter count of the decoder (embedding, attention, gated MLP, RMS norms, LM head)."""
         h, d = self.hidden_size, self.head_dim
         attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2  # q, o + k, v
-        mlp = 3 * h * self.intermediate_size  # gate, up, down
+        mlp = 3 * h * self.intermediate_size * self.num_experts  # gate, up, down of each expert
+        mlp += h * self.num_experts if self.num_experts > 1 else 0  # the router
         per_layer = attn + mlp + 2 * h  # two RMSNorm weights
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
@@ -101,6 +104,7 @@ class ModelSpec:
                 raise InputError(f"{source}: missing key {key!r}; an HF decoder config.json has it")
             return cfg[key]
 
+        _refuse_unmodeled(cfg, source)
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
@@ -112,9 +116,26 @@ class ModelSpec:
                        hidden_size=hidden, intermediate_size=need("intermediate_size"),
                        vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
-                       max_position_embeddings=cfg.get("max_position_embeddings") or 131072)
+                       max_position_embeddings=cfg.get("max_position_embeddings") or 131072,
+                       num_experts=cfg.get("num_local_experts") or 1)
         except InputError as exc:  # name the file once (the spec's own message starts with the model's name)
             raise InputError(f"{source}: {exc.message.removeprefix(f'model {name}: ')}") from exc
+
+
+def _refuse_unmodeled(cfg: dict[str, Any], source: str) -> None:
+    """Refuse what the Llama-style formulas would size wrongly without a word: MLA (DeepSeek-V2/V3 cache one
+    compressed latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer, not K and V per head) and MoE
+    layouts other than Mixtral's (routed experts of ``moe_intermediate_size``, shared experts, dense first layers),
+    whose weights are many times the dense estimate (DeepSeek-V3: 671 B parameters, not 39 B)."""
+    if cfg.get("kv_lora_rank"):
+        raise InputError(f"{source}: multi-head latent attention (kv_lora_rank {cfg['kv_lora_rank']}) is not "
+                         "modeled: kv-plan sizes K and V per KV head; plan an MLA model (DeepSeek-V2/V3) with "
+                         "its serving engine's own estimator")
+    for key in ("n_routed_experts", "num_experts", "moe_intermediate_size"):
+        if cfg.get(key) and cfg[key] != 1:
+            raise InputError(f"{source}: {key} {cfg[key]!r}: this MoE layout is not modeled (only Mixtral-style "
+                             "num_local_experts with intermediate_size per expert); its weights would be sized as a "
+                             "dense model's, so the plan would overstate the KV cache")
 
 
 #: Public architectures (from each model's HF config.json).

@@ -111,6 +111,9 @@ class CacheAwareCapacityScheduler:
         return fitting, disagg, []
 
     def _end_missing(self, present: dict[str, Any]) -> None:
+        """End what left ``active_requests`` and forget it: a server runs for days, so an ended request's state
+        (its ``Seq``, ``Request`` and block hashes; a rejected id) must not stay in memory. Only the simulator
+        reads ended requests (its heaps, its metrics); this adapter never asks about them again."""
         for rid in [r for r in self._live if r not in present]:
             del self._live[rid]
             state = self.sched.state(rid)
@@ -118,6 +121,8 @@ class CacheAwareCapacityScheduler:
                 self.sched.finish(rid)
             elif state == "queued":
                 self.sched.cancel(rid)
+            self.sched.seqs.pop(rid, None)
+        self._rejected.intersection_update(present)
 
     def _submit(self, rid: str, req: Any) -> None:
         r = self.to_request(req)
@@ -125,7 +130,8 @@ class CacheAwareCapacityScheduler:
             self.sched.lora.register(r.adapter)  # the executor's PEFT cache validated the task id already
         res = self.sched.submit(r)
         if res.status == "rejected":
-            self._rejected.add(rid)
+            self._rejected.add(rid)  # until it leaves active_requests: rejected once, not every iteration
+            self.sched.seqs.pop(rid, None)
             message = res.reason.message if res.reason else f"request {rid} rejected"
             if self.reject is not None:
                 self.reject(req, message)

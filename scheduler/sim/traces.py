@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import random
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -33,6 +34,7 @@ from trtforge.build_engine.core.errors import InputError
 from ..request import Request
 
 MOONCAKE_BLOCK_TOKENS = 512
+_DIGITS = re.compile(r"[0-9]+")
 #: Largest token count of one request a trace may hold (int32: what serving engines size a sequence with).
 MAX_REQUEST_TOKENS = 2**31 - 1
 #: Largest synthetic trace (``synthetic:N``): about 1 KiB of Python objects per request, so 1 GiB at the limit.
@@ -40,7 +42,8 @@ MAX_SYNTHETIC_REQUESTS = 1_000_000
 
 
 def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> int:
-    if isinstance(value, bool):
+    # int() also reads '1_000', ' 5', '+5' and non-ASCII digits ('\u0665'): a trace field is plain ASCII digits
+    if isinstance(value, bool) or (isinstance(value, str) and not _DIGITS.fullmatch(value)):
         raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}")
     try:
         n = int(value)  # type: ignore[call-overload]
@@ -55,6 +58,8 @@ def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> in
 def _timestamp(text: str, path: Path, line: int) -> float:
     try:
         head, _, frac = text.strip().partition(".")
+        if frac and not _DIGITS.fullmatch(frac):  # float() would read '46.1e5' as 10,046 s, '46.1_5' as 46.15 s
+            raise ValueError(frac)
         base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
         return base.timestamp() + (float("0." + frac) if frac else 0.0)
     except ValueError as exc:

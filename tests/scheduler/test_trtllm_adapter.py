@@ -264,3 +264,26 @@ def test_with_real_trtllm() -> None:
     assert _util.create_py_executor_instance is not original
     restore()
     assert _util.create_py_executor_instance is original
+
+
+def test_adapter_forgets_ended_requests() -> None:
+    # a deployed server sees millions of requests: the adapter's Scheduler held every ended one (Seq, Request,
+    # block hashes) and every rejected id forever; now only live requests are kept, with the same decisions
+    kv = KVCacheManager(48)
+    cap = CacheAwareCapacityScheduler(Scheduler(_config("cache-aware")), kv, LlmRequestState,
+                                      lambda req, msg: True)
+    stream = _stream(3)
+    active: list[LlmRequest] = []
+    for k in range(120):
+        active += [r for at, r in stream if at == k]
+        kv.requests = active
+        fitting, _, _ = cap.schedule_request(active)
+        assert set(cap.sched.seqs) == {str(r.request_id) for r in active} - cap._rejected
+        for r in fitting:
+            r.state = LlmRequestState.GENERATION_IN_PROGRESS
+            r.generated += 1
+        active = [r for r in active if r.generated < r.stop_at and str(r.request_id) not in cap._rejected]
+    cap.schedule_request(active)
+    assert not active and not cap.sched.seqs and not cap._rejected
+    assert cap.sched.counts["finished"] == len(stream) - 1 and cap.sched.counts["rejected"] == 1
+    assert cap.sched.used_blocks == 0 and cap.sched.pool.num_free + cap.sched.cache.num_cached_free == 48

@@ -1,0 +1,60 @@
+"""kv-plan on held-out HF configs: Mixtral-style MoE weights (every expert's MLP), MLA and other MoE layouts
+refused with a reason instead of a plan sized as a dense Llama; GQA/MQA/head_dim/int8 numbers by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trtforge.build_engine.core.errors import InputError
+from trtforge.profiles.loader import load_profile
+from trtforge.scheduler.kv_plan import GIB, ModelSpec, plan_kv
+
+MIXTRAL = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000}
+
+
+def test_mixtral_counts_every_expert(tmp_path) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(MIXTRAL))
+    spec = ModelSpec.from_hf_config(p)
+    h, inter, e = 4096, 14336, 8
+    attn = h * 32 * 128 * 2 + h * 8 * 128 * 2
+    assert spec.num_params == 32 * (attn + 3 * h * inter * e + h * e + 2 * h) + 2 * 32000 * h + h  # 46.7 B
+    assert round(spec.num_params / 1e9, 1) == 46.7  # Mixtral-8x7B's published size (it was 7.24 B: one expert)
+    with pytest.raises(InputError, match="does not fit profile h100.*--tp 2"):  # 87 GiB of bf16 weights
+        plan_kv(load_profile("h100"), spec)
+    assert plan_kv(load_profile("h100"), spec, tp=2).kv_bytes_per_token == 2 * 32 * 4 * 128 * 2
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "multi-head latent attention"),
+    ({"n_routed_experts": 256, "moe_intermediate_size": 2048}, "n_routed_experts 256: this MoE layout"),
+    ({"num_experts": 60, "moe_intermediate_size": 1408}, "num_experts 60: this MoE layout"),
+])
+def test_unmodeled_layouts_are_refused(tmp_path, extra: dict[str, int], match: str) -> None:
+    cfg = {k: v for k, v in MIXTRAL.items() if k != "num_local_experts"} | extra
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=f"config.json: {match}"):
+        ModelSpec.from_hf_config(p)
+
+
+@pytest.mark.parametrize(("kv_heads", "head_dim", "kdt", "tp"), [(1, None, "int8", 4), (None, None, "bf16", 2),
+                                                                  (16, 256, "fp8", 1), (2, None, "bf16", 4)])
+def test_kv_numbers_by_hand(kv_heads: int | None, head_dim: int | None, kdt: str, tp: int) -> None:
+    cfg: dict[str, object] = {"num_hidden_layers": 28, "num_attention_heads": 16, "hidden_size": 2048,
+                              "intermediate_size": 8192, "vocab_size": 50000, "tie_word_embeddings": True}
+    if kv_heads is not None:
+        cfg["num_key_value_heads"] = kv_heads
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
+    plan = plan_kv(load_profile("h100"), ModelSpec.from_dict(cfg), kv_dtype=kdt, tp=tp)
+    d = head_dim or 2048 // 16
+    per_token = 2 * 28 * math.ceil((kv_heads or 16) / tp) * d * (2 if kdt == "bf16" else 1)
+    assert plan.kv_bytes_per_token == per_token  # MQA/GQA heads replicated when tp > kv heads
+    free = 80 * GIB - plan.weights_bytes - plan.activation_bytes - GIB
+    assert plan.num_blocks == int(free * 0.9) // (per_token * 64)
+    assert plan.max_tokens == plan.num_blocks * 64 and plan.requests_that_fit == plan.num_blocks // 64
