@@ -42,8 +42,9 @@ MAX_SYNTHETIC_REQUESTS = 1_000_000
 
 
 def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> int:
-    # int() also reads '1_000', ' 5', '+5' and non-ASCII digits ('\u0665'): a trace field is plain ASCII digits
-    if isinstance(value, bool) or (isinstance(value, str) and not _DIGITS.fullmatch(value)):
+    # int() also reads '1_000', '+5' and non-ASCII digits ('\u0665'): a trace field is plain ASCII digits (spaces
+    # or tabs around them, as a hand-edited CSV has after its commas, are allowed)
+    if isinstance(value, bool) or (isinstance(value, str) and not _DIGITS.fullmatch(value.strip(" \t"))):
         raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}")
     try:
         n = int(value)  # type: ignore[call-overload]

@@ -135,6 +135,8 @@ def test_csv_token_count_must_be_ascii_digits(tmp_path, value: str) -> None:
     p.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,{value},3\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"t\.csv:2: ContextTokens must be an integer"):
         read_azure_csv(p)
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1, 12 ,3\n", encoding="utf-8")
+    assert [r.prompt_tokens for r in read_azure_csv(p)] == [12]  # spaces after a comma are not a malformed field
 
 
 @pytest.mark.parametrize("frac", ["1e5", "1_5", "5e-1"])
