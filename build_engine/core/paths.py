@@ -200,10 +200,13 @@ def _check_outputs_apart(outs: Sequence[tuple[str, Path, bool]]) -> None:
 
 def _refuse_empty(label: str, path: PathLike | None) -> None:
     """``-o ''`` (an unset shell variable) is a given, empty path, not an absent option: it must not pass the checks
-    as "not given" and then write, or be silently skipped; a path with no file name (``.``, ``/``) is a folder."""
-    if path is not None and (os.fspath(path) == "" or Path(path).name in ("", "..")):
-        raise InputError(f"{label} {os.fspath(path)!r}: not a file path (empty, or a folder such as '.' or '/'); "
-                         f"give a file name for {label}")
+    as "not given" and then write, or be silently skipped; a path with no file name (``.``, ``/``) or one that ends
+    in a separator (``out.onnx/``: the user meant a folder; ``Path`` drops the slash and would write a file) is a
+    folder."""
+    text = None if path is None else os.fspath(path)
+    if text is not None and (text == "" or text.endswith(os.sep) or Path(text).name in ("", "..")):
+        raise InputError(f"{label} {text!r}: not a file path (empty, ending in {os.sep!r}, or a folder such as '.' "
+                         f"or '/'); give a file name for {label}")
 
 
 def onnx_output(label: str, path: PathLike | None) -> list[Named]:

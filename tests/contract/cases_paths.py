@@ -278,6 +278,12 @@ def _diff_empty(t: Path) -> Case:
     return Case(["diff", s(a), s(a), "--save", ""], ("--save", "not a file path"))
 
 
+@case("fold -o OUT.onnx/ (a trailing slash)")
+def _fold_trailing_slash(t: Path) -> Case:
+    m = fx.tiny_model(t / "in.onnx")
+    return Case(["fold", s(m), "-o", s(t / "o.onnx") + "/"], ("-o", "not a file path"))
+
+
 @case("kv-plan --json ''")
 def _kv_empty(t: Path) -> Case:
     return Case(["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b", "--json", ""], ("--json", "not a file"))
