@@ -26,17 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fold_scale import _status_kb  # noqa: E402
+
 TARGET = 3.0
 PRECISIONS = ("fp32", "fp16", "fp16-autocast")
 EXPORTERS = ("dynamo", "dynamo-optimize", "torchscript")
-
-
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
 
 
 def _weighted(n: int, weight_bytes: int) -> object:

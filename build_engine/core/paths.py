@@ -107,12 +107,16 @@ def _kind(mode: int) -> str | None:
     return None
 
 
-def refuse_special(label: str, path: Path) -> None:
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it is a FIFO, socket or device (None for anything else, or when it does not exist)."""
     try:
-        mode = os.stat(path).st_mode
+        return _kind(os.stat(path).st_mode)
     except (OSError, ValueError):
-        return
-    kind = _kind(mode)
+        return None
+
+
+def refuse_special(label: str, path: Path) -> None:
+    kind = _special_kind(path)
     if kind is not None:
         raise InputError(f"{label} {path}: is {kind}, not a regular file; trtforge writes outputs by replacing the "
                          f"file, which would remove {path}; give a regular file path for {label}")
@@ -121,11 +125,7 @@ def refuse_special(label: str, path: Path) -> None:
 def _refuse_special_input(label: str, path: Path) -> None:
     """An input that is a FIFO, socket or device is refused: opening a FIFO with no writer blocks forever (the
     command hung until killed)."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return
-    kind = _kind(mode)
+    kind = _special_kind(path)
     if kind is not None:
         raise InputError(f"{label} {path}: is {kind}, not a regular file; trtforge reads its inputs from files "
                          f"(save the stream to a file first); give a regular file for {label}")
