@@ -272,7 +272,21 @@ def write_pool(tensors: Mapping[str, np.ndarray], adapters: Sequence[Adapter], p
     """Atomically write the pool as safetensors; metadata records which folder sits in which slot."""
     from safetensors.numpy import save
 
-    from trtforge.build_engine.core.fsutil import write_bytes
+    from trtforge.build_engine.core.fsutil import atomic_path
 
     meta = {"format": "trtforge-lora-pool-1", "slots": json.dumps([str(a.folder) for a in adapters])}
-    write_bytes(path, save(dict(tensors), metadata=meta))
+    blob = save(dict(tensors), metadata=meta)
+    header, data = _canonical_header(blob)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(header)
+        fh.write(memoryview(blob)[len(blob) - data:])  # no copy of the tensors
+
+
+def _canonical_header(blob: bytes) -> tuple[bytes, int]:
+    """The safetensors header of ``blob`` with its JSON keys sorted (the library writes its metadata map in a random
+    order, so two packs of the same adapters differed in bytes), padded with spaces to 8 bytes as the library pads
+    it; and the length of the data that follows. Tensor offsets count from the data's start, so they stay valid."""
+    n = int.from_bytes(blob[:8], "little")
+    text = json.dumps(json.loads(blob[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, len(blob) - 8 - n

@@ -92,6 +92,18 @@ def test_pack_against_injected_model(cli, tmp_path):
     np.testing.assert_array_equal(pool[f"lora_a.{v1}"][1], b[f"base_model.model.{v1}.lora_A.weight"].T)
     np.testing.assert_allclose(pool[f"lora_scales.{q0}"], [16 / 8, 0, 0, 0])
     np.testing.assert_allclose(pool[f"lora_scales.{v1}"], [16 / 8, 8 / math.sqrt(16), 0, 0], rtol=1e-6)
+    # The same adapters give the same bytes (the library writes its metadata map in a random order; the header is
+    # written with sorted keys), and the file is one the safetensors library itself reads back.
+    for k in range(3):
+        assert cli("lora", "pack", tmp_path / "a", tmp_path / "b", "--model", tmp_path / "lora.onnx",
+                   "-o", tmp_path / f"again{k}.safetensors").code == 0
+        assert (tmp_path / f"again{k}.safetensors").read_bytes() == (tmp_path / "pool.safetensors").read_bytes()
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "pool.safetensors"), "np") as fh:
+        assert fh.metadata()["format"] == "trtforge-lora-pool-1"
+        for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            np.testing.assert_array_equal(fh.get_tensor(name), pool[name])
 
 
 def test_pack_with_targets_and_errors(cli, tmp_path):
