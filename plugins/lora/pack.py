@@ -91,7 +91,8 @@ def load_adapter(folder: Path) -> Adapter:
     cfg_path, w_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     for p in (cfg_path, w_path):
         if not p.is_file():
-            raise InputError(f"{folder}: {p.name} is missing; an adapter folder holds adapter_config.json and "
+            what = "is not a regular file" if p.exists() else "is missing"
+            raise InputError(f"{folder}: {p.name} {what}; an adapter folder holds adapter_config.json and "
                              "adapter_model.safetensors (PEFT save_pretrained)")
     r, alpha, targets, rslora = _read_config(cfg_path)
     scale = alpha / math.sqrt(r) if rslora else alpha / r

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,17 @@ def test_pack_follows_peft_target_regex_and_default_alpha(cli, tmp_path):
     assert_one_line_error(res, 2, f"base_model.model.{up}.lora_A.weight", "target_modules")
     _adapter(tmp_path / "bad", 4, 8.0, {q0: (32, 16)}, target_modules="(q_proj")
     assert_one_line_error(cli("lora", "pack", tmp_path / "bad", "-o", tmp_path / "p3.st"), 2, "regular expression")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_pack_names_an_adapter_file_that_is_not_a_file(cli, tmp_path, kind):
+    _adapter(tmp_path / "a", 4, 8.0, {"model.layers.0.self_attn.q_proj": (H, 256)}, seed=1)
+    cfg = tmp_path / "a" / "adapter_config.json"
+    cfg.unlink()
+    if kind == "folder":
+        cfg.mkdir()
+    else:
+        os.mkfifo(cfg)
+    res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors")
+    assert_one_line_error(res, 2, "adapter_config.json is not a regular file")
+    assert not (tmp_path / "pool.safetensors").exists()
