@@ -208,9 +208,10 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
         passed, nans = poly_pass and d.mismatches == 0, nan_count(a, b)
     rel_error, top1 = float("inf"), None
     if a.shape == b.shape and a.dtype != np.bool_ and b.dtype != np.bool_:
-        diff = a.astype(np.float64) - b.astype(np.float64)
-        norm = float(np.linalg.norm(b.astype(np.float64)))
-        err = float(np.linalg.norm(diff))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, reported as is
+            diff = a.astype(np.float64) - b.astype(np.float64)
+            norm = float(np.linalg.norm(b.astype(np.float64)))
+            err = float(np.linalg.norm(diff))
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
@@ -295,7 +296,8 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
                     "the fp32 or fp16 variant, or an engine on a GPU" if "NOT_IMPLEMENTED" in text else
                     "check the models run in onnxruntime and pass --shape for inputs whose size matters")
             raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {hint}") from exc
-        func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True)
+        func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True,
+                              infinities_compare_equal=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)
     return results, accuracy
 

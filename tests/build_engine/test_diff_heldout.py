@@ -1,0 +1,50 @@
+"""Held-out diff inputs (QA session 24): outputs with +-inf, -0.0, int and bool outputs. A model with infinite
+outputs compared with itself used to fail (inf - inf is NaN, which Polygraphy's default counts as a mismatch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from trtforge.build_engine.verify.compare import compare_arrays
+from trtforge_testing import assert_one_line_error
+
+
+def _inf_model(path: Path, zero: float) -> Path:
+    """y = x / 0 (+-inf for the random inputs), n = x * [zero, 0, 0] (-0.0 or +0.0), i = ArgMax, g = x > 0."""
+    nodes = [h.make_node("Div", ["x", "Z"], ["y"]), h.make_node("Mul", ["x", "N"], ["n"]),
+             h.make_node("ArgMax", ["x"], ["i"], axis=1), h.make_node("Greater", ["x", "K"], ["g"])]
+    graph = h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["batch", 3]), h.make_tensor_value_info("n", T.FLOAT, ["batch", 3]),
+         h.make_tensor_value_info("i", T.INT64, ["batch"]), h.make_tensor_value_info("g", T.BOOL, ["batch", 3])],
+        [nh.from_array(np.zeros(3, np.float32), "Z"), nh.from_array(np.array([zero, 0, 0], np.float32), "N"),
+         nh.from_array(np.zeros(3, np.float32), "K")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_equal_infinities_match(cli, tmp_path: Path) -> None:
+    a = _inf_model(tmp_path / "a.onnx", -0.0)
+    b = _inf_model(tmp_path / "b.onnx", 0.0)
+    res = cli("diff", a, a)
+    assert res.code == 0, res.err
+    res = cli("diff", a, b)  # -0.0 against +0.0 is within any tolerance
+    assert res.code == 0, res.err
+    res = cli("diff", a, b, "--atol", "0", "--rtol", "0")  # but not bitwise equal
+    assert_one_line_error(res, 1, "n (max abs 0, 2/6 mismatched")
+
+
+def test_compare_arrays_infinities() -> None:
+    inf = np.float32(np.inf)
+    d = compare_arrays(np.array([inf, -inf, 1.0], np.float32), np.array([inf, -inf, 1.0], np.float32), 1e-5, 1e-5)
+    assert (d.mismatches, d.max_abs) == (0, 0.0)
+    d = compare_arrays(np.array([inf, np.nan], np.float32), np.array([-inf, np.nan], np.float32), 1e-5, 1e-5)
+    assert d.mismatches == 2  # opposite infinities differ; NaN still never matches
