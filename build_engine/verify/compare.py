@@ -10,7 +10,8 @@ the elements, everything ``fold --check`` (bit equality) and ``diff`` (tolerance
 - Polygraphy's element-wise rule, as ``diff`` reports it: an element mismatches when ``|a-b| > atol`` AND
   ``|a-b|/|b| > rtol`` (NaN always mismatches; equal infinities are a difference of 0, as with Polygraphy's
   ``infinities_compare_equal``, so a model with inf outputs matches itself); ``max_abs`` and ``max_rel`` ignore
-  NaN; ``rel_to_scale`` is ``max_abs / max|b|``, the error relative to the output's scale (element-wise ``max_rel`` explodes near zero).
+  NaN; ``rel_to_scale`` is ``max_abs / max|b|``, the error relative to the output's scale (element-wise
+  ``max_rel`` explodes near zero).
   Arrays of different dtypes (an fp16 model against its fp32 original) are compared as float64 values.
 """
 
