@@ -20,6 +20,8 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 6. trtforge plugin nodes (``LoRAOpPluginDynamic``) follow their op contract, not a schema: a float32 one runs in the
    low type with x, y, lora_a, lora_b converted together (scales stay float32, slot ids int32); one already in a
    16-bit type stays in it (details in ``precision_plugins``).
+7. fp16 only: a node with a float32 constant input holding a finite value beyond +-65504 (``wide``) stays fp32:
+   clipping the constant would change the result (``x * 1e5``); rule 3 then keeps its elementwise consumers fp32.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[
 
 
 def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
-           keep_ops: frozenset[str] = KEEP_OPS) -> dict[int, NodeDecision]:
+           keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
     """Decide a Mode for each top-level node (by index, nodes in topological order)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
@@ -158,6 +160,10 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             continue
         if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
+            continue
+        if any(n in wide for n in node.input):
+            out[idx] = NodeDecision(Mode.KEEP, reason="constant beyond the fp16 range")
+            _mark(node, types, fp32_origin, "norm")
             continue
         schema = _schema(node, opset)
         if schema is None:
