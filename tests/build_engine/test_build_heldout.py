@@ -96,3 +96,35 @@ def test_triton_config_matches_bindings(cli, engine: Path, tmp_path: Path) -> No
         ("z16", "TYPE_FP16", [-1, 4])]
     assert [pb.DataType.Name(t.data_type) for t in cfg.output] == ["TYPE_FP32"] * 3 + ["TYPE_BOOL", "TYPE_FP32"]
     assert cli("triton", "--check", tmp_path / "repo/multi").code == 0
+
+
+_CORRUPT = {  # tritonserver 2.51 refuses each while reading the repository; --check passed bad_pair
+    "bad_pair": lambda t: t.replace('platform: "tensorrt_plan"', 'platform: "tensorrt_plan"\nbackend: "onnxruntime"'),
+    "zero_dim": lambda t: t.replace("dims: 1\n  dims: 1\n", "dims: 1\n  dims: 0\n", 1),
+    "bad_dim": lambda t: t.replace("dims: 4\n}\ninput", "dims: -2\n}\ninput", 1),
+}
+
+
+def test_check_refuses_what_tritonserver_refuses(cli, engine: Path, tmp_path: Path) -> None:
+    import shutil
+
+    repo = tmp_path / "repo"
+    assert cli("triton", engine, "--repo", repo, "--name", "good").code == 0
+    for name, fn in _CORRUPT.items():
+        shutil.copytree(repo / "good", repo / name)
+        cfg = repo / name / "config.pbtxt"
+        text = cfg.read_text().replace('name: "good"', f'name: "{name}"')
+        assert fn(text) != text, name
+        cfg.write_text(fn(text))
+        res = cli("triton", "--check", repo / name)
+        assert res.code == 1 and f"{repo / name}/config.pbtxt:" in res.err, (name, res.err)
+    assert cli("triton", "--check", repo / "good").code == 0
+
+    from tritonserver_testing import run_server, server_dir
+
+    if server_dir() is None:
+        return  # nvidia-pytriton not installed: --check's verdicts above stand alone
+    run = run_server(repo, tmp_path / "server.log")
+    assert "unable to find backend library for backend 'tensorrt'" in run.reason("good"), run.index
+    for name in _CORRUPT:
+        assert "backend library" not in run.reason(name) and f"'{name}'" in run.log, (name, run.index.get(name))
