@@ -15,7 +15,7 @@ bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
 Quantized models (``--precision int8|int4-wo|fp8``, B the fp32 source) are judged on the whole output, not element by
 element (one flipped rounding moves single logits by more than any useful atol): relative error
 ``||A - B|| / ||B||`` and, for outputs whose last axis is a vocabulary, top-1 agreement (the share of positions whose
-argmax over the last axis is the same):
+argmax over the last axis is the same); for a bool output the relative error is the share of elements that differ:
 
 =========  ==============  ===============  ================================================================
 precision  max rel. error  min top-1 agr.   why
@@ -208,13 +208,16 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
         passed, nans = poly_pass and d.mismatches == 0, nan_count(a, b)
     rel_error, top1 = float("inf"), None
     if a.shape == b.shape and a.dtype != np.bool_ and b.dtype != np.bool_:
-        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, reported as is
-            diff = a.astype(np.float64) - b.astype(np.float64)
-            norm = float(np.linalg.norm(b.astype(np.float64)))
+        with np.errstate(invalid="ignore", over="ignore"):  # equal infinities differ by 0 (compare.py)
+            fa, fb = a.astype(np.float64), b.astype(np.float64)
+            diff = np.where(fa == fb, 0.0, fa - fb)
+            norm = float(np.linalg.norm(fb))
             err = float(np.linalg.norm(diff))
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+    elif a.shape == b.shape:  # a bool output: the share of elements that differ (an equal one passed as inf before)
+        rel_error = float(np.mean(a != b)) if a.size else 0.0
     return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed, d.rel_to_scale, rel_error, top1,
                       nans)
 
@@ -365,5 +368,8 @@ def check(result: DiffResult) -> None:
 
 
 def _why(o: OutputDiff) -> str:
+    if not o.mismatches:  # element-wise it passed: a quantized preset's whole-output criteria failed it
+        top1 = f", top-1 agreement {o.top1:.3f}" if o.top1 is not None else ""
+        return f"{o.name} (whole-output rel. error {o.rel_error:.3g}{top1}: outside the quantized preset)"
     nan = f", {o.nans} NaN: Polygraphy counts every NaN as a mismatch" if o.nans and o.mismatches else ""
     return f"{o.name} (max abs {o.max_abs:.3g}, {o.mismatches}/{o.total} mismatched{nan})"

@@ -48,3 +48,14 @@ def test_compare_arrays_infinities() -> None:
     assert (d.mismatches, d.max_abs) == (0, 0.0)
     d = compare_arrays(np.array([inf, np.nan], np.float32), np.array([-inf, np.nan], np.float32), 1e-5, 1e-5)
     assert d.mismatches == 2  # opposite infinities differ; NaN still never matches
+
+
+def test_quantized_preset_on_bool_outputs(cli, tmp_path: Path) -> None:
+    """A bool output's whole-output error is the share of differing elements: an equal one passed as inf (exit 1)."""
+    a = _inf_model(tmp_path / "a.onnx", 0.0)
+    assert cli("diff", a, a, "--precision", "int8").code == 0
+    model = onnx.load(a)
+    next(t for t in model.graph.initializer if t.name == "K").CopyFrom(nh.from_array(np.full(3, 9, np.float32), "K"))
+    onnx.save(model, tmp_path / "b.onnx")  # g = x > 9: all False, unlike x > 0
+    res = cli("diff", a, tmp_path / "b.onnx", "--precision", "int8")
+    assert_one_line_error(res, 1, "g (whole-output rel. error", "outside the quantized preset")
