@@ -59,3 +59,14 @@ def test_quantized_preset_on_bool_outputs(cli, tmp_path: Path) -> None:
     onnx.save(model, tmp_path / "b.onnx")  # g = x > 9: all False, unlike x > 0
     res = cli("diff", a, tmp_path / "b.onnx", "--precision", "int8")
     assert_one_line_error(res, 1, "g (whole-output rel. error", "outside the quantized preset")
+
+
+def test_input_dims_that_differ_are_exit_2(cli, tmp_path: Path) -> None:
+    """x [batch, 3] against x [batch, 5]: was exit 1 'y (max abs inf, 6/6 mismatched)'."""
+    for name, width in (("a", 3), ("b", 5)):
+        graph = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+                             [h.make_tensor_value_info("x", T.FLOAT, ["batch", width])],
+                             [h.make_tensor_value_info("y", T.FLOAT, ["batch", width])])
+        onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
+    res = cli("diff", tmp_path / "a.onnx", tmp_path / "b.onnx")
+    assert_one_line_error(res, 2, "input 'x'", "['batch', 3] vs ['batch', 5]")
