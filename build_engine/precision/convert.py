@@ -12,7 +12,7 @@ rotary angles and shape arithmetic. One converter with one policy serves both ty
 Safety conditions: only top-level nodes are converted (subgraph ops and ops without an ONNX schema stay fp32 and
 untouched, except trtforge plugin nodes, which follow their op contract: see ``precision_plugins``); fp16
 constants are clipped to +-65504 only where a node runs in fp16 (a node with a constant beyond that range stays fp32,
-policy rule 7; so an fp32 finite value never becomes inf, except -inf/inf/nan which stay what they
+policy rule 8; so an fp32 finite value never becomes inf, except -inf/inf/nan which stay what they
 are); bf16 rounding is round-to-nearest-even (ml_dtypes).
 """
 
@@ -91,7 +91,7 @@ def _constant_tensors(model: ModelProto) -> dict[str, TensorProto]:
 
 def _beyond_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
     """float32 constants held in memory with a finite value beyond +-65504 (for fp16 only): clipping them would change
-    the result, so their consumers stay fp32 (policy rule 7). Weights still on disk (lazy load) are not read."""
+    the result, so their consumers stay fp32 (policy rule 8). Weights still on disk (lazy load) are not read."""
     if to != "fp16":
         return frozenset()
     out = set()

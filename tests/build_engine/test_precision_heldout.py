@@ -60,3 +60,39 @@ def test_heldout_outputs_within_tolerance(rng: np.random.Generator, to: str) -> 
     assert kept == {"xb", "big"}  # the nodes with constants beyond 65504 run in fp32, on the unclipped constants
     big = {t.name: nh.to_array(t) for t in out.graph.initializer if t.name in ("BIG", "NEG")}
     assert len(big) == 2 and all(v.dtype == np.float32 and np.all(np.abs(v) == 1e5) for v in big.values())
+
+
+def _if_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """``a = x @ W`` read from the outer scope by both branches of an If (the bodies are not converted)."""
+    vi = h.make_tensor_value_info
+    then = h.make_graph([h.make_node("Mul", ["a", "two"], ["o1"])], "then", [], [vi("o1", T.FLOAT, ["batch", 8])])
+    other = h.make_graph([h.make_node("Neg", ["a"], ["o2"])], "else", [], [vi("o2", T.FLOAT, ["batch", 8])])
+    nodes = [h.make_node("MatMul", ["x", "W"], ["a"]), h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             h.make_node("Greater", ["s", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["b"], then_branch=then, else_branch=other),
+             h.make_node("MatMul", ["b", "W2"], ["y"])]
+    graph = h.make_graph(nodes, "i", [vi("x", T.FLOAT, ["batch", 8])], [vi("y", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8))), _c("W2", rng.standard_normal((8, 8))),
+                          _c("two", 2.0), _c("zero", 0.0)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_value_read_by_a_subgraph_stays_fp32(rng: np.random.Generator, tmp_path) -> None:
+    """Was 'precision conversion to fp16 produced an invalid model' (the If body's Mul read a now-fp16 'a'), and
+    'trtforge build' of the model failed the same way."""
+    import onnxruntime as ort
+
+    from trtforge.build_engine.engine.builder import build_engine
+
+    src = _if_model(rng)
+    out = convert_precision(src, "fp16").model
+    onnx.checker.check_model(out, full_check=True)
+    for _ in range(3):  # fresh inputs take both branches
+        x = rng.standard_normal((3, 8)).astype(np.float32)
+        ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
+        got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
+        assert np.max(np.abs(got - ref)) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
+    onnx.save(src, tmp_path / "if.onnx")
+    assert build_engine(tmp_path / "if.onnx", "a10", tmp_path / "e", progress=False).precision == "fp16"
