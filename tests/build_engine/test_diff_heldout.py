@@ -70,3 +70,21 @@ def test_input_dims_that_differ_are_exit_2(cli, tmp_path: Path) -> None:
         onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / f"{name}.onnx")
     res = cli("diff", tmp_path / "a.onnx", tmp_path / "b.onnx")
     assert_one_line_error(res, 2, "input 'x'", "['batch', 3] vs ['batch', 5]")
+
+
+def test_shape_sizes_the_shared_dims_of_other_inputs(cli, tmp_path: Path) -> None:
+    """--shape ids:3,7 must size m [batch, sequence] too (it got the default [2, 4]: onnxruntime failed to broadcast,
+    exit 2), and --save's summary records the shapes used."""
+    import json
+
+    nodes = [h.make_node("Cast", ["ids"], ["f"], to=T.FLOAT), h.make_node("Where", ["m", "f", "Z"], ["y"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", T.INT64, ["batch", "sequence"]),
+                                      h.make_tensor_value_info("m", T.BOOL, ["batch", "sequence"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", "sequence"])],
+                         [nh.from_array(np.zeros(1, np.float32), "Z")])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "a.onnx")
+    res = cli("diff", tmp_path / "a.onnx", tmp_path / "a.onnx", "--shape", "ids:3,7", "--save", tmp_path / "r.json")
+    assert res.code == 0, res.err
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert {i["name"]: i["shape"] for i in summary["inputs"]} == {"ids": [3, 7], "m": [3, 7]}
+    assert summary["passed"] is True and summary["outputs"][0]["total"] == 21
