@@ -290,8 +290,9 @@ def load_structure(path: str | os.PathLike[str]) -> LoadedModel:
     p = Path(path)
     with steps.step(f"load {p.name} (graph only)"):
         model = ModelProto()
+        data = read_model_bytes(p)  # its own one-line errors (missing path, folder, empty file)
         try:
-            model.ParseFromString(read_model_bytes(p))
+            model.ParseFromString(data)
         except Exception as exc:
             raise ModelError(f"{p}: not a valid ONNX model (protobuf parse failed: the file is truncated or not "
                              "ONNX); re-export it") from exc

@@ -11,6 +11,10 @@ Each graph input dimension is one of:
 - anything else dynamic is an error naming the input, the dimension and its name.
 
 Dimensions that share a ``dim_param`` get the same values, because TensorRT checks them against each other.
+
+A graph input that is also a graph output (passed straight through) is refused: TensorRT's ONNX parser renames the
+input to ``__NAME`` so that the engine would not have the binding the model names (and TensorRT then fails the build
+because the renamed input has no shapes in the optimization profiles).
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def model_inputs(model: ModelProto) -> list[InputSpec]:
     return out
 
 
-def _axis_of(spec: InputSpec, index: int, dim: Dim) -> str:
+def _axis_of(spec: InputSpec, index: int, dim: Dim, source: str) -> str:
     if isinstance(dim, str):
         key = dim.strip().lower()
         if key in BATCH_NAMES:
@@ -91,8 +95,8 @@ def _axis_of(spec: InputSpec, index: int, dim: Dim) -> str:
         return "sequence"
     what = f"named {dim!r}" if isinstance(dim, str) else "unnamed"
     raise InputError(
-        f"input {spec.name!r} dimension {index} is dynamic ({what}) and is neither batch nor sequence; name it "
-        f"'batch' or 'sequence' in the export, or make it static"
+        f"{source}: input {spec.name!r} dimension {index} is dynamic ({what}) and is neither batch nor sequence; "
+        f"name it 'batch' or 'sequence' in the export, or make it static"
     )
 
 
@@ -114,7 +118,7 @@ def plan_input(spec: InputSpec, profile: Profile, source: str) -> InputPlan:
                             f"model with a dynamic {role} axis or use a profile whose range includes {dim}"
                         )
         else:
-            axis = _axis_of(spec, i, dim)
+            axis = _axis_of(spec, i, dim, source)
         axes.append(axis)
     ranges = []
     for sp in profile.shapes:
@@ -146,7 +150,9 @@ def plan_shapes(model: ModelProto, profile: Profile, source: str = "model") -> l
     """Shape plans for every graph input; raises InputError when the model cannot take the profile's ranges."""
     if not profile.shapes:
         raise InputError(f"profile {profile.name!r} has no [[shapes]]; add at least one optimization profile")
-    plans = [plan_input(spec, profile, source) for spec in model_inputs(model)]
+    specs = model_inputs(model)
+    _check_passthrough(model, specs, source)
+    plans = [plan_input(spec, profile, source) for spec in specs]
     # Inputs that share a dim_param must agree on its axis.
     seen: dict[str, tuple[str, str]] = {}
     for plan in plans:
@@ -159,3 +165,15 @@ def plan_shapes(model: ModelProto, profile: Profile, source: str = "model") -> l
                         f"{plan.spec.name!r}; give them distinct names in the export"
                     )
     return plans
+
+
+def _check_passthrough(model: ModelProto, specs: list[InputSpec], source: str) -> None:
+    """Refuse a graph input that is also a graph output (see module docstring)."""
+    outputs = {o.name for o in model.graph.output}
+    for spec in specs:
+        if spec.name in outputs:
+            raise InputError(
+                f"{source}: input {spec.name!r} is also a graph output (passed straight through); a TensorRT engine "
+                "cannot bind one name as both input and output: drop that output, or export it through a node "
+                "under another name"
+            )

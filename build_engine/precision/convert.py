@@ -11,7 +11,8 @@ rotary angles and shape arithmetic. One converter with one policy serves both ty
 
 Safety conditions: only top-level nodes are converted (subgraph ops and ops without an ONNX schema stay fp32 and
 untouched, except trtforge plugin nodes, which follow their op contract: see ``precision_plugins``); fp16
-constants are clipped to +-65504 (an fp32 finite value never becomes inf, except -inf/inf/nan which stay what they
+constants are clipped to +-65504 only where a node runs in fp16 (a node with a constant beyond that range stays fp32,
+policy rule 8; so an fp32 finite value never becomes inf, except -inf/inf/nan which stay what they
 are); bf16 rounding is round-to-nearest-even (ml_dtypes).
 """
 
@@ -86,6 +87,21 @@ def _constant_tensors(model: ModelProto) -> dict[str, TensorProto]:
         elif node.op_type == "Identity" and node.input and node.input[0] in consts:
             consts[node.output[0]] = consts[node.input[0]]
     return consts
+
+
+def _beyond_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
+    """float32 constants held in memory with a finite value beyond +-65504 (for fp16 only): clipping them would change
+    the result, so their consumers stay fp32 (policy rule 8). Weights still on disk (lazy load) are not read."""
+    if to != "fp16":
+        return frozenset()
+    out = set()
+    for name, t in consts.items():
+        if t.data_type != FLOAT or t.data_location == TensorProto.EXTERNAL:
+            continue
+        a = numpy_helper.to_array(t)
+        if a.size and bool(np.any(np.abs(a[np.isfinite(a)]) > _FP16_MAX)):
+            out.add(name)
+    return frozenset(out)
 
 
 def to_low_array(array: np.ndarray, to: str) -> np.ndarray:
@@ -231,7 +247,8 @@ def node_decisions(model: ModelProto, to: str = "fp16",
     ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
     by their op contract), not a second list.
     """
-    return decide(model, _value_types(model), set(_constant_tensors(model)), to, keep_ops)
+    consts = _constant_tensors(model)
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=_beyond_fp16(consts, to))
 
 
 @steps.timed("convert")
@@ -250,7 +267,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     # never copied (most become converted copies); the ones still used as they are are copied back at the end.
     types = _value_types(model)
     consts = _constant_tensors(model)
-    decisions = decide(model, types, set(consts), to, keep_ops)
+    decisions = decide(model, types, set(consts), to, keep_ops, wide=_beyond_fp16(consts, to))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):

@@ -20,11 +20,15 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 6. trtforge plugin nodes (``LoRAOpPluginDynamic``) follow their op contract, not a schema: a float32 one runs in the
    low type with x, y, lora_a, lora_b converted together (scales stay float32, slot ids int32); one already in a
    16-bit type stays in it (details in ``precision_plugins``).
+7. A node whose float32 output a subgraph (If/Loop/Scan body) reads from the outer scope stays fp32: the body is
+   not converted and still expects float32 (a converted producer made the model invalid).
+8. fp16 only: a node with a float32 constant input holding a finite value beyond +-65504 (``wide``) stays fp32:
+   clipping the constant would change the result (``x * 1e5``); rule 3 then keeps its elementwise consumers fp32.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -117,7 +121,7 @@ def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[
 
 
 def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
-           keep_ops: frozenset[str] = KEEP_OPS) -> dict[int, NodeDecision]:
+           keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
     """Decide a Mode for each top-level node (by index, nodes in topological order)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
@@ -125,6 +129,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     out: dict[int, NodeDecision] = {}
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
+    captured = _subgraph_reads(model.graph.node)
     for idx, node in enumerate(model.graph.node):
         if node.input and node.op_type not in _NONDETERMINISTIC and all(not n or n in constants for n in node.input):
             # A constant subgraph: TensorRT folds it; leaving it in fp32 keeps e.g. rotary inv_freq exact, and its
@@ -158,6 +163,11 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             continue
         if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
+            continue
+        why = _forced_fp32(node, types, captured, wide)
+        if why:
+            out[idx] = NodeDecision(Mode.KEEP, reason=why)
+            _mark(node, types, fp32_origin, "norm")
             continue
         schema = _schema(node, opset)
         if schema is None:
@@ -211,6 +221,25 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
         return NodeDecision(Mode.UNTOUCHED, reason=f"plugin op already {precision_plugins.dtype_name(d)}")
     raise InputError(f"{where}: cannot tell its float dtype (lora_a is {precision_plugins.dtype_name(d)}); "
                      f"declare lora_a as float32, float16 or bfloat16")
+
+
+def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: frozenset[str]) -> str:
+    """Rules 7 and 8: why the node must stay fp32 ("" when neither applies)."""
+    if any(n in captured and types.get(n) == FLOAT for n in node.output):
+        return "output read inside a subgraph (not converted)"
+    if any(n in wide for n in node.input):
+        return "constant beyond the fp16 range"
+    return ""
+
+
+def _subgraph_reads(nodes: Iterable[NodeProto], nested: bool = False) -> set[str]:
+    """Value names read inside the nodes' subgraphs (at any depth; ``nested``: the nodes are a subgraph's)."""
+    names: set[str] = set(n for node in nodes for n in node.input) if nested else set()
+    for node in nodes:
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                names |= _subgraph_reads(sub.node, nested=True)
+    return names
 
 
 def _mark(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[str, str], tag: str) -> None:

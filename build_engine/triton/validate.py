@@ -81,12 +81,15 @@ def _tensor_line(text: str, kind: str, name: str) -> int:
 
 
 def _platform_rules(proto: Any, text: str) -> list[Problem]:
-    ok = proto.platform == "tensorrt_plan" or (not proto.platform and proto.backend == "tensorrt")
+    # tritonserver refuses any other pair ("unexpected 'platform' and 'backend' pair"), e.g. tensorrt_plan with
+    # backend "onnxruntime".
+    ok = proto.platform in ("tensorrt_plan", "") and proto.backend in ("tensorrt", "") and (
+        proto.platform or proto.backend)
     if ok:
         return []
     return [Problem(_line_of(text, r"^\s*(platform|backend)\b"),
                     f"platform {proto.platform!r} / backend {proto.backend!r}: a TensorRT engine needs "
-                    "platform: \"tensorrt_plan\"")]
+                    "platform: \"tensorrt_plan\" (and no backend, or backend: \"tensorrt\")")]
 
 
 def _batch_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
@@ -135,8 +138,8 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 at = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
                 out.append(Problem(at, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT engine; "
                                        "use the manifest's type"))
-            if any(d < -1 for d in t.dims):
-                out.append(Problem(line, f"{kind} {t.name!r}: dims {list(t.dims)} may only hold -1 or sizes >= 0"))
+            if any(d < -1 or d == 0 for d in t.dims):  # tritonserver: "must be integer >= 1, or -1"
+                out.append(Problem(line, f"{kind} {t.name!r}: dims {list(t.dims)} may only hold -1 or sizes >= 1"))
             if manifest is None:
                 continue
             m = expected.get(t.name)

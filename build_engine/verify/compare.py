@@ -8,8 +8,10 @@ the elements, everything ``fold --check`` (bit equality) and ``diff`` (tolerance
 - ``identical``: same dtype and shape and byte-identical arrays (NaN payloads count too): ``diff`` with
   ``atol = rtol = 0``.
 - Polygraphy's element-wise rule, as ``diff`` reports it: an element mismatches when ``|a-b| > atol`` AND
-  ``|a-b|/|b| > rtol`` (NaN always mismatches); ``max_abs`` and ``max_rel`` ignore NaN; ``rel_to_scale`` is
-  ``max_abs / max|b|``, the error relative to the output's scale (element-wise ``max_rel`` explodes near zero).
+  ``|a-b|/|b| > rtol`` (NaN always mismatches; equal infinities are a difference of 0, as with Polygraphy's
+  ``infinities_compare_equal``, so a model with inf outputs matches itself); ``max_abs`` and ``max_rel`` ignore
+  NaN; ``rel_to_scale`` is ``max_abs / max|b|``, the error relative to the output's scale (element-wise
+  ``max_rel`` explodes near zero).
   Arrays of different dtypes (an fp16 model against its fp32 original) are compared as float64 values.
 """
 
@@ -63,7 +65,7 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
     else:
         fa, fb = a.astype(np.float64), b.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            absd = np.abs(fa - fb)
+            absd = np.where(fa == fb, 0.0, np.abs(fa - fb))  # inf - inf is NaN: equal infinities differ by 0
         denom = np.abs(fb)
     bitwise, unequal = _bitwise(a, b, fa, fb, absd) if same_type else (False, _INF)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -15,7 +15,7 @@ bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
 Quantized models (``--precision int8|int4-wo|fp8``, B the fp32 source) are judged on the whole output, not element by
 element (one flipped rounding moves single logits by more than any useful atol): relative error
 ``||A - B|| / ||B||`` and, for outputs whose last axis is a vocabulary, top-1 agreement (the share of positions whose
-argmax over the last axis is the same):
+argmax over the last axis is the same); for a bool output the relative error is the share of elements that differ:
 
 =========  ==============  ===============  ================================================================
 precision  max rel. error  min top-1 agr.   why
@@ -123,6 +123,22 @@ def _io_names(model: Any) -> tuple[list[str], list[str]]:
     return sorted(vi.name for vi in graph_inputs(model)), [o.name for o in model.graph.output]
 
 
+def _check_input_dims(ma: Any, mb: Any, pa: Path, pb: Path) -> None:
+    """An input both models have gets one tensor: refuse ranks or static sizes that differ (both runs would not
+    take the same feed; it was reported as outputs differing by inf)."""
+    from ..core.graph import tensor_dims
+
+    dims_b = {vi.name: tensor_dims(vi) for vi in graph_inputs(mb)}
+    for vi in graph_inputs(ma):
+        da, db = tensor_dims(vi), dims_b.get(vi.name)
+        if da is None or db is None:
+            continue
+        if len(da) != len(db) or any(isinstance(x, int) and isinstance(y, int) and x > 0 and y > 0 and x != y
+                                     for x, y in zip(da, db, strict=False)):
+            raise InputError(f"{pa} and {pb} differ in input {vi.name!r}: dims {list(da)} vs {list(db)}; diff feeds "
+                             "both models the same tensor: compare models with the same input shapes")
+
+
 @contextlib.contextmanager
 def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple[str, bool]]:
     """Yield a path onnxruntime can run: the model itself, or its plugin-free decomposition in ``workdir``."""
@@ -210,12 +226,16 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
         passed, nans = poly_pass and d.mismatches == 0, nan_count(a, b)
     rel_error, top1 = float("inf"), None
     if a.shape == b.shape and a.dtype != np.bool_ and b.dtype != np.bool_:
-        diff = a.astype(np.float64) - b.astype(np.float64)
-        norm = float(np.linalg.norm(b.astype(np.float64)))
-        err = float(np.linalg.norm(diff))
+        with np.errstate(invalid="ignore", over="ignore"):  # equal infinities differ by 0 (compare.py)
+            fa, fb = a.astype(np.float64), b.astype(np.float64)
+            diff = np.where(fa == fb, 0.0, fa - fb)
+            norm = float(np.linalg.norm(fb))
+            err = float(np.linalg.norm(diff))
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+    elif a.shape == b.shape:  # a bool output: the share of elements that differ (an equal one passed as inf before)
+        rel_error = float(np.mean(a != b)) if a.size else 0.0
     return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed, d.rel_to_scale, rel_error, top1,
                       nans)
 
@@ -254,6 +274,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
             hint = "" if sorted(oa) != sorted(ob) else " (or pass --extra-inputs to feed inputs only one model has)"
             raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
                              f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names{hint}")
+        _check_input_dims(ma, mb, pa, pb)
     specs = plan_feeds([m for m in (ma, mb) if m is not None], shapes, values)
     name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
     with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:
@@ -298,7 +319,8 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
                     "the fp32 or fp16 variant, or an engine on a GPU" if "NOT_IMPLEMENTED" in text else
                     "check the models run in onnxruntime and pass --shape for inputs whose size matters")
             raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {hint}") from exc
-        func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True)
+        func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True,
+                              infinities_compare_equal=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)
     return results, accuracy
 
@@ -373,5 +395,8 @@ def check(result: DiffResult) -> None:
 
 
 def _why(o: OutputDiff) -> str:
+    if not o.mismatches:  # element-wise it passed: a quantized preset's whole-output criteria failed it
+        top1 = f", top-1 agreement {o.top1:.3f}" if o.top1 is not None else ""
+        return f"{o.name} (whole-output rel. error {o.rel_error:.3g}{top1}: outside the quantized preset)"
     nan = f", {o.nans} NaN: Polygraphy counts every NaN as a mismatch" if o.nans and o.mismatches else ""
     return f"{o.name} (max abs {o.max_abs:.3g}, {o.mismatches}/{o.total} mismatched{nan})"

@@ -153,7 +153,7 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
         unknown = sorted(set(given) - names)
         if unknown:
             raise InputError(f"{what} names {unknown} are not graph inputs (inputs: {sorted(names)})")
-    by_param: dict[str, int] = {}
+    by_param = _params_from_shapes(models, shapes)  # --shape ids:3,7 sizes every other 'batch'/'sequence' too
     specs: dict[str, FeedSpec] = {}
     for model in models:
         for vi in graph_inputs(model):
@@ -188,6 +188,20 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 low, high = -1.0, 1.0
             specs[vi.name] = FeedSpec(vi.name, dtype, shape, low, high)
     return tuple(specs.values())
+
+
+def _params_from_shapes(models: list[Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The sizes ``--shape`` gives to named dims (``dim_param``), so that the inputs it does not name but that share
+    those dims get the same sizes (they got the defaults, and the models failed to broadcast)."""
+    out: dict[str, int] = {}
+    for model in models:
+        for vi in graph_inputs(model):
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name in shapes and len(shapes[vi.name]) == len(dims):
+                for d, size in zip(dims, shapes[vi.name], strict=True):
+                    if d.dim_param and not d.HasField("dim_value"):
+                        out.setdefault(d.dim_param, int(size))
+    return out
 
 
 def draw(spec: FeedSpec, rng: np.random.Generator) -> np.ndarray:

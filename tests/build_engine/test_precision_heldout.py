@@ -1,0 +1,98 @@
+"""Held-out precision inputs (QA session 24): a decomposed LayerNorm and RMSNorm, Softmax, an int path
+(Shape -> Gather -> Cast) and constants beyond the fp16 range. ``x * 1e5 - 1e5`` converted to fp16 used to run with
+the constants clipped to 65504 (a third of the output's scale wrong); such nodes now stay fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from trtforge.build_engine.precision.convert import convert_precision
+
+
+def _c(name: str, a: object) -> onnx.TensorProto:
+    return nh.from_array(np.asarray(a, np.float32), name)
+
+
+def _model(rng: np.random.Generator) -> onnx.ModelProto:
+    n = h.make_node
+    nodes = [n("MatMul", ["x", "W1"], ["a"]), n("ReduceMean", ["a"], ["mu"], axes=[-1]), n("Sub", ["a", "mu"], ["d"]),
+             n("Pow", ["d", "two"], ["d2"]), n("ReduceMean", ["d2"], ["var"], axes=[-1]),
+             n("Add", ["var", "eps"], ["ve"]), n("Sqrt", ["ve"], ["sd"]), n("Div", ["d", "sd"], ["ln"]),
+             n("MatMul", ["ln", "W2"], ["b"]), n("Mul", ["b", "b"], ["b2"]), n("ReduceMean", ["b2"], ["ms"], axes=[-1]),
+             n("Add", ["ms", "eps"], ["mse"]), n("Sqrt", ["mse"], ["rms"]), n("Reciprocal", ["rms"], ["inv"]),
+             n("Mul", ["b", "inv"], ["rn"]), n("Softmax", ["rn"], ["sm"], axis=-1), n("Shape", ["x"], ["shp"]),
+             n("Gather", ["shp", "zero"], ["bs"], axis=0), n("Cast", ["bs"], ["bsf"], to=T.FLOAT),
+             n("Mul", ["sm", "bsf"], ["y"]), n("Mul", ["x", "BIG"], ["xb"]), n("Add", ["xb", "NEG"], ["big"])]
+    inits = [_c("W1", rng.standard_normal((16, 16)) * 0.5), _c("W2", rng.standard_normal((16, 16)) * 0.5),
+             _c("two", 2.0), _c("eps", 1e-5), nh.from_array(np.array(0, np.int64), "zero"),
+             _c("BIG", np.full(16, 1e5)), _c("NEG", np.full(16, -1e5))]
+    vi = h.make_tensor_value_info
+    graph = h.make_graph(nodes, "p", [vi("x", T.FLOAT, ["batch", 16])],
+                         [vi("y", T.FLOAT, ["batch", 16]), vi("big", T.FLOAT, ["batch", 16]),
+                          vi("ln", T.FLOAT, ["batch", 16])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("to", ["fp16", "bf16"])
+def test_heldout_outputs_within_tolerance(rng: np.random.Generator, to: str) -> None:
+    import onnxruntime as ort
+
+    src = _model(rng)
+    out = convert_precision(src, to).model
+    onnx.checker.check_model(out, full_check=True)
+    if to == "bf16":
+        return  # onnxruntime's CPU provider has no bf16 MatMul: only the model's validity is checked
+    x = (rng.standard_normal((3, 16)) * 3).astype(np.float32)
+    ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})
+    got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})
+    for name, a, b in zip(("y", "big", "ln"), got, ref, strict=True):
+        scale = float(np.max(np.abs(b)))
+        err = float(np.max(np.abs(a.astype(np.float64) - b)))
+        assert a.dtype == np.float32 and err <= 2e-2 * scale, (to, name, err, scale)
+    kept = {n.output[0] for n in out.graph.node if n.op_type in ("Mul", "Add") and n.output[0] in ("xb", "big")}
+    assert kept == {"xb", "big"}  # the nodes with constants beyond 65504 run in fp32, on the unclipped constants
+    big = {t.name: nh.to_array(t) for t in out.graph.initializer if t.name in ("BIG", "NEG")}
+    assert len(big) == 2 and all(v.dtype == np.float32 and np.all(np.abs(v) == 1e5) for v in big.values())
+
+
+def _if_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """``a = x @ W`` read from the outer scope by both branches of an If (the bodies are not converted)."""
+    vi = h.make_tensor_value_info
+    then = h.make_graph([h.make_node("Mul", ["a", "two"], ["o1"])], "then", [], [vi("o1", T.FLOAT, ["batch", 8])])
+    other = h.make_graph([h.make_node("Neg", ["a"], ["o2"])], "else", [], [vi("o2", T.FLOAT, ["batch", 8])])
+    nodes = [h.make_node("MatMul", ["x", "W"], ["a"]), h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             h.make_node("Greater", ["s", "zero"], ["c"]),
+             h.make_node("If", ["c"], ["b"], then_branch=then, else_branch=other),
+             h.make_node("MatMul", ["b", "W2"], ["y"])]
+    graph = h.make_graph(nodes, "i", [vi("x", T.FLOAT, ["batch", 8])], [vi("y", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8))), _c("W2", rng.standard_normal((8, 8))),
+                          _c("two", 2.0), _c("zero", 0.0)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_value_read_by_a_subgraph_stays_fp32(rng: np.random.Generator, tmp_path) -> None:
+    """Was 'precision conversion to fp16 produced an invalid model' (the If body's Mul read a now-fp16 'a'), and
+    'trtforge build' of the model failed the same way."""
+    import onnxruntime as ort
+
+    from trtforge.build_engine.engine.builder import build_engine
+
+    src = _if_model(rng)
+    out = convert_precision(src, "fp16").model
+    onnx.checker.check_model(out, full_check=True)
+    for _ in range(3):  # fresh inputs take both branches
+        x = rng.standard_normal((3, 8)).astype(np.float32)
+        ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
+        got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
+        assert np.max(np.abs(got - ref)) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
+    onnx.save(src, tmp_path / "if.onnx")
+    assert build_engine(tmp_path / "if.onnx", "a10", tmp_path / "e", progress=False).precision == "fp16"
