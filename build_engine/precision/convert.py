@@ -98,10 +98,19 @@ def _beyond_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
     for name, t in consts.items():
         if t.data_type != FLOAT or t.data_location == TensorProto.EXTERNAL:
             continue
-        a = numpy_helper.to_array(t)
-        if a.size and bool(np.any(np.abs(a[np.isfinite(a)]) > _FP16_MAX)):
+        if _holds_beyond_fp16(numpy_helper.to_array(t).reshape(-1)):
             out.add(name)
     return frozenset(out)
+
+
+def _holds_beyond_fp16(flat: np.ndarray, chunk: int = 1 << 20) -> bool:
+    """Whether a finite value beyond +-65504 is in ``flat``, read in chunks (a weight of hundreds of MB would
+    otherwise need three temporaries of its size: the mask, the finite values and their magnitudes)."""
+    for i in range(0, flat.size, chunk):
+        c = np.abs(flat[i:i + chunk])
+        if bool(np.any((c > _FP16_MAX) & np.isfinite(c))):
+            return True
+    return False
 
 
 def to_low_array(array: np.ndarray, to: str) -> np.ndarray:
