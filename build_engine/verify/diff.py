@@ -76,6 +76,7 @@ class OutputDiff:
     rel_error: float = 0.0        # ||a - b|| / ||b|| over the whole output
     top1: float | None = None     # share of positions whose argmax over the last axis agrees (float outputs)
     nans: int = 0                 # elements NaN in either output (each a mismatch under the element-wise rule)
+    shapes: str = ""              # "A [2, 3] vs B [3, 2]" when the two outputs' shapes differ (a mismatch as a whole)
 
 
 @dataclass
@@ -236,8 +237,9 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
     elif a.shape == b.shape:  # a bool output: the share of elements that differ (an equal one passed as inf before)
         rel_error = float(np.mean(a != b)) if a.size else 0.0
-    return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed, d.rel_to_scale, rel_error, top1,
-                      nans)
+    shapes = "" if a.shape == b.shape else f"A {list(a.shape)} vs B {list(b.shape)}"
+    return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed and not shapes, d.rel_to_scale,
+                      rel_error, top1, nans, shapes)
 
 
 def judge_quantized(diff: OutputDiff, precision: str) -> OutputDiff:
@@ -395,5 +397,7 @@ def check(result: DiffResult) -> None:
 
 
 def _why(o: OutputDiff) -> str:
+    if o.shapes:
+        return f"{o.name} (shapes differ: {o.shapes})"
     nan = f", {o.nans} NaN: Polygraphy counts every NaN as a mismatch" if o.nans and o.mismatches else ""
     return f"{o.name} (max abs {o.max_abs:.3g}, {o.mismatches}/{o.total} mismatched{nan})"

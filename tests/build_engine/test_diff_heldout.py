@@ -88,3 +88,22 @@ def test_shape_sizes_the_shared_dims_of_other_inputs(cli, tmp_path: Path) -> Non
     summary = json.loads((tmp_path / "r.summary.json").read_text())
     assert {i["name"]: i["shape"] for i in summary["inputs"]} == {"ids": [3, 7], "m": [3, 7]}
     assert summary["passed"] is True and summary["outputs"][0]["total"] == 21
+
+
+def test_output_shapes_that_differ_are_named(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    """Same names, outputs of other shapes (a Transpose more): exit 1 with a line that says the shapes differ."""
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+
+    def save(path: Path, transpose: bool) -> Path:
+        nodes = [onnx.helper.make_node("MatMul", ["x", "w"], ["h" if transpose else "y"])]
+        if transpose:
+            nodes.append(onnx.helper.make_node("Transpose", ["h"], ["y"], perm=[1, 0]))
+        vi = onnx.helper.make_tensor_value_info
+        g = onnx.helper.make_graph(nodes, "g", [vi("x", onnx.TensorProto.FLOAT, [2, 4])],
+                                   [vi("y", onnx.TensorProto.FLOAT, ["r", "c"])], [nh.from_array(w, "w")])
+        onnx.save(onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)]), path)
+        return path
+
+    a, b = save(tmp_path / "a.onnx", False), save(tmp_path / "b.onnx", True)
+    res = cli("diff", a, b)
+    assert_one_line_error(res, 1, "y (shapes differ: A [2, 3] vs B [3, 2])")
