@@ -52,7 +52,7 @@ import numpy as np
 from ..core import steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
-from .inputs import FeedSpec, graph_inputs, plan_feeds
+from .inputs import FeedSpec, check_same_input_dims, graph_inputs, plan_feeds
 from .sessions import make_session
 
 PRESETS: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-5), "fp16": (1e-2, 1e-3), "bf16": (5e-2, 1e-2)}
@@ -122,22 +122,6 @@ def tolerances(precision: str, atol: float | None = None, rtol: float | None = N
 
 def _io_names(model: Any) -> tuple[list[str], list[str]]:
     return sorted(vi.name for vi in graph_inputs(model)), [o.name for o in model.graph.output]
-
-
-def _check_input_dims(ma: Any, mb: Any, pa: Path, pb: Path) -> None:
-    """An input both models have gets one tensor: refuse ranks or static sizes that differ (both runs would not
-    take the same feed; it was reported as outputs differing by inf)."""
-    from ..core.graph import tensor_dims
-
-    dims_b = {vi.name: tensor_dims(vi) for vi in graph_inputs(mb)}
-    for vi in graph_inputs(ma):
-        da, db = tensor_dims(vi), dims_b.get(vi.name)
-        if da is None or db is None:
-            continue
-        if len(da) != len(db) or any(isinstance(x, int) and isinstance(y, int) and x > 0 and y > 0 and x != y
-                                     for x, y in zip(da, db, strict=False)):
-            raise InputError(f"{pa} and {pb} differ in input {vi.name!r}: dims {list(da)} vs {list(db)}; diff feeds "
-                             "both models the same tensor: compare models with the same input shapes")
 
 
 @contextlib.contextmanager
@@ -276,7 +260,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
             hint = "" if sorted(oa) != sorted(ob) else " (or pass --extra-inputs to feed inputs only one model has)"
             raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
                              f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names{hint}")
-        _check_input_dims(ma, mb, pa, pb)
+        check_same_input_dims(ma, mb, pa, pb)
     specs = plan_feeds([m for m in (ma, mb) if m is not None], shapes, values)
     name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
     with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:

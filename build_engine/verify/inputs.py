@@ -26,6 +26,7 @@ from trtforge.plugins import is_plugin_node
 from trtforge.plugins.lora import spec as lora_spec
 
 from ..core.errors import InputError
+from ..core.graph import tensor_dims
 
 _PASSTHROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 _DEFAULT_INT_RANGE = (0, 7)
@@ -239,3 +240,17 @@ def _np_dtype(name: str) -> np.dtype[Any]:
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, name))
+
+
+def check_same_input_dims(ma: Any, mb: Any, pa: object, pb: object) -> None:
+    """An input both models have gets one tensor: refuse ranks or static sizes that differ (both runs would not
+    take the same feed; it was reported as outputs differing by inf)."""
+    dims_b = {vi.name: tensor_dims(vi) for vi in graph_inputs(mb)}
+    for vi in graph_inputs(ma):
+        da, db = tensor_dims(vi), dims_b.get(vi.name)
+        if da is None or db is None:
+            continue
+        if len(da) != len(db) or any(isinstance(x, int) and isinstance(y, int) and x > 0 and y > 0 and x != y
+                                     for x, y in zip(da, db, strict=False)):
+            raise InputError(f"{pa} and {pb} differ in input {vi.name!r}: dims {list(da)} vs {list(db)}; diff feeds "
+                             "both models the same tensor: compare models with the same input shapes")
