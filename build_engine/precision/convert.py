@@ -35,6 +35,7 @@ from trtforge.plugins.lora import precision as precision_plugins
 from ..core import onnx_skeleton, steps
 from ..core.errors import InputError, ModelError
 from ..core.shape_inference import infer_shapes
+from .fp16_range import beyond_fp16
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
 
@@ -87,30 +88,6 @@ def _constant_tensors(model: ModelProto) -> dict[str, TensorProto]:
         elif node.op_type == "Identity" and node.input and node.input[0] in consts:
             consts[node.output[0]] = consts[node.input[0]]
     return consts
-
-
-def _beyond_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
-    """float32 constants held in memory with a finite value beyond +-65504 (for fp16 only): clipping them would change
-    the result, so their consumers stay fp32 (policy rule 8). Weights still on disk (lazy load) are not read."""
-    if to != "fp16":
-        return frozenset()
-    out = set()
-    for name, t in consts.items():
-        if t.data_type != FLOAT or t.data_location == TensorProto.EXTERNAL:
-            continue
-        if _holds_beyond_fp16(numpy_helper.to_array(t).reshape(-1)):
-            out.add(name)
-    return frozenset(out)
-
-
-def _holds_beyond_fp16(flat: np.ndarray, chunk: int = 1 << 20) -> bool:
-    """Whether a finite value beyond +-65504 is in ``flat``, read in chunks (a weight of hundreds of MB would
-    otherwise need three temporaries of its size: the mask, the finite values and their magnitudes)."""
-    for i in range(0, flat.size, chunk):
-        c = np.abs(flat[i:i + chunk])
-        if bool(np.any((c > _FP16_MAX) & np.isfinite(c))):
-            return True
-    return False
 
 
 def to_low_array(array: np.ndarray, to: str) -> np.ndarray:
@@ -257,7 +234,7 @@ def node_decisions(model: ModelProto, to: str = "fp16",
     by their op contract), not a second list.
     """
     consts = _constant_tensors(model)
-    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=_beyond_fp16(consts, to))
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=beyond_fp16(consts, to))
 
 
 @steps.timed("convert")
@@ -276,7 +253,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     # never copied (most become converted copies); the ones still used as they are are copied back at the end.
     types = _value_types(model)
     consts = _constant_tensors(model)
-    decisions = decide(model, types, set(consts), to, keep_ops, wide=_beyond_fp16(consts, to))
+    decisions = decide(model, types, set(consts), to, keep_ops, wide=beyond_fp16(consts, to))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):
@@ -369,8 +346,8 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         onnx_skeleton.check_model(src)
         inferred = _infer(src, strict=True)
         onnx.checker.check_model(inferred)
-    except Exception as exc:  # a bug in the conversion, not in the user's model
-        raise ModelError(f"precision conversion to {to} produced an invalid model ({exc})") from exc
+    except Exception as exc:  # a bug in the conversion, unless the source itself fails the same checks
+        raise _blame(model, to, exc) from exc
     if any(is_plugin_node(n) for n in g.node):
         ig = inferred.graph
         after = {v.name: v.type.tensor_type.elem_type for v in [*ig.input, *ig.value_info, *ig.output]}
@@ -392,3 +369,14 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
                              plugin_nodes_low=len(low_plugins), pool_inputs_converted=len(retyped),
                              fold=fold_report, seconds=round(time.perf_counter() - start, 4))
     return PrecisionResult(model=converted, report=report)
+
+
+def _blame(model: ModelProto, to: str, exc: Exception) -> ModelError:
+    """The error for a converted model that fails validation: the source's, when strict inference rejects the source
+    too (its declared shapes or types disagree with its ops: no conversion could fix that), else the conversion's."""
+    try:
+        _infer(model, strict=True)
+    except Exception as src_exc:  # noqa: BLE001 (any failure of onnx's inference is the source's)
+        return ModelError(f"the source model fails strict shape inference ({src_exc}); fix the export (its declared "
+                          "shapes or types disagree with its ops), then convert it")
+    return ModelError(f"precision conversion to {to} produced an invalid model ({exc})")

@@ -12,6 +12,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from trtforge.build_engine.precision.convert import convert_precision
+from trtforge_testing import assert_one_line_error
 
 
 def _c(name: str, a: object) -> onnx.TensorProto:
@@ -96,3 +97,17 @@ def test_value_read_by_a_subgraph_stays_fp32(rng: np.random.Generator, tmp_path)
         assert np.max(np.abs(got - ref)) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
     onnx.save(src, tmp_path / "if.onnx")
     assert build_engine(tmp_path / "if.onnx", "a10", tmp_path / "e", progress=False).precision == "fp16"
+
+
+def test_inconsistent_source_is_blamed_not_the_conversion(cli, tmp_path, rng: np.random.Generator) -> None:
+    """A source whose declared output shape disagrees with its op (ArgMax keepdims=1 gives [2, 1], declared [2]):
+    the error says the source fails strict inference, not that the conversion produced an invalid model."""
+    w = nh.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w")
+    nodes = [h.make_node("MatMul", ["x", "w"], ["h"]), h.make_node("ArgMax", ["h"], ["y"], axis=1)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                              [h.make_tensor_value_info("y", T.INT64, [2])], [w])
+    src = tmp_path / "src.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), src)
+    res = cli("precision", src, "-o", tmp_path / "out.onnx", "--to", "fp16")
+    assert_one_line_error(res, 2, "the source model fails strict shape inference", "fix the export")
+    assert not (tmp_path / "out.onnx").exists()
