@@ -1,4 +1,5 @@
-"""``trtforge build IN.onnx --profile NAME -o OUTDIR [--backend auto|tensorrt|tensorrt-rtx] [--force]``."""
+"""``trtforge build IN.onnx --profile NAME -o OUTDIR [--backend auto|tensorrt|tensorrt-rtx] [--force]
+[--dim NAME=MIN:OPT:MAX ...]``."""
 
 from __future__ import annotations
 
@@ -25,7 +26,31 @@ def build_parser() -> ArgumentParser:
                    help="TensorRT flavour (auto: full TensorRT if it can target the GPU, else TensorRT-RTX)")
     p.add_argument("--force", action="store_true", help="replace OUTDIR if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=MIN:OPT:MAX",
+                   help="range of a named dynamic dimension other than batch/sequence (its dim_param), in every "
+                        "optimization profile, e.g. --dim num_patches=1:64:256 (repeatable; batch and sequence "
+                        "ranges come from the profile)")
     return p
+
+
+def parse_dims(items: Sequence[str]) -> dict[str, Any]:
+    """``NAME=MIN:OPT:MAX`` items as ``Range``s (exit 2 naming the malformed one)."""
+    from trtforge.profiles.loader import Range
+
+    from ..core.errors import InputError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, _, spec = item.partition("=")
+        parts = spec.split(":")
+        if not name or name in out or len(parts) != 3 or not all(x.strip().isdigit() for x in parts):
+            why = "given twice" if name in out else "expected NAME=MIN:OPT:MAX with integers, e.g. num_patches=1:64:256"
+            raise InputError(f"--dim {item!r}: {why}")
+        lo, mid, hi = (int(x) for x in parts)
+        if not 1 <= lo <= mid <= hi:
+            raise InputError(f"--dim {item!r}: need 1 <= MIN <= OPT <= MAX")
+        out[name] = Range(min=lo, opt=mid, max=hi)
+    return out
 
 
 def _run(args: Any) -> int:
@@ -35,8 +60,9 @@ def _run(args: Any) -> int:
 
     # -o is replaced as a whole (with --force): it must not be or hold the model, its data or the profile.
     paths.check(inputs=[("IN.onnx", args.input), ("--profile", if_exists(args.profile))], folders=[("-o", args.output)])
+    dims = parse_dims(args.dim)
     m = build_engine(args.input, args.profile, args.output, backend=args.backend, force=args.force,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, dims=dims)
     ins = ", ".join(f"{i.name} {i.dtype} {_range(i.envelope)}" for i in m.inputs)
     print(f"{args.output}: {m.backend.name} {m.backend.version} engine for {m.profile} "
           f"(sm {', '.join(m.compute_capabilities)}, {m.precision}, {m.optimization_profiles} optimization "

@@ -21,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from trtforge.profiles.loader import Profile, load_profile
+from trtforge.profiles.loader import Profile, Range, load_profile
 
 from ..core import fsutil, interrupt, onnx_io, onnx_save
 from ..core.errors import BuildError, InputError, ModelError
@@ -125,8 +126,10 @@ class _Staged:
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
-                 force: bool = False, progress: bool = True, timings: BuildTimings | None = None) -> Manifest:
-    """Build an engine for ``profile`` into ``out_dir``; returns the manifest (see module docstring)."""
+                 force: bool = False, progress: bool = True, timings: BuildTimings | None = None,
+                 dims: Mapping[str, Range] | None = None) -> Manifest:
+    """Build an engine for ``profile`` into ``out_dir``; returns the manifest (see module docstring). ``dims``: ranges
+    of named dynamic dimensions other than batch/sequence (``shapes.plan_shapes``)."""
     start = time.perf_counter()
     timings = timings if timings is not None else BuildTimings()
     with _Timer(timings, "load"):
@@ -151,7 +154,7 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
             del data  # parsed; the hashing worker holds its own reference until it is done
             source_sha = timings.submit(io_pool, "hash_weights", _hash_files, head, loaded.data_files)
             check_fp8_allowed(loaded.model, prof, str(onnx_path))
-            plans = plan_shapes(loaded.model, prof, str(onnx_path))
+            plans = plan_shapes(loaded.model, prof, str(onnx_path), dims)
         staged = _convert(onnx_path, loaded, prof, timings)
         with _Timer(timings, "release"):
             del loaded  # the fp32 source: the biggest object of the build

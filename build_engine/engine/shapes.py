@@ -8,6 +8,10 @@ Each graph input dimension is one of:
 - batch or sequence: recognised by its ``dim_param`` name (``batch``, ``batch_size``; ``sequence``, ``seq_len``,
   ...) or, for an unnamed / unrecognised dynamic dimension, by position: dim 0 is batch, dim 1 is sequence for inputs
   of rank >= 2 with an integer dtype (token ids, positions, masks, slot ids);
+- a named dynamic dimension given a range with ``build --dim NAME=MIN:OPT:MAX`` (``dims``): that range in every
+  optimization profile (the way trtexec's ``--minShapes/--optShapes/--maxShapes`` size a dimension; here by its
+  ``dim_param``, so every input that shares it gets it). Batch and sequence names take the profile's ranges, not an
+  override; an override naming no dynamic dimension of the model is refused;
 - anything else dynamic is an error naming the input, the dimension and its name.
 
 Dimensions that share a ``dim_param`` get the same values, because TensorRT checks them against each other.
@@ -19,6 +23,7 @@ because the renamed input has no shapes in the optimization profiles).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -63,7 +68,7 @@ class InputSpec:
 @dataclass(frozen=True)
 class InputPlan:
     spec: InputSpec
-    axes: tuple[str, ...]          # per dim: "static", "batch" or "sequence"
+    axes: tuple[str, ...]          # per dim: "static", "batch", "sequence" or "dim:NAME" (a --dim override)
     ranges: tuple[ShapeRange, ...]  # one per optimization profile
 
     @property
@@ -82,13 +87,15 @@ def model_inputs(model: ModelProto) -> list[InputSpec]:
     return out
 
 
-def _axis_of(spec: InputSpec, index: int, dim: Dim, source: str) -> str:
+def _axis_of(spec: InputSpec, index: int, dim: Dim, source: str, dims: Mapping[str, Range]) -> str:
     if isinstance(dim, str):
         key = dim.strip().lower()
         if key in BATCH_NAMES:
             return "batch"
         if key in SEQUENCE_NAMES:
             return "sequence"
+        if dim in dims:
+            return f"dim:{dim}"
     if index == 0:
         return "batch"
     if index == 1 and len(spec.dims) >= 2 and spec.elem_type in _INT_TYPES:
@@ -96,12 +103,15 @@ def _axis_of(spec: InputSpec, index: int, dim: Dim, source: str) -> str:
     what = f"named {dim!r}" if isinstance(dim, str) else "unnamed"
     raise InputError(
         f"{source}: input {spec.name!r} dimension {index} is dynamic ({what}) and is neither batch nor sequence; "
-        f"name it 'batch' or 'sequence' in the export, or make it static"
+        + (f"give its range with --dim {dim}=MIN:OPT:MAX, name it 'batch' or 'sequence' in the export, or make it "
+           "static" if isinstance(dim, str) and dim else
+           "name it in the export (then give its range with --dim NAME=MIN:OPT:MAX) or make it static")
     )
 
 
-def plan_input(spec: InputSpec, profile: Profile, source: str) -> InputPlan:
+def plan_input(spec: InputSpec, profile: Profile, source: str, dims: Mapping[str, Range] | None = None) -> InputPlan:
     """Shape ranges of one input for every optimization profile of ``profile`` (see module docstring)."""
+    dims = dims or {}
     axes: list[str] = []
     for i, dim in enumerate(spec.dims):
         if isinstance(dim, int) and dim > 0:
@@ -118,7 +128,7 @@ def plan_input(spec: InputSpec, profile: Profile, source: str) -> InputPlan:
                             f"model with a dynamic {role} axis or use a profile whose range includes {dim}"
                         )
         else:
-            axis = _axis_of(spec, i, dim, source)
+            axis = _axis_of(spec, i, dim, source, dims)
         axes.append(axis)
     ranges = []
     for sp in profile.shapes:
@@ -130,7 +140,7 @@ def plan_input(spec: InputSpec, profile: Profile, source: str) -> InputPlan:
                 assert isinstance(dim, int)
                 lo = mid = hi = dim
             else:
-                r = getattr(sp, axis)
+                r = dims[axis[4:]] if axis.startswith("dim:") else getattr(sp, axis)
                 lo, mid, hi = r.min, r.opt, r.max
             mins.append(lo)
             opts.append(mid)
@@ -146,13 +156,16 @@ def _static_role(spec: InputSpec, index: int, dim: int) -> str | None:
     return {0: "batch", 1: "sequence"}.get(index)
 
 
-def plan_shapes(model: ModelProto, profile: Profile, source: str = "model") -> list[InputPlan]:
-    """Shape plans for every graph input; raises InputError when the model cannot take the profile's ranges."""
+def plan_shapes(model: ModelProto, profile: Profile, source: str = "model",
+                dims: Mapping[str, Range] | None = None) -> list[InputPlan]:
+    """Shape plans for every graph input; raises InputError when the model cannot take the profile's ranges.
+    ``dims``: ranges of named dynamic dimensions other than batch/sequence (``build --dim``)."""
     if not profile.shapes:
         raise InputError(f"profile {profile.name!r} has no [[shapes]]; add at least one optimization profile")
     specs = model_inputs(model)
     _check_passthrough(model, specs, source)
-    plans = [plan_input(spec, profile, source) for spec in specs]
+    _check_dim_overrides(specs, dims or {}, source)
+    plans = [plan_input(spec, profile, source, dims) for spec in specs]
     # Inputs that share a dim_param must agree on its axis.
     seen: dict[str, tuple[str, str]] = {}
     for plan in plans:
@@ -177,3 +190,17 @@ def _check_passthrough(model: ModelProto, specs: list[InputSpec], source: str) -
                 "cannot bind one name as both input and output: drop that output, or export it through a node "
                 "under another name"
             )
+
+
+def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], source: str) -> None:
+    """Each ``--dim`` names a dynamic dimension of the model that is neither batch nor sequence, with a valid range."""
+    named = {d for spec in specs for d in spec.dims if isinstance(d, str) and d}
+    for name, r in dims.items():
+        if name.strip().lower() in BATCH_NAMES | SEQUENCE_NAMES:
+            raise InputError(f"--dim {name}: batch and sequence ranges come from the profile's [[shapes]]; give a "
+                             "profile (.toml) with the ranges you want instead")
+        if name not in named:
+            raise InputError(f"--dim {name}: {source} has no dynamic dimension named {name!r} (its named dynamic "
+                             f"dimensions: {sorted(named) or 'none'}); give one of those")
+        if not 1 <= r.min <= r.opt <= r.max:
+            raise InputError(f"--dim {name}={r.min}:{r.opt}:{r.max}: need 1 <= MIN <= OPT <= MAX")

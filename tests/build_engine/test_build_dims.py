@@ -1,0 +1,63 @@
+"""``build --dim NAME=MIN:OPT:MAX``: a named dynamic dimension other than batch/sequence gets its range in every
+optimization profile (a real TensorRT-RTX build here); every input sharing the name gets it; bad overrides exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from trtforge_testing import assert_one_line_error
+
+
+def _patches(path: Path) -> Path:
+    """x [batch, patches, 8] and mask [batch, patches] -> y [batch, 8] (masked sum over the patches)."""
+    nodes = [h.make_node("Cast", ["mask"], ["mf"], to=T.FLOAT), h.make_node("Unsqueeze", ["mf", "axis"], ["m3"]),
+             h.make_node("Mul", ["x", "m3"], ["xm"]), h.make_node("ReduceSum", ["xm", "one"], ["y"], keepdims=0)]
+    graph = h.make_graph(nodes, "patches", [h.make_tensor_value_info("x", T.FLOAT, ["batch", "patches", 8]),
+                                            h.make_tensor_value_info("mask", T.BOOL, ["batch", "patches"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", 8])],
+                         [h.make_tensor("axis", T.INT64, [1], [2]), h.make_tensor("one", T.INT64, [1], [1])])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_dim_override_sizes_every_profile(cli, tmp_path: Path) -> None:
+    src = _patches(tmp_path / "p.onnx")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
+    assert_one_line_error(res, 2, "'patches'", "--dim patches=MIN:OPT:MAX")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", "patches=2:16:64")
+    assert res.code == 0, res.err
+    manifest = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    profile = {t["name"]: t for t in manifest["inputs"]}
+    from trtforge.profiles.loader import load_profile
+
+    shapes = load_profile("a10").shapes
+    for name, tail in (("x", [8]), ("mask", [])):
+        ranges = profile[name]["profiles"]
+        assert len(ranges) == len(shapes) and profile[name]["shape"] == [-1, -1, *tail]
+        for r, sp in zip(ranges, shapes, strict=True):
+            assert r["min"] == [sp.batch.min, 2, *tail] and r["opt"] == [sp.batch.opt, 16, *tail]
+            assert r["max"] == [sp.batch.max, 64, *tail]
+    # The Triton entry takes the dimension as dynamic, and --check agrees with the manifest.
+    assert cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "p").code == 0
+    assert cli("triton", "--check", tmp_path / "repo" / "p").code == 0
+
+
+@pytest.mark.parametrize(("dim", "why"), [
+    ("height=1:2:3", "no dynamic dimension named 'height'"),
+    ("batch=1:2:3", "come from the profile"),
+    ("patches=4:2:8", "1 <= MIN <= OPT <= MAX"),
+    ("patches=0:2:8", "1 <= MIN <= OPT <= MAX"),
+    ("patches=1:2", "NAME=MIN:OPT:MAX"),
+    ("patches", "NAME=MIN:OPT:MAX"),
+])
+def test_bad_dim_override_is_exit_2(cli, tmp_path: Path, dim: str, why: str) -> None:
+    src = _patches(tmp_path / "p.onnx")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", dim)
+    assert_one_line_error(res, 2, "--dim", why)
+    assert not (tmp_path / "e").exists()
