@@ -142,8 +142,12 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if adapter is not None and (not isinstance(adapter, str) or not adapter):
                 raise InputError(f"{p}:{line_no}: adapter must be a non-empty string (the LoRA adapter's name), "
                                  f"got {adapter!r}")
-            out.append(Request(f"mooncake-{len(out)}", t - t0,
-                               _int(obj["input_length"], p, line_no, "input_length", 1),
+            prompt = _int(obj["input_length"], p, line_no, "input_length", 1)
+            if len(hashes) > -(-prompt // MOONCAKE_BLOCK_TOKENS):  # one id per 512-token prompt block, no more
+                raise InputError(f"{p}:{line_no}: {len(hashes)} hash_ids for input_length {prompt}: at most "
+                                 f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} (one per {MOONCAKE_BLOCK_TOKENS}-token "
+                                 "prompt block); fix the row")
+            out.append(Request(f"mooncake-{len(out)}", t - t0, prompt,
                                max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
                                block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
                                adapter=adapter))

@@ -161,3 +161,16 @@ def test_never_fit_reason_names_the_limit() -> None:
     assert "65 KV blocks" in kv.reason.message and "64 blocks" in kv.reason.message
     assert seq.reason.kind == "prompt-too-long" and "2048" in seq.reason.message
     assert not s.queue and s.step().num_tokens == 0
+
+
+def test_mooncake_row_with_more_hash_ids_than_blocks_is_refused(tmp_path) -> None:
+    """One hash id per 512-token prompt block: 3 ids for a 1,024-token prompt (2 blocks) is a malformed row."""
+    from trtforge.scheduler.sim.traces import read_mooncake_jsonl
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 1025, "output_length": 4, "hash_ids": [1, 2, 3]}\n'
+                 '{"timestamp": 5, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2, 3]}\n')
+    with pytest.raises(InputError, match=r"t\.jsonl:2: 3 hash_ids for input_length 1024: at most 2"):
+        read_mooncake_jsonl(p)
+    p.write_text('{"timestamp": 0, "input_length": 1025, "output_length": 4, "hash_ids": [1, 2, 3]}\n')
+    assert [r.block_hashes for r in read_mooncake_jsonl(p)] == [(1, 2, 3)]
