@@ -67,8 +67,9 @@ class SchedulerConfig:
             raise InputError(f"num_blocks ({self.num_blocks}) and tokens_per_block ({self.tokens_per_block}) must be "
                              ">= 1; give the KV cache at least one block")
         if self.max_running < 1 or self.token_budget < self.max_running:
-            raise InputError(f"token_budget ({self.token_budget}) must be >= max_running ({self.max_running}) >= 1 "
-                             "so every decoding request gets its token each step")
+            raise InputError(f"token_budget {self.token_budget} (simulate --token-budget) must be >= max_running "
+                             f"{self.max_running} (--max-running) >= 1, so every decoding request gets its token "
+                             "each step; raise the budget or lower max_running")
 
 
 def reject_reason(req: Request, cfg: SchedulerConfig, reject_never_fit: bool, known: Collection[str],

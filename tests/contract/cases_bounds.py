@@ -214,6 +214,11 @@ def _budget(t: Path) -> Case:
     return Case(_sim("synthetic:4", "--token-budget", "0"), ("--token-budget",))
 
 
+@case("simulate --token-budget 1 (below --max-running)")
+def _sim_budget_below_running(t: Path) -> Case:
+    return Case(_sim("synthetic:4", "--token-budget", "1"), ("--token-budget", "--max-running"))
+
+
 @case("diff --seed -5")
 def _diff_seed(t: Path) -> Case:
     m = fx.tiny_model(t / "a.onnx")
