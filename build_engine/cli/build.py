@@ -33,26 +33,6 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def parse_dims(items: Sequence[str]) -> dict[str, Any]:
-    """``NAME=MIN:OPT:MAX`` items as ``Range``s (exit 2 naming the malformed one)."""
-    from trtforge.profiles.loader import Range
-
-    from ..core.errors import InputError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        name, _, spec = item.partition("=")
-        parts = spec.split(":")
-        if not name or name in out or len(parts) != 3 or not all(x.strip().isdigit() for x in parts):
-            why = "given twice" if name in out else "expected NAME=MIN:OPT:MAX with integers, e.g. num_patches=1:64:256"
-            raise InputError(f"--dim {item!r}: {why}")
-        lo, mid, hi = (int(x) for x in parts)
-        if not 1 <= lo <= mid <= hi:
-            raise InputError(f"--dim {item!r}: need 1 <= MIN <= OPT <= MAX")
-        out[name] = Range(min=lo, opt=mid, max=hi)
-    return out
-
-
 def _run(args: Any) -> int:
     from ..core import paths
     from ..engine.builder import build_engine
@@ -60,6 +40,8 @@ def _run(args: Any) -> int:
 
     # -o is replaced as a whole (with --force): it must not be or hold the model, its data or the profile.
     paths.check(inputs=[("IN.onnx", args.input), ("--profile", if_exists(args.profile))], folders=[("-o", args.output)])
+    from ..engine.shapes import parse_dims
+
     dims = parse_dims(args.dim)
     m = build_engine(args.input, args.profile, args.output, backend=args.backend, force=args.force,
                      progress=not args.no_progress, dims=dims)

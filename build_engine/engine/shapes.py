@@ -23,7 +23,7 @@ because the renamed input has no shapes in the optimization profiles).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -204,3 +204,21 @@ def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], sour
                              f"dimensions: {sorted(named) or 'none'}); give one of those")
         if not 1 <= r.min <= r.opt <= r.max:
             raise InputError(f"--dim {name}={r.min}:{r.opt}:{r.max}: need 1 <= MIN <= OPT <= MAX")
+
+
+def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
+    """``NAME=MIN:OPT:MAX`` items (``build --dim``, a matrix model's ``dims``) as ``Range``s; exit 2 naming the
+    malformed one."""
+    out: dict[str, Range] = {}
+    for item in items:
+        name, _, spec = item.partition("=")
+        parts = spec.split(":")
+        digits = all(x.strip().isascii() and x.strip().isdigit() for x in parts)
+        if not name or name in out or len(parts) != 3 or not digits:
+            why = "given twice" if name in out else "expected NAME=MIN:OPT:MAX with integers, e.g. num_patches=1:64:256"
+            raise InputError(f"{what} {item!r}: {why}")
+        lo, mid, hi = (int(x) for x in parts)
+        if not 1 <= lo <= mid <= hi:
+            raise InputError(f"{what} {item!r}: need 1 <= MIN <= OPT <= MAX")
+        out[name] = Range(min=lo, opt=mid, max=hi)
+    return out

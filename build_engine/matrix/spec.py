@@ -11,6 +11,7 @@ shared_fs = false            # true: workers read models and write engines throu
 path = "llama.onnx"          # relative to this file
 name = "llama"               # optional, default the file's stem; [A-Za-z0-9_.-]
 profiles = ["a100"]          # optional, overrides [matrix].profiles for this model
+dims = { patches = "1:16:64" }  # optional: ranges of named dynamic dims other than batch/sequence (build --dim)
 
 [model.pipeline]             # optional, applied in this order before the build (the build itself converts to the
 fold = true                  # profile's precision and folds)
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,16 @@ class Pipeline:
     fold: bool = True
     precision: str | None = None
     lora: LoraStep | None = None
+    #: the model's ``dims`` (``build --dim``): NAME=MIN:OPT:MAX of named dynamic dims other than batch/sequence
+    dims: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         lora = None if self.lora is None else {"targets": list(self.lora.targets), "max_rank": self.lora.max_rank,
                                                "slots": self.lora.slots}
-        return {"fold": self.fold, "precision": self.precision, "lora": lora}
+        out: dict[str, Any] = {"fold": self.fold, "precision": self.precision, "lora": lora}
+        if self.dims:  # only when given: the cache keys of matrices without dims stay what they were
+            out["dims"] = list(self.dims)
+        return out
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,7 @@ def _pipeline(r: _Reader, data: Any, nth: int) -> Pipeline:
 
 
 def _model(r: _Reader, data: Any, nth: int, base: Path, default_profiles: tuple[str, ...] | None) -> ModelEntry:
-    d = r.table(data, "model", {"path", "name", "profiles", "pipeline"}, nth)
+    d = r.table(data, "model", {"path", "name", "profiles", "pipeline", "dims"}, nth)
     if not isinstance(d.get("path"), str) or not d["path"]:
         raise r.fail("model", "each [[model]] needs path = \"model.onnx\"", nth)
     path = (base / d["path"]).resolve()
@@ -154,7 +160,25 @@ def _model(r: _Reader, data: Any, nth: int, base: Path, default_profiles: tuple[
     profiles = r.string_list(d["profiles"], "profiles", nth) if "profiles" in d else default_profiles
     if profiles is None:
         raise r.fail("model", "no profiles: set [matrix].profiles or profiles = [...] for this model", nth)
-    return ModelEntry(name=name, path=path, profiles=profiles, pipeline=_pipeline(r, d.get("pipeline"), nth))
+    pipeline = _pipeline(r, d.get("pipeline"), nth)
+    if "dims" in d:
+        pipeline = replace(pipeline, dims=_dims(r, d["dims"], nth))
+    return ModelEntry(name=name, path=path, profiles=profiles, pipeline=pipeline)
+
+
+def _dims(r: _Reader, data: Any, nth: int) -> tuple[str, ...]:
+    """``dims = { num_patches = "1:64:256" }``: each a NAME=MIN:OPT:MAX item, checked as ``build --dim`` checks it."""
+    from ..engine.shapes import parse_dims
+
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise r.fail("dims", 'dims must be a table of "MIN:OPT:MAX" strings, e.g. dims = { patches = "1:16:64" }',
+                     nth)
+    items = tuple(sorted(f"{k}={v}" for k, v in data.items()))
+    try:
+        parse_dims(items, "dims")
+    except InputError as exc:
+        raise r.fail("dims", exc.message, nth) from exc
+    return items
 
 
 def _read(path: Path) -> tuple[str, dict[str, Any]]:

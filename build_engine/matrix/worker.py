@@ -122,7 +122,10 @@ def run_cell(job: CellJob) -> CellResult:
         _maybe_die(job.label)
         engine = work / "engine"
         cli_backend = "tensorrt-rtx" if job.backend == "tensorrt_rtx" else "tensorrt"
-        build_engine(model, job.profile, engine, backend=cli_backend, progress=False)
+        from ..engine.shapes import parse_dims
+
+        build_engine(model, job.profile, engine, backend=cli_backend, progress=False,
+                     dims=parse_dims(job.pipeline.dims, "dims"))
         result = CellResult(ok=True, seconds=time.perf_counter() - t0, host=socket.gethostname(), steps=steps)
         if job.staging is not None:
             os.replace(engine, job.staging)
