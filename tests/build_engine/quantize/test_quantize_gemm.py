@@ -123,3 +123,24 @@ def test_excluded_gemm_stays_a_gemm(tmp_path: Path, rng: np.random.Generator) ->
     q = onnx.load(out)
     assert next(n for n in q.graph.node if n.name == "gemm1").op_type == "Gemm"
     assert "wg" in {t.name for t in q.graph.initializer}
+
+
+def test_lora_injected_gemm_is_quantized_and_the_plugin_reads_float_x(tmp_path: Path, rng: np.random.Generator,
+                                                                      cli) -> None:
+    """lora inject accepts a Gemm projection; quantize then lowers it: the plugin still reads the float x and the
+    Gemm's output (the bias Add's now), and with no adapter (slot -1) the output passes the int8 preset."""
+    w = _weights(rng)
+    src = tmp_path / "gemm.onnx"
+    onnx.save(_model(w), src)
+    assert cli("lora", "inject", src, "-o", tmp_path / "lora.onnx", "--targets", "gemm1", "--max-rank", "8",
+               "--slots", "2").code == 0
+    out = tmp_path / "lora_int8.onnx"
+    assert cli("quantize", tmp_path / "lora.onnx", "-o", out, "--mode", "int8", "--calib-size", "4",
+               "--report", tmp_path / "r.json").code == 0  # calibration generated: the pools are inputs too
+    assert [n["name"] for n in json.loads((tmp_path / "r.json").read_text())["nodes"]] == ["gemm1", "gemm2"]
+    q = onnx.load(out)
+    plugin = next(n for n in q.graph.node if n.op_type == "LoRAOpPluginDynamic")
+    add = next(n for n in q.graph.node if n.doc_string == GEMM_BIAS_DOC)
+    assert plugin.input[0] == "x" and add.output[0] in plugin.input
+    res = cli("diff", tmp_path / "lora.onnx", out, "--precision", "int8", "--value", "lora_slot_ids=-1")
+    assert res.code == 0, res.err
