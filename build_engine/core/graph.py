@@ -179,3 +179,22 @@ def stable_topo_order(deps: Sequence[set[int]]) -> list[int]:
             if indeg[u] == 0:
                 heapq.heappush(heap, u)
     return out
+
+
+class Namer:
+    """Fresh value/node names for a rewrite of ``model``'s main graph: ``namer(base)`` is ``base``, or ``base_1``,
+    ``base_2``, ... when taken by a node's name, input or output, a graph input, output or initializer, or an earlier
+    call. Quantize, precision and the Gemm lowering name what they add with it."""
+
+    def __init__(self, model: ModelProto) -> None:
+        g = model.graph
+        self.used = {n for node in g.node for n in [*node.input, *node.output, node.name]}
+        self.used |= {v.name for v in [*g.input, *g.output, *g.initializer]}
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name

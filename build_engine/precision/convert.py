@@ -34,6 +34,7 @@ from trtforge.plugins.lora import precision as precision_plugins
 
 from ..core import onnx_skeleton, steps
 from ..core.errors import InputError, ModelError
+from ..core.graph import Namer
 from ..core.shape_inference import infer_shapes
 from .fp16_range import beyond_fp16
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
@@ -182,21 +183,6 @@ def _names_read(nodes: Iterable[NodeProto]) -> set[str]:
     return names
 
 
-class _Namer:
-    def __init__(self, model: ModelProto) -> None:
-        g = model.graph
-        self.used = {n for node in g.node for n in [*node.input, *node.output, node.name]}
-        self.used |= {v.name for v in [*g.input, *g.output, *g.initializer]}
-
-    def __call__(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
-
-
 def _needs_conversion(model: ModelProto, decisions: dict[int, Any], types: dict[str, int]) -> bool:
     """Whether any node that runs in the low type reads or writes a float32 value or holds a float32 tensor."""
     for i, node in enumerate(model.graph.node):
@@ -260,7 +246,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         # Already in the target precision (no fp32 value enters or leaves a node that runs in it): the model is
         # returned as it is, without copying its weights (a build of a bf16 model for a bf16 profile).
         return _unchanged(model, to, decisions, fold, start)
-    namer = _Namer(model)
+    namer = Namer(model)
     src = onnx_skeleton.without_initializers(model)
     new_type = dict(types)
     low_plugins = [n for i, n in enumerate(model.graph.node)

@@ -23,7 +23,7 @@ from collections.abc import Collection
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from ..core.graph import all_graphs
+from ..core.graph import Namer, all_graphs
 from .targets import GEMM_BIAS_DOC, node_label
 
 _ATTRS = frozenset({"alpha", "beta", "transA", "transB"})
@@ -62,22 +62,13 @@ def candidates(model: ModelProto) -> dict[str, str | None]:
             if n.op_type == "Gemm" and n.domain in ("", "ai.onnx")}
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
-
-
 def lower(model: ModelProto, labels: Collection[str]) -> ModelProto:
     """A copy of ``model`` with the Gemms labelled ``labels`` (each one ``candidates`` accepts) lowered."""
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
     inits = {t.name: t for t in g.initializer}
-    taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {n.name for n in g.node}
-    taken |= {o for n in g.node for o in n.output}
+    fresh = Namer(out)
     transposed: dict[str, str] = {}
     nodes: list[NodeProto] = []
     for i, node in enumerate(g.node):
@@ -89,15 +80,15 @@ def lower(model: ModelProto, labels: Collection[str]) -> ModelProto:
         w = node.input[1]
         if trans_b:
             if w not in transposed:
-                transposed[w] = _fresh(f"{w}_transposed", taken)
+                transposed[w] = fresh(f"{w}_transposed")
                 t = np.ascontiguousarray(numpy_helper.to_array(inits[w]).T)
                 g.initializer.append(numpy_helper.from_array(t, transposed[w]))
             w = transposed[w]
         has_c = len(node.input) > 2 and node.input[2] != ""
-        y = _fresh(f"{node.output[0]}_matmul", taken) if has_c else node.output[0]
+        y = fresh(f"{node.output[0]}_matmul") if has_c else node.output[0]
         nodes.append(helper.make_node("MatMul", [node.input[0], w], [y], name=label))
         if has_c:
-            add = helper.make_node("Add", [y, node.input[2]], [node.output[0]], name=_fresh(f"{label}/bias", taken))
+            add = helper.make_node("Add", [y, node.input[2]], [node.output[0]], name=fresh(f"{label}/bias"))
             add.doc_string = GEMM_BIAS_DOC
             nodes.append(add)
     del g.node[:]

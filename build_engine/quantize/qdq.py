@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from ..core.graph import Namer
 from ..core.onnx_io import MIGRATION_DOC
 from .config import MIN_IR, MIN_OPSET
 from .numerics import act_scale, quantize_weight
@@ -42,20 +43,6 @@ class WeightPlan:
     clip: np.ndarray | None = None  # int4: [blocks, out] range ratios from AWQ's clipping search
 
 
-class _Namer:
-    def __init__(self, model: ModelProto) -> None:
-        g = model.graph
-        self.taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {n.name for n in g.node}
-        self.taken |= {o for n in g.node for o in n.output}
-
-    def __call__(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            name, k = f"{base}_{k}", k + 1
-        self.taken.add(name)
-        return name
-
-
 def _zero_point(mode: str, name: str) -> TensorProto:
     if mode == "fp8":
         import ml_dtypes
@@ -64,7 +51,7 @@ def _zero_point(mode: str, name: str) -> TensorProto:
     return numpy_helper.from_array(np.array(0, np.int8), name)
 
 
-def _edge_nodes(edge: EdgePlan, mode: str, new: _Namer, inits: list[TensorProto]) -> tuple[list[NodeProto], str]:
+def _edge_nodes(edge: EdgePlan, mode: str, new: Namer, inits: list[TensorProto]) -> tuple[list[NodeProto], str]:
     nodes: list[NodeProto] = []
     cur = edge.x
     if edge.inv_scale is not None:
@@ -87,7 +74,7 @@ def _edge_nodes(edge: EdgePlan, mode: str, new: _Namer, inits: list[TensorProto]
     return nodes, cur
 
 
-def _weight_node(plan: WeightPlan, mode: str, new: _Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
+def _weight_node(plan: WeightPlan, mode: str, new: Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
     t, block = plan.target, plan.block
     q, scale = quantize_weight(plan.weight, mode, block, plan.clip)
     qname, sname = new(f"{t.weight}_quantized"), new(f"{t.weight}_scale")
@@ -112,7 +99,7 @@ def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan], weights
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    new = _Namer(out)
+    new = Namer(out)
     inits: list[TensorProto] = []
     before: dict[int, list[NodeProto]] = {}
     edge_out: dict[str, str] = {}
