@@ -202,8 +202,12 @@ def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], sour
         if name not in named:
             raise InputError(f"--dim {name}: {source} has no dynamic dimension named {name!r} (its named dynamic "
                              f"dimensions: {sorted(named) or 'none'}); give one of those")
-        if not 1 <= r.min <= r.opt <= r.max:
-            raise InputError(f"--dim {name}={r.min}:{r.opt}:{r.max}: need 1 <= MIN <= OPT <= MAX")
+        _check_range("--dim", f"{name}={r.min}:{r.opt}:{r.max}", r)
+
+
+def _check_range(what: str, item: str, r: Range) -> None:
+    if not 1 <= r.min <= r.opt <= r.max:
+        raise InputError(f"{what} {item!r}: need 1 <= MIN <= OPT <= MAX")
 
 
 def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
@@ -218,7 +222,6 @@ def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
             why = "given twice" if name in out else "expected NAME=MIN:OPT:MAX with integers, e.g. num_patches=1:64:256"
             raise InputError(f"{what} {item!r}: {why}")
         lo, mid, hi = (int(x) for x in parts)
-        if not 1 <= lo <= mid <= hi:
-            raise InputError(f"{what} {item!r}: need 1 <= MIN <= OPT <= MAX")
         out[name] = Range(min=lo, opt=mid, max=hi)
+        _check_range(what, item, out[name])
     return out
