@@ -252,10 +252,16 @@ def _demo(t: Path) -> Case:
 def _matrix_triton(t: Path) -> Case:
     (t / "repo" / "m_a100").mkdir(parents=True)
     fx.tiny_model(t / "repo" / "m_a100" / "in.onnx")
+    return Case(["build-matrix", _matrix_file(t, "a100", "repo/m_a100/in.onnx", triton=True), "-o", s(t / "out")],
+                ("m_a100", "in.onnx"))
+
+
+def _matrix_file(t: Path, profile: str, model: str, triton: bool = False) -> str:
+    """A one-model, one-profile matrix file in ``t`` (with a [triton] repo "repo"), as the argument to give."""
     mat = t / "matrix.toml"
-    mat.write_text('[matrix]\nprofiles = ["a100"]\n\n[[model]]\nname = "m"\npath = "repo/m_a100/in.onnx"\n\n'
-                   '[triton]\nrepo = "repo"\n')
-    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "in.onnx"))
+    mat.write_text(f'[matrix]\nprofiles = ["{profile}"]\n\n[[model]]\nname = "m"\npath = "{model}"\n'
+                   + ('\n[triton]\nrepo = "repo"\n' if triton else ""))
+    return s(mat)
 
 
 # An empty or name-less output path (`-o "$OUT"` with OUT unset, `--save .`): lora inject and diff --save crashed
@@ -302,9 +308,8 @@ def _matrix_profile(t: Path) -> Case:
     fx.tiny_model(t / "m.onnx")
     (t / "out" / "m" / "a100").mkdir(parents=True)
     fx.profile(t / "out" / "m" / "a100" / "prof.toml")
-    mat = t / "matrix.toml"
-    mat.write_text('[matrix]\nprofiles = ["out/m/a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n')
-    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("-o", "prof.toml"))
+    return Case(["build-matrix", _matrix_file(t, "out/m/a100/prof.toml", "m.onnx"), "-o", s(t / "out")],
+                ("-o", "prof.toml"))
 
 
 @case("build-matrix: a [triton] entry holds a .toml profile")
@@ -312,10 +317,8 @@ def _matrix_triton_profile(t: Path) -> Case:
     fx.tiny_model(t / "m.onnx")
     (t / "repo" / "m_a100").mkdir(parents=True)
     fx.profile(t / "repo" / "m_a100" / "prof.toml")
-    mat = t / "matrix.toml"
-    mat.write_text('[matrix]\nprofiles = ["repo/m_a100/prof.toml"]\n\n[[model]]\nname = "m"\npath = "m.onnx"\n\n'
-                   '[triton]\nrepo = "repo"\n')
-    return Case(["build-matrix", s(mat), "-o", s(t / "out")], ("m_a100", "prof.toml"))
+    return Case(["build-matrix", _matrix_file(t, "repo/m_a100/prof.toml", "m.onnx", triton=True), "-o",
+                 s(t / "out")], ("m_a100", "prof.toml"))
 
 
 # The commit of -o o.onnx removes the o.onnx.<8 hex>.data files it does not use (an older output's data): an input
