@@ -14,6 +14,8 @@ from typing import Any
 import onnx
 from onnx import ModelProto, TensorProto
 
+from .heap import release_free_heap
+
 # Initializers with at least this many elements are stood in for by typed graph inputs in ``skeleton``. Smaller ones
 # stay: shape inference reads the values of small constants (Reshape targets, Slice bounds, ...).
 SKELETON_MIN_ELEMENTS = 1024
@@ -118,7 +120,9 @@ def skeleton_bytes(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS)
     ``model`` itself, so ``model`` is serialised directly (a copy of a 100k-node graph costs 6x its serialisation).
     Raises ``ValueError`` when the result is too big for protobuf."""
     if any(_is_weight(t, min_elements) for t in model.graph.initializer):
-        return skeleton(model, min_elements).SerializeToString()
+        data = skeleton(model, min_elements).SerializeToString()
+        release_free_heap()  # the skeleton's copy of the graph (several times its bytes) is freed: back to the OS
+        return data
     return model.SerializeToString()
 
 

@@ -10,7 +10,8 @@ from . import dtypes as dt
 from .base import GraphPass
 from .const_cast import SMALL_CONSTANT
 from .exact_cast import exact_cast
-from .ir import GraphCtx, Node
+from .ir import GraphCtx
+from .node import Node
 
 #: Ops whose result is specified bit for bit (IEEE-754 correctly rounded elementwise arithmetic in the tensor's own
 #: type, integer arithmetic, comparisons, logic, shape and data movement), so the value onnx.reference computes is

@@ -5,7 +5,8 @@ from __future__ import annotations
 import heapq
 
 from .base import GraphPass
-from .ir import GraphCtx, Node
+from .ir import GraphCtx
+from .node import Node
 
 
 class RemoveDeadNodes(GraphPass):

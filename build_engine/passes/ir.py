@@ -22,60 +22,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
-from sys import intern
 
-from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
+from onnx import GraphProto, NodeProto, TensorProto
 
 from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
+from .node import ALIVE, Node, Uses, add_use, drop_use, make_node, readers
 from .protos import constant_node_tensor, defined_names
 from .type_facts import infer_local, needs_inference
-
-
-@dataclass(eq=False, slots=True)
-class Node:
-    proto: NodeProto
-    op: str
-    domain: str
-    inputs: list[str]
-    outputs: list[str]
-    free: frozenset[str]  # names of this scope read by the node's subgraphs
-    alive: bool = True
-    dirty: bool = False
-    to: int | None = None  # a default-domain Cast's target type (None: not a Cast, or a function attr reference)
-    subdefs: frozenset[str] | None = None  # names defined anywhere inside this node's subgraphs (lazy)
-    onnx_op: bool = False  # default domain (set by ``make_node``: read in every pass's inner loop)
-    index: int = -1  # position in the view's node list (``GraphCtx.position``)
-
-    def attr(self, name: str) -> AttributeProto | None:
-        for a in self.proto.attribute:
-            if a.name == name:
-                return a
-        return None
-
-    def int_attr(self, name: str) -> int | None:
-        """An int attribute's value; None when absent or a function attribute reference (unknown here)."""
-        a = self.attr(name)
-        if a is None or a.ref_attr_name or a.type != AttributeProto.INT:
-            return None
-        return a.i
-
-    @property
-    def is_cast(self) -> bool:
-        """A default-domain Cast with a known target type and a named input."""
-        return self.to is not None and self.alive and bool(self.inputs) and bool(self.inputs[0])
-
-
-_ALIVE = attrgetter("alive")
-
-
-def make_node(p: NodeProto, free: frozenset[str]) -> Node:
-    op, domain = intern(p.op_type), intern(p.domain)  # one string per op type, not one per node
-    n = Node(p, op, domain, p.input[:], p.output[:], free)  # a slice is a plain list, made faster than list()
-    n.onnx_op = onnx_op = domain == "" or domain == "ai.onnx"
-    if op == "Cast" and onnx_op:
-        n.to = n.int_attr("to")
-    return n
 
 
 @dataclass
@@ -94,7 +47,7 @@ class Scope:
 class GraphCtx:
     """Mutable view of one graph. ``outputs`` are protected names (graph or function outputs)."""
 
-    def __init__(self, graph: GraphProto | None, nodes: list[NodeProto], inputs: list[str], outputs: list[str],
+    def __init__(self, graph: GraphProto | None, nodes: Sequence[NodeProto], inputs: list[str], outputs: list[str],
                  scope: Scope, *, initializers: Sequence[TensorProto] = (), is_function: bool = False) -> None:
         self.graph = graph
         self.is_function = is_function
@@ -105,11 +58,11 @@ class GraphCtx:
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
         self.parent = scope.parent
         self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
-        for t in initializers:
-            self.types[t.name] = t.data_type
+        for name, t in self.initializers.items():  # the dict's own name strings: one string object per name
+            self.types[name] = t.data_type
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
-        self.uses: dict[str, dict[Node, int]] = {}
+        self.uses: dict[str, Uses] = {}
         self.implicit: dict[str, dict[Node, int]] = {}
         self.rules: Counter[str] = Counter()
         self.removed: Counter[str] = Counter()
@@ -129,15 +82,19 @@ class GraphCtx:
             for n in self.untyped:  # facts that follow from the inferred ones (data movement, shared variables)
                 infer_local(self, n)
 
-    def _index(self, nodes: list[NodeProto]) -> None:
+    def _index(self, nodes: Sequence[NodeProto]) -> None:
         """One ``Node`` per proto, the producer and consumer maps and local type facts: the view's one pass over the
-        protos (each field is read off the proto once, and the maps are locals: this runs once per node)."""
+        protos (each field is read off the proto once, and the maps are locals: this runs once per node).
+
+        Memory (a graph of light nodes costs mostly this view): a node keeps no proto wrapper (it reads ``nodes[k]``
+        when asked); each name read is the string object its producer's output (or the graph input) already holds,
+        not a copy per read; a value read once by one node has that node, not a dict, as its ``uses`` entry."""
         producer, uses, implicit, types, append = self.producer, self.uses, self.implicit, self.types, self.nodes.append
         untyped = self.untyped
         empty: frozenset[str] = frozenset()
+        graph_inputs = {i: i for i in self.inputs}
         for k, p in enumerate(nodes):
-            n = make_node(p, empty)
-            n.index = k
+            n = make_node(p, empty, nodes, k)
             if n.op in CONTROL_FLOW_OPS or not n.onnx_op:  # ``may_have_subgraphs``, on the fields already read
                 sub = list(subgraphs(p))
                 if sub:
@@ -153,13 +110,24 @@ class GraphCtx:
                     producer[o] = n
                     if typed and o not in types:
                         typed = False
-            for i in n.inputs:
+            ins = n.inputs
+            for j, i in enumerate(ins):
                 if i:
+                    pr = producer.get(i)
+                    if pr is not None:
+                        for o in pr.outputs:
+                            if o == i:
+                                ins[j] = i = o
+                                break
+                    elif i in graph_inputs:
+                        ins[j] = i = graph_inputs[i]
                     d = uses.get(i)
-                    if d is None:
-                        uses[i] = {n: 1}
-                    else:
+                    if d is None:  # ``add_use`` inlined
+                        uses[i] = n
+                    elif isinstance(d, dict):
                         d[n] = d.get(n, 0) + 1
+                    else:
+                        uses[i] = {d: 2} if d is n else {d: 1, n: 1}
             if not typed:
                 infer_local(self, n)
                 if any(o and o not in types for o in outs):
@@ -211,7 +179,7 @@ class GraphCtx:
         return n if n is not None and n.alive else None
 
     def consumers(self, name: str) -> list[Node]:
-        return list(self.uses.get(name, {}))
+        return readers(self.uses, name)
 
     def casts(self) -> Iterator[Node]:
         """Each node that ``Node.is_cast`` when the walk reaches it (lazy: earlier rewrites are seen). A Cast's input
@@ -219,8 +187,8 @@ class GraphCtx:
         if self._casts is None:
             self._casts = [n for n in self.nodes if n.to is not None and n.inputs and n.inputs[0]]
         else:  # a removed node never comes back (``replace_node`` makes a new one)
-            self._casts = list(filter(_ALIVE, self._casts))
-        return filter(_ALIVE, self._casts)
+            self._casts = list(filter(ALIVE, self._casts))
+        return filter(ALIVE, self._casts)
 
     def cast_pairs(self) -> Iterator[tuple[Node, Node]]:
         """``(outer, inner)``: each Cast whose input another Cast produces, in this graph or an enclosing one.
@@ -237,7 +205,8 @@ class GraphCtx:
         """Explicit reads + implicit reads by subgraphs + 1 if it is a protected output."""
         d = self.uses.get(name)
         e = self.implicit.get(name)
-        return (sum(d.values()) if d else 0) + (len(e) if e else 0) + (name in self.output_set)
+        reads = 0 if d is None else sum(d.values()) if isinstance(d, dict) else 1
+        return reads + (len(e) if e else 0) + (name in self.output_set)
 
     def is_local_value(self, name: str) -> bool:
         """Produced by a node of this graph (not a graph input, initializer or outer-scope value)."""
@@ -261,19 +230,14 @@ class GraphCtx:
         node.inputs[k] = new
         node.dirty = True
         self.changed = True
-        d = self.uses.get(old)
-        if d is not None and node in d:
-            d[node] -= 1
-            if d[node] == 0:
-                del d[node]
+        drop_use(self.uses, old, node)
         self._lost_reader(old)
-        e = self.uses.setdefault(new, {})
-        e[node] = e.get(node, 0) + 1
+        add_use(self.uses, new, node)
 
     def replace_uses(self, old: str, new: str) -> None:
         """Every read of ``old`` in this graph and its subgraphs now reads ``new``. ``old`` must not be an output."""
         assert old not in self.output_set, old
-        for n in list(self.uses.get(old, {})):
+        for n in readers(self.uses, old):
             for k, name in enumerate(n.inputs):
                 if name == old:
                     self.set_input(n, k, new)
@@ -293,9 +257,7 @@ class GraphCtx:
         self.removed[node.op] += 1
         uses, producer, maybe_dead = self.uses, self.producer, self.maybe_dead
         for i in node.inputs:
-            d = uses.get(i)
-            if d is not None:
-                d.pop(node, None)
+            drop_use(uses, i, node, every=True)
             if maybe_dead is not None:  # ``_lost_reader`` inlined (every removal comes here)
                 p = producer.get(i)
                 if p is not None:
@@ -347,8 +309,7 @@ class GraphCtx:
         for o in new.outputs:
             self.producer[o] = new
         for i in new.inputs:
-            d = self.uses.setdefault(i, {})
-            d[new] = d.get(new, 0) + 1
+            add_use(self.uses, i, new)
         if self.maybe_dead is not None:
             self.maybe_dead.add(new)
         return new
@@ -379,17 +340,30 @@ class GraphCtx:
         return [n for n in self.nodes if n.alive]
 
     # ----------------------------------------------------------------- write back
+    def release(self) -> None:
+        """Drop the node list and the producer/consumer maps, after ``commit``, in a view nothing asks again (no
+        subgraph view has it as parent): their memory goes back before the caller copies the survivors into the
+        graph."""
+        self.nodes, self.producer, self.uses, self.implicit = [], {}, {}, {}
+
     def commit(self) -> list[NodeProto]:
-        """The surviving node protos, with rewritten inputs/outputs written back."""
+        """The surviving node protos, with rewritten inputs/outputs written back; the view's last rewrite.
+
+        The removed nodes are dropped from the view first (their memory goes back before a wrapper is made for each
+        survivor), and each survivor then keeps its proto wrapper: the caller replaces the graph's node list with
+        these protos, so ``src[index]`` no longer names the node's proto, while a subgraph's view may still ask this
+        one (its parent) about its nodes."""
+        self.nodes = [n for n in self.nodes if n.alive]
+        self._casts, self.maybe_dead = None, None
+        self.pass_state.clear()
         out: list[NodeProto] = []
         for n in self.nodes:
-            if not n.alive:
-                continue
+            n.own = p = n.proto
             if n.dirty:
-                del n.proto.input[:]
-                n.proto.input.extend(n.inputs)
-                del n.proto.output[:]
-                n.proto.output.extend(n.outputs)
+                del p.input[:]
+                p.input.extend(n.inputs)
+                del p.output[:]
+                p.output.extend(n.outputs)
                 n.dirty = False
-            out.append(n.proto)
+            out.append(p)
         return out

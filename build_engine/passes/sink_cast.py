@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from . import dtypes as dt
 from .base import GraphPass
-from .ir import GraphCtx, Node
+from .ir import GraphCtx
+from .node import Node
 from .schema import accepts
 
 _MAX_CHAIN = 32

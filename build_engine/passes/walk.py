@@ -63,11 +63,13 @@ def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[
 
 def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, stats: WalkStats,
                fixed_point: bool) -> None:
-    ctx = GraphCtx(graph, list(graph.node), [i.name for i in graph.input], [o.name for o in graph.output], scope,
+    ctx = GraphCtx(graph, graph.node, [i.name for i in graph.input], [o.name for o in graph.output], scope,
                    initializers=list(graph.initializer))
     _apply(ctx, passes, stats, fixed_point)
     if ctx.changed:
         nodes = ctx.commit()
+        if not ctx.has_subgraphs:  # no subgraph view will ask this one about its nodes
+            ctx.release()
         del graph.node[:]
         graph.node.extend(nodes)
         if ctx.dropped_initializers:
@@ -136,7 +138,7 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
     for fn in model.functions:
         stats.nested = True
         fscope = Scope(default_opset(fn.opset_import, opset), {})
-        ctx = GraphCtx(None, list(fn.node), list(fn.input), list(fn.output), fscope, is_function=True)
+        ctx = GraphCtx(None, fn.node, list(fn.input), list(fn.output), fscope, is_function=True)
         _apply(ctx, passes, stats, fixed_point)
         if ctx.changed:
             nodes = ctx.commit()

@@ -168,3 +168,36 @@ def test_dead_node_revisit_queues_a_node_once() -> None:
     ctx.set_input(add, 1, "x")  # Relu and Neg are both candidates now; removing Neg makes Relu one again
     assert rule.rewrite(ctx) == 2
     assert [n.alive for n in ctx.nodes] == [False, False, True]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_consumer_maps_equal_a_recount_and_protos_survive_commit(seed: int) -> None:
+    """The view's compact consumer entries (one node read once, or a node -> reads dict) give what a recount of the
+    live nodes' inputs gives, after random rewiring and dead-node removal; a node built from the graph's own node
+    list reads its proto from there, and after ``commit`` (the graph's node list replaced, as ``walk`` does) each
+    survivor still has its own proto, with the rewritten inputs and outputs."""
+    rng = np.random.default_rng(300 + seed)
+    g = _random_graph(rng, 60)
+    ctx = GraphCtx(g, g.node, [i.name for i in g.input], [o.name for o in g.output], Scope(21, {}),
+                   initializers=list(g.initializer))
+    rule = RemoveDeadNodes()
+    for step in range(4):
+        _rewire(ctx, np.random.default_rng([seed, step]), 5)
+        rule.rewrite(ctx)
+        reads: dict[str, dict[object, int]] = {}
+        for n in ctx.nodes:
+            for i in n.inputs if n.alive else ():
+                reads.setdefault(i, {})
+                reads[i][n] = reads[i].get(n, 0) + 1
+        for name in set(reads) | set(ctx.uses):
+            want = reads.get(name, {})
+            assert set(ctx.consumers(name)) == set(want), name
+            assert ctx.num_uses(name) - (name in ctx.output_set) == sum(want.values()), name
+    for n in ctx.nodes:
+        assert n.proto.SerializeToString() == g.node[n.index].SerializeToString()
+    survivors = [(n.op, list(n.inputs), list(n.outputs)) for n in ctx.nodes if n.alive]
+    protos = ctx.commit()
+    del g.node[:]
+    g.node.extend(protos)
+    assert [(n.proto.op_type, n.proto.input[:], n.proto.output[:]) for n in ctx.nodes] == survivors
+    assert [(p.op_type, p.input[:], p.output[:]) for p in g.node] == survivors
