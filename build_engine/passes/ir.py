@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from onnx import GraphProto, NodeProto, TensorProto
 
 from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
-from .node import ALIVE, Node, Uses, add_use, drop_use, make_node, readers
+from .node import ALIVE, Node, NodeList, Uses, add_use, drop_use, make_node, readers
 from .protos import constant_node_tensor, defined_names
 from .type_facts import infer_local, needs_inference
 
@@ -340,30 +340,42 @@ class GraphCtx:
         return [n for n in self.nodes if n.alive]
 
     # ----------------------------------------------------------------- write back
-    def release(self) -> None:
-        """Drop the node list and the producer/consumer maps, after ``commit``, in a view nothing asks again (no
-        subgraph view has it as parent): their memory goes back before the caller copies the survivors into the
-        graph."""
-        self.nodes, self.producer, self.uses, self.implicit = [], {}, {}, {}
-
-    def commit(self) -> list[NodeProto]:
-        """The surviving node protos, with rewritten inputs/outputs written back; the view's last rewrite.
-
-        The removed nodes are dropped from the view first (their memory goes back before a wrapper is made for each
-        survivor), and each survivor then keeps its proto wrapper: the caller replaces the graph's node list with
-        these protos, so ``src[index]`` no longer names the node's proto, while a subgraph's view may still ask this
-        one (its parent) about its nodes."""
-        self.nodes = [n for n in self.nodes if n.alive]
+    def commit(self, container: NodeList, *, last: bool = False) -> None:
+        """Write the result into ``container``, the node list this view was built from (the same protos in the same
+        order), as the view's last rewrite: each survivor's rewritten inputs/outputs go into its proto, a node the
+        view made (``replace_node``) is copied over the proto it took the place of, and the removed protos are cut
+        out without copying any survivor (a stable reorder of the list's message pointers, then a cut at the end).
+        Each survivor then reads its proto at its new position: a subgraph's view may still ask this one (its
+        parent) about its nodes. ``last``: none will (the graph has no subgraph), so the node list and the
+        producer/consumer maps are dropped before the reorder, which makes a wrapper for every proto."""
+        nodes = self.nodes
         self._casts, self.maybe_dead = None, None
         self.pass_state.clear()
-        out: list[NodeProto] = []
-        for n in self.nodes:
-            n.own = p = n.proto
+        total, kept = len(nodes), 0
+        rank: list[int] = []
+        for k, n in enumerate(nodes):
+            if not n.alive:
+                rank.append(total + k)
+                continue
+            if n.own is not None:
+                container[k].CopyFrom(n.own)
+                n.own = None
             if n.dirty:
+                p = container[k]
                 del p.input[:]
                 p.input.extend(n.inputs)
                 del p.output[:]
                 p.output.extend(n.outputs)
                 n.dirty = False
-            out.append(p)
-        return out
+            n.src, n.index = container, kept
+            rank.append(kept)
+            kept += 1
+        if last:
+            self.nodes, self.producer, self.uses, self.implicit = [], {}, {}, {}
+            nodes = self.nodes  # the removed and kept Node objects go now
+        if kept < total:
+            keys = iter(rank)
+            container.sort(key=lambda _: next(keys))  # CPython computes sort keys once each, in list order
+            del container[kept:]
+        if not last:
+            self.nodes = [n for n in self.nodes if n.alive]

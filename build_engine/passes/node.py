@@ -2,7 +2,7 @@
 value, kept small because a graph of light nodes costs mostly this (a 100k-node graph of 32 serialized bytes per node).
 
 - A node built from a graph's node list keeps no proto wrapper: it reads ``src[index]`` when asked (``proto``), and
-  holds its own proto only when the view made it (``replace_node``) or after ``GraphCtx.commit``.
+  holds its own proto only when the view made it (``replace_node``, until ``GraphCtx.commit`` copies it in).
 - A value read once, by one node, has that node as its ``uses`` entry; a dict ``node -> reads`` only from a second
   read on (``add_use`` / ``drop_use`` / ``readers`` keep the two forms equivalent: a recount of the live nodes' inputs
   gives the same readers and counts, ``tests/build_engine/passes/test_scale_paths.py``).
@@ -10,18 +10,31 @@ value, kept small because a graph of light nodes costs mostly this (a 100k-node 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from sys import intern
+from typing import Protocol
 
 from onnx import AttributeProto, NodeProto
+
+
+class NodeList(Protocol):
+    """A graph's (or function's) repeated ``node`` field, as ``GraphCtx.commit`` changes it."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, k: int) -> NodeProto: ...
+
+    def __delitem__(self, k: slice) -> None: ...
+
+    def sort(self, *, key: Callable[[NodeProto], int]) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
 class Node:
     own: NodeProto | None  # the proto, for a node the view made (``replace_node``); None: ``src[index]``
-    src: Sequence[NodeProto] | None  # the graph's node list the proto is read from (no wrapper object kept per node)
+    src: Sequence[NodeProto] | NodeList | None  # the node list the proto is read from (no wrapper kept per node)
     op: str
     domain: str
     inputs: list[str]

@@ -67,11 +67,7 @@ def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, sta
                    initializers=list(graph.initializer))
     _apply(ctx, passes, stats, fixed_point)
     if ctx.changed:
-        nodes = ctx.commit()
-        if not ctx.has_subgraphs:  # no subgraph view will ask this one about its nodes
-            ctx.release()
-        del graph.node[:]
-        graph.node.extend(nodes)
+        ctx.commit(graph.node, last=not ctx.has_subgraphs)  # else a subgraph's view asks this one about its nodes
         if ctx.dropped_initializers:
             for k in range(len(graph.initializer) - 1, -1, -1):
                 if graph.initializer[k].name in ctx.dropped_initializers:
@@ -141,9 +137,7 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
         ctx = GraphCtx(None, fn.node, list(fn.input), list(fn.output), fscope, is_function=True)
         _apply(ctx, passes, stats, fixed_point)
         if ctx.changed:
-            nodes = ctx.commit()
-            del fn.node[:]
-            fn.node.extend(nodes)
+            ctx.commit(fn.node)
             _tidy_function_value_info(fn, ctx.retyped)
         _run_subgraphs(fn.node, ctx, passes, stats, fixed_point)
     return stats

@@ -174,8 +174,8 @@ def test_dead_node_revisit_queues_a_node_once() -> None:
 def test_consumer_maps_equal_a_recount_and_protos_survive_commit(seed: int) -> None:
     """The view's compact consumer entries (one node read once, or a node -> reads dict) give what a recount of the
     live nodes' inputs gives, after random rewiring and dead-node removal; a node built from the graph's own node
-    list reads its proto from there, and after ``commit`` (the graph's node list replaced, as ``walk`` does) each
-    survivor still has its own proto, with the rewritten inputs and outputs."""
+    list reads its proto from there, and after ``commit`` (the removed protos cut out of the graph's node list, the
+    survivors moved up) each survivor reads its own proto, with the rewritten inputs and outputs, in node order."""
     rng = np.random.default_rng(300 + seed)
     g = _random_graph(rng, 60)
     ctx = GraphCtx(g, g.node, [i.name for i in g.input], [o.name for o in g.output], Scope(21, {}),
@@ -196,8 +196,6 @@ def test_consumer_maps_equal_a_recount_and_protos_survive_commit(seed: int) -> N
     for n in ctx.nodes:
         assert n.proto.SerializeToString() == g.node[n.index].SerializeToString()
     survivors = [(n.op, list(n.inputs), list(n.outputs)) for n in ctx.nodes if n.alive]
-    protos = ctx.commit()
-    del g.node[:]
-    g.node.extend(protos)
+    ctx.commit(g.node)
     assert [(n.proto.op_type, n.proto.input[:], n.proto.output[:]) for n in ctx.nodes] == survivors
     assert [(p.op_type, p.input[:], p.output[:]) for p in g.node] == survivors
