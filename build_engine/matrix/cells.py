@@ -130,6 +130,15 @@ def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) 
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def folder_name_problem(name: str) -> str:
+    """Why a profile's ``name`` cannot name its cells' folder ``OUTROOT/<model>/<name>`` ("" when it can): one path
+    component, not hidden (``OUTROOT/<model>/.*`` holds staging leftovers, removed by the next run)."""
+    if name and not name.startswith(".") and not any(c in name for c in "/\\\0"):
+        return ""
+    return (f"its name {name!r} cannot name a cell folder (OUTROOT/<model>/<profile name>); give the profile a name "
+            "without / or \\ that does not start with '.'")
+
+
 def plan_cells(spec: MatrixSpec) -> list[Cell]:
     """Every (model, profile) cell with backend, resource and key; profiles that fail to load refuse their cells."""
     profiles: dict[str, Profile | str] = {}
@@ -146,6 +155,10 @@ def plan_cells(spec: MatrixSpec) -> list[Cell]:
             prof = profiles[ref]
             if isinstance(prof, str):
                 cells.append(Cell(entry, ref, None, "", "", "", refusal=prof))
+                continue
+            bad_name = folder_name_problem(prof.name)  # check_outroot refuses such a matrix before planning
+            if bad_name:
+                cells.append(Cell(entry, ref, None, "", "", "", refusal=f"profile {ref}: {bad_name}"))
                 continue
             cc = prof.hardware.compute_capability
             backend = resolve_backend(spec.backend, cc)

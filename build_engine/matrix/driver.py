@@ -104,6 +104,7 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     # by the profile's `name`, not by its file name.
     tomls = {ref: spec.source.parent / ref for m in spec.models for ref in m.profiles if ref.endswith(".toml")}
     names = {ref: _profile_name(ref, path) for ref, path in tomls.items()}
+    _check_cell_folders(spec, names)
     # [triton] entries REPO/<model>_<profile> are replaced (force) too: none may hold an input either.
     entries = [] if spec.triton_repo is None else [
         (f"[triton] repo entry {e}", spec.triton_repo / e)
@@ -116,6 +117,27 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):
         raise InputError(f"the Triton repository {spec.triton_repo} must not be inside the output folder {outroot}")
     return root
+
+
+def _check_cell_folders(spec: MatrixSpec, names: dict[str, str]) -> None:
+    """Each cell gets a folder of its own, inside OUTROOT: a .toml profile's ``name`` is one plain path component
+    (``name = "../../x"`` published the engine over a folder outside OUTROOT, deleting what it held), and no two
+    profiles of a model share a name (their engines took turns overwriting one folder, each reported built)."""
+    from .cells import folder_name_problem
+
+    for ref, name in names.items():
+        problem = folder_name_problem(name)
+        if problem:
+            raise InputError(f"{spec.source}: profile {ref}: {problem}")
+    for m in spec.models:
+        seen: dict[str, str] = {}
+        for ref in m.profiles:
+            name = names.get(ref, ref)
+            if name in seen:
+                raise InputError(f"{spec.source}: model {m.name!r}: profiles {seen[name]!r} and {ref!r} are both "
+                                 f"named {name!r}, so both engines would be OUTROOT/{m.name}/{name}; list the "
+                                 "profile once or give the .toml profile another name")
+            seen[name] = ref
 
 
 def _profile_name(ref: str, path: Path) -> str:
