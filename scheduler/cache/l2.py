@@ -4,7 +4,8 @@
 - Writes are buffered and sent by one background thread as one non-transactional pipeline (packed once into RESP
   bytes, ``l2wire``) every ``flush_interval_s`` (100 ms) or as soon as ``flush_entries`` are waiting, never one
   round trip per response. A SET the server refuses (e.g. out of memory) is dropped and counted. The buffer is
-  bounded (``buffer_max``): when full, the oldest write is dropped and counted.
+  bounded (``buffer_max``): when full, the oldest write is dropped and counted. An answer that JSON cannot hold
+  exactly (``entry.Entry.to_bytes``) is not written (counted as ``unencodable``, one warning); L1 still serves it.
 - Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
   while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
@@ -48,6 +49,7 @@ class L2:
         self._closed = False
         self._down_until = 0.0
         self._warned = False
+        self._warned_value = False
         self.dropped = 0
         self.flushes = 0
         self._thread = threading.Thread(target=self._flusher, name="trtforge-cache-l2", daemon=True)
@@ -126,7 +128,16 @@ class L2:
                 self._prefixes.clear()
             prefix = self._prefixes[version] = self.name(version, "").encode()
         # Serialised and packed outside the lock: a flush then only joins and sends.
-        write = pack_set(prefix + entry.digest.encode(), entry.to_bytes(), ttl_ms)
+        try:
+            blob = entry.to_bytes()
+        except ValueError as exc:  # a value JSON cannot hold exactly: never fail the request, never serve another
+            self._drop("unencodable")
+            if not self._warned_value:
+                self._warned_value = True
+                log.warning("response cache: an answer was not written to Redis (%s); such answers are served "
+                            "from L1 only (counted as cache_dropped_writes_total{reason=\"unencodable\"})", exc)
+            return
+        write = pack_set(prefix + entry.digest.encode(), blob, ttl_ms)
         with self._lock:
             if len(self._buffer) >= self.cfg.buffer_max:
                 self._buffer.popleft()

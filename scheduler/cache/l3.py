@@ -13,6 +13,7 @@ The index and its version live beside the cache: ``save(folder)``/``load(folder)
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -144,8 +145,14 @@ class L3:
         from trtforge.build_engine.core import fsutil
 
         with self._lock:
-            items = [{"d": e.digest, "v": e.value, "c": e.created, "e": e.expires, "ver": e.version, "s": e.scope,
-                      "t": e.text} for e in self._entries.values()]
+            entries = list(self._entries.values())
+        items = []
+        for e in entries:
+            try:  # the stored form of L2: a value that would not read back equal is left out (it was a TypeError)
+                d = json.loads(e.to_bytes().partition(b"|")[2])
+            except ValueError:
+                continue
+            items.append({k: d[k] for k in ("d", "v", "c", "e", "ver", "s", "t", "b") if k in d})
         fsutil.write_json(Path(folder) / "l3.json", {"format": 1, "version": self.version, "dim": self.cfg.l3_dim,
                                                      "entries": items})
 
@@ -153,5 +160,6 @@ class L3:
         data = json.loads((Path(folder) / "l3.json").read_text())
         self.version = int(data["version"])
         for it in data["entries"]:
-            self.add(Entry(digest=it["d"], value=it["v"], created=it["c"], expires=it["e"], version=it["ver"],
+            value = base64.b64decode(it["v"]) if it.get("b") else it["v"]
+            self.add(Entry(digest=it["d"], value=value, created=it["c"], expires=it["e"], version=it["ver"],
                            scope=it["s"], text=it["t"]))

@@ -1,0 +1,63 @@
+"""Response-cache values (held-out QA): a binary answer round-trips through Redis and l3.json as the same bytes; an
+answer JSON cannot hold exactly is never served changed by another replica (NaN/-inf logprobs came back as null, int
+keys as strings, tuples as lists) and never fails the request (bytes inside, sets, 65-bit integers raised TypeError
+out of ``serve`` after the answer was computed): the L2 write is dropped and counted, L1 still serves it."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from trtforge.scheduler.cache.entry import CacheConfig
+from trtforge.scheduler.cache.front import ResponseCache
+
+pytest.importorskip("prometheus_client", reason="cache metrics need prometheus_client (trtforge[sim])")
+
+INEXACT: list[object] = [{"logprobs": [-0.25, float("-inf")]}, float("nan"), {1: "a"}, (1, 2), 1 << 70,
+                         {"parts": [b"\x00\xff"]}, {"ids": {1, 2}}]
+
+
+def _req(text: str) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0}
+
+
+def test_binary_and_inexact_values_between_replicas(redis_server) -> None:  # type: ignore[no-untyped-def]
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace=f"t:val{time.time_ns()}")
+    a, b = ResponseCache(cfg, engine_sha="e"), ResponseCache(cfg, engine_sha="e")
+    try:
+        binary = bytes(range(256)) * 64 + b"\r\n|"
+        for value in (binary, bytearray(b"\x00\x01")):
+            assert a.serve(_req(f"bin{len(value)}"), lambda _r, v=value: v)[0] == value
+        for i, value in enumerate(INEXACT):
+            got, _ = a.serve(_req(f"q{i}"), lambda _r, v=value: v)  # computed, answered, not raised
+            assert got is value
+        assert a.l2 is not None
+        a.l2.flush()
+        for value in (binary, b"\x00\x01"):
+            hit = b.lookup(_req(f"bin{len(value)}"))
+            assert (hit.layer, hit.value) == ("l2", value) and type(hit.value) is bytes
+        for i, value in enumerate(INEXACT):
+            assert not b.lookup(_req(f"q{i}")).hit, value  # never a changed value
+            assert a.lookup(_req(f"q{i}")).value is value  # this replica's L1 has the exact one
+        assert a.metrics is not None
+        assert a.metrics.value("cache_dropped_writes_total", reason="unencodable") == len(INEXACT)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_l3_save_keeps_binary_values_and_skips_inexact_ones(tmp_path: Path) -> None:
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    cfg = CacheConfig(layers=("l1", "l3"))
+    a = ResponseCache(cfg, engine_sha="e")
+    a.serve(_req("a binary answer please"), lambda _r: b"\x89PNG\r\n")
+    a.serve(_req("a nan answer please"), lambda _r: float("nan"))
+    a.l3.save(tmp_path)  # type: ignore[union-attr]
+    b = ResponseCache(cfg, engine_sha="e")
+    b.l3.load(tmp_path)  # type: ignore[union-attr]
+    assert b.lookup(_req("a binary answer please!")).value == b"\x89PNG\r\n"
+    assert len(b.l3) == 1 and not b.lookup(_req("a nan answer please!")).hit  # type: ignore[arg-type]
+    assert math.isnan(a.lookup(_req("a nan answer please")).value)  # the replica that computed it still has it
