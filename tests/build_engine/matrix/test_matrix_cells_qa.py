@@ -59,3 +59,22 @@ def test_cells_sharing_or_escaping_a_folder_exit_2(tmp_path: Path, rng: np.rando
         assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "mx.toml", needle)
     assert not (tmp_path / "work").exists()  # nothing written
     assert (tmp_path / "victim" / "precious.txt").read_text() == "kept"
+
+
+def test_lora_alias_setting_is_in_the_key_of_lora_cells(tmp_path: Path, rng: np.random.Generator,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRTFORGE_LORA_ALIAS=1 builds another engine for a LoRA pipeline (measured: other plan sha256): a matrix built
+    without it was reported cached with it, serving the non-aliased engine."""
+    from trtforge.build_engine.core import env
+    from trtforge.build_engine.matrix import cells
+
+    mx = _setup(tmp_path, rng, '["a10"]')
+    lora = tmp_path / "lora.toml"
+    lora.write_text(mx.read_text() + '[model.pipeline]\nlora = { targets = ["q_proj"], max_rank = 8, slots = 2 }\n')
+    monkeypatch.delenv(env.LORA_ALIAS.name, raising=False)
+    plain, with_lora = (cells.plan_cells(load_matrix(p))[0].key for p in (mx, lora))
+    monkeypatch.setenv(env.LORA_ALIAS.name, "0")
+    assert (plain, with_lora) == tuple(cells.plan_cells(load_matrix(p))[0].key for p in (mx, lora))
+    monkeypatch.setenv(env.LORA_ALIAS.name, "1")
+    assert cells.plan_cells(load_matrix(mx))[0].key == plain  # no LoRA node: nothing aliases
+    assert cells.plan_cells(load_matrix(lora))[0].key != with_lora
