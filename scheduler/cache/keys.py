@@ -43,7 +43,9 @@ field except the final user message (system messages, the other turns read, ever
 requests share a scope only when they differ in nothing but the final user message's text.
 
 Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` 0, or ``top_k`` 1) or
-carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on.
+carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on. A
+request whose system and final user messages hold over ``MAX_TEXT`` (2**20) characters is not cacheable either (it
+is answered by the scheduler, never refused).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ _SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", 
 # How a request travels or is traced, never what it answers: the only fields that do not change the key.
 TRANSPORT = frozenset({"id", "request_id", "user", "stream", "stream_options", "metadata", "timeout",
                        "request_timeout", "headers", "extra_headers", "debug", "priority", "service_tier", "store"})
-MAX_TEXT = 1 << 20  # characters of prompt text a key accepts (a cache is no place for bigger requests)
+MAX_TEXT = 1 << 20  # characters of prompt text a cacheable request may have (a cache is no place for bigger ones)
 
 
 # A NamedTuple: immutable (the memo below shares keys) and made in 0.3 us, where a frozen dataclass takes 1.3 us
@@ -274,12 +276,15 @@ def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
         raise InputError("request: a text holds an unpaired surrogate (a lone \\ud800-\\udfff escape); send valid "
                          "Unicode") from exc
     greedy = c["temperature"] == 0 or c["top_k"] == 1
+    # Over MAX_TEXT characters: not cached (looked up nowhere, stored nowhere), but served: it was an InputError,
+    # so ``serve`` failed a request the scheduler could answer.
+    small = len(c["final"]) + sum(len(t[1]) for t in c["system"]) <= MAX_TEXT
     # The scope's last part: every keyed field but the final user message (system prompts, other turns, generation
     # settings), so an L3 (similarity) hit only ever crosses requests that differ in that message's text alone.
     context = hashlib.sha256(_encode_canonical({**c, "final": ""}).encode()).hexdigest()[:16]
     scope = _scope(c["model"], c["adapter"], c["conversation"], c["task"], context)
     return CacheKey(digest=hashlib.sha256(data).hexdigest(), scope=scope, text=c["final"], task=c["task"],
-                    cacheable=greedy or c["seed"] is not None or cache_sampled)
+                    cacheable=small and (greedy or c["seed"] is not None or cache_sampled))
 
 
 def _canonical_fields(req: Any) -> dict[str, Any]:
@@ -295,8 +300,6 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     task = _string(req, "task")
     system, last, turns = _messages(req, history=conversation is None)
     final = last[1]
-    if len(final) + sum(len(t[1]) for t in system) > MAX_TEXT:
-        raise InputError(f"request: prompt text over {MAX_TEXT} characters; such requests are not cached")
     temperature = _number(req, "temperature", 1.0)  # checked in this order: the first bad field is the one named
     top_k = _number(req, "top_k", None, integer=True)
     seed = _number(req, "seed", None, integer=True)

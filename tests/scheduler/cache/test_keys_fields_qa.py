@@ -72,3 +72,16 @@ def test_cache_serves_each_tool_call_its_own_answer() -> None:
         assert cache.serve(_tool_turns(city, None), lambda _r, a=answer: a)[0] == answer
     assert cache.serve(BASE | {"tool_choice": "none"}, lambda _r: "no tools")[0] == "no tools"
     assert cache.serve(BASE, lambda _r: "called get_weather")[0] == "called get_weather"
+
+
+def test_prompt_over_the_size_limit_is_served_not_refused() -> None:
+    """Over MAX_TEXT characters a request is not cached; it was an InputError, so ``serve`` failed it."""
+    from trtforge.scheduler.cache.keys import MAX_TEXT
+
+    cache = ResponseCache(CacheConfig())
+    big = {"model": "m", "prompt": "word " * (MAX_TEXT // 5 + 1), "temperature": 0}
+    assert not make_key(big).cacheable and make_key({**big, "prompt": "word"}).cacheable
+    assert [cache.serve(big, lambda _r, n=n: n)[0] for n in range(2)] == [0, 1]  # computed each time, never stored
+    assert len(cache.l1) == 0
+    assert cache.metrics is not None and cache.metrics.value("cache_access_total", result="uncacheable",
+                                                             layer="all") == 2
