@@ -85,3 +85,19 @@ def test_prompt_over_the_size_limit_is_served_not_refused() -> None:
     assert len(cache.l1) == 0
     assert cache.metrics is not None and cache.metrics.value("cache_access_total", result="uncacheable",
                                                              layer="all") == 2
+
+
+def test_simulated_cache_keys_the_cap_and_salt_as_the_real_one_does() -> None:
+    """The simulator's front served a repeat of a prompt under another ``max_tokens`` cap (or cache_salt) from the
+    cache: the real key (``max_tokens`` exact) misses there."""
+    from trtforge.scheduler.request import Request
+    from trtforge.scheduler.sim.response_cache import request_key
+
+    def req(cap: int, salt: str | None = None) -> Request:
+        return Request("r", 0.0, 1000, cap, block_hashes=(1, 2), cache_salt=salt)
+
+    assert request_key(req(20)) == request_key(req(20))
+    assert request_key(req(20)) != request_key(req(21))
+    assert request_key(req(20)) != request_key(req(20, "tenant-b"))
+    assert make_key(BASE | {"max_tokens": 20}).digest != make_key(BASE | {"max_tokens": 21}).digest
+    assert make_key(BASE | {"cache_salt": "a"}).digest != make_key(BASE | {"cache_salt": "b"}).digest
