@@ -8,6 +8,9 @@
   exactly (``entry.Entry.to_bytes``) is not written (counted as ``unencodable``, one warning); L1 still serves it.
 - Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
   while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
+- Every pooled connection busy for the pool's timeout (0.2 s) is not an outage: that lookup is a miss (counted
+  ``result="busy"``), a flush keeps its writes for the next one, no warning, the tier stays up (it was marked down
+  for ``retry_s`` with an "unreachable" warning, and most lookups then missed, while Redis answered).
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
   is answered from L1 or computed), writes are dropped with a count, one warning is logged per outage, and
   ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
 from typing import Any, cast
@@ -26,6 +30,12 @@ from .entry import CacheConfig, Entry
 from .l2wire import pack_set, send_packed
 
 log = logging.getLogger(__name__)
+
+
+def _pool_busy(exc: BaseException) -> bool:
+    """Every pooled connection was in use for the pool's whole timeout: Redis is up, this process is busy.
+    (redis-py raises ConnectionError("No connection available.") while handling the pool queue's Empty.)"""
+    return isinstance(exc.__context__, queue.Empty)
 
 
 class L2:
@@ -95,13 +105,15 @@ class L2:
         return f"{self.cfg.namespace}:e:{version}:{digest}"
 
     def get(self, version: str, digest: str) -> tuple[bytes | None, str]:
-        """(raw value or None, outcome): outcome is "ok", "miss" or "down"."""
+        """(raw value or None, outcome): outcome is "ok", "miss", "busy" or "down"."""
         if not self.up:
             return None, "down"
         try:
             # The pool is built without decode_responses, so Redis hands back bytes (redis-py types it bytes | str).
             raw = cast("bytes | None", self.client.get(self.name(version, digest)))
         except self._errors as exc:
+            if _pool_busy(exc):  # a miss for this lookup, not an outage: no warning, the tier stays up
+                return None, "busy"
             self._failed(exc)
             return None, "down"
         self._ok()
@@ -115,7 +127,8 @@ class L2:
             return bool(self.client.set(f"{self.cfg.namespace}:r:{version}:{digest}", b"1", nx=True,
                                         px=int(hold_s * 1000)))
         except self._errors as exc:
-            self._failed(exc)
+            if not _pool_busy(exc):
+                self._failed(exc)
             return False
 
     # --- writes -------------------------------------------------------------------------------------------------
@@ -166,6 +179,9 @@ class L2:
         try:
             refused = send_packed(self.pool, batch)
         except self._errors as exc:
+            if _pool_busy(exc):  # no connection free (Redis is up): the writes wait for the next flush
+                self._requeue(batch)
+                return 0
             self._failed(exc)
             self._drop("outage", len(batch))
             return 0
@@ -176,6 +192,16 @@ class L2:
         if self.metrics is not None:
             self.metrics.flush.observe(time.perf_counter() - t0)
         return len(batch)
+
+    def _requeue(self, batch: list[bytes]) -> None:
+        """Put an unsent batch back in front of the newer writes, keeping the buffer's bound (oldest dropped)."""
+        with self._lock:
+            self._buffer.extendleft(reversed(batch))
+            over = len(self._buffer) - self.cfg.buffer_max
+            for _ in range(max(0, over)):
+                self._buffer.popleft()
+        if over > 0:
+            self._drop("buffer_full", over)
 
     def _flusher(self) -> None:
         while not self._closed:

@@ -61,3 +61,41 @@ def test_l3_save_keeps_binary_values_and_skips_inexact_ones(tmp_path: Path) -> N
     assert b.lookup(_req("a binary answer please!")).value == b"\x89PNG\r\n"
     assert len(b.l3) == 1 and not b.lookup(_req("a nan answer please!")).hit  # type: ignore[arg-type]
     assert math.isnan(a.lookup(_req("a nan answer please")).value)  # the replica that computed it still has it
+
+
+def test_busy_pool_is_not_an_outage(redis_server, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Every pooled connection in use (many threads, big values) made a lookup raise redis-py's "No connection
+    available."; L2 took that for an outage: marked down for a second (most lookups then missed, writes dropped) and
+    warned that a healthy Redis was unreachable. Now: a busy miss, writes kept for the next flush, no warning."""
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace=f"t:busy{time.time_ns()}",
+                      flush_interval_s=60.0, flush_entries=10**6)  # only the test flushes
+    a, b = ResponseCache(cfg, engine_sha="e"), ResponseCache(cfg, engine_sha="e")
+    assert a.l2 is not None and a.metrics is not None
+    a.serve(_req("stored before"), lambda _r: "kept")
+    a.l2.flush()
+    held = []
+    try:
+        import redis
+
+        while True:  # take every connection of a's pool (one is its pub/sub subscriber's)
+            try:
+                held.append(a.l2.pool.get_connection())
+            except redis.ConnectionError:
+                break
+        a.l1.clear()
+        got = a.lookup(_req("stored before"))
+        assert not got.hit and a.l2.up and a.metrics.value("cache_l2_up") == 1
+        assert a.metrics.value("cache_access_total", result="busy", layer="l2") == 1
+        a.serve(_req("written while busy"), lambda _r: "later")
+        assert a.l2.flush() == 0 and len(a.l2._buffer) == 1 and a.l2.dropped == 0  # kept, not dropped
+    finally:
+        for conn in held:
+            a.l2.pool.release(conn)
+    try:
+        assert a.l2.flush() == 1
+        assert b.lookup(_req("written while busy")).value == "later"
+        assert a.lookup(_req("stored before")).value == "kept"
+        assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+    finally:
+        a.close()
+        b.close()
