@@ -144,7 +144,11 @@ class ResponseCache:
             self.l1.put(entry)
             return Lookup(key, entry.value, "l2")
         self._timed("l2", t0, "stale")
-        return Lookup(key, entry.value, "l2", stale=True, refresh=self.l2.claim_refresh(version, key.digest))
+        # The claim lasts no longer than the refreshed answer stays fresh: with a TTL under 30 s a claim outlived the
+        # refresh it covered, and the next time the entry went stale no caller was told to refresh it.
+        hold = min(30.0, self.cfg.ttl(key.task))
+        return Lookup(key, entry.value, "l2", stale=True,
+                      refresh=self.l2.claim_refresh(version, key.digest, hold_s=hold))
 
     def store(self, key: CacheKey, value: Any, now: float | None = None, version: str | None = None) -> Entry | None:
         """Cache ``value`` as the answer of ``key`` (ignored when the key is not cacheable). ``version``: the cache

@@ -120,7 +120,8 @@ class L2:
         return (raw, "ok") if raw is not None else (None, "miss")
 
     def claim_refresh(self, version: str, digest: str, hold_s: float = 30.0) -> bool:
-        """True for exactly one caller per stale entry (until the refresh lands or ``hold_s`` passes)."""
+        """True for exactly one caller per stale entry, for ``hold_s`` (the front holds it at most the entry's TTL,
+        so a refreshed answer that goes stale again is refreshed again)."""
         if not self.up:
             return False
         try:

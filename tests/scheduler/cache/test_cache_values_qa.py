@@ -99,3 +99,25 @@ def test_busy_pool_is_not_an_outage(redis_server, caplog) -> None:  # type: igno
     finally:
         a.close()
         b.close()
+
+
+def test_refreshed_entry_that_goes_stale_again_is_refreshed_again(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """The refresh claim was held 30 s whatever the TTL: with a TTL under 30 s, once a refreshed answer went stale
+    again no caller was told to refresh it (stale answers until the grace ran out, then misses)."""
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace=f"t:again{time.time_ns()}",
+                      ttl_qa_s=1.0, stale_grace_s=30.0)
+    a, b = ResponseCache(cfg, engine_sha="e"), ResponseCache(cfg, engine_sha="e")
+    assert a.l2 is not None and b.l2 is not None
+    try:
+        a.serve(_req("q"), lambda _r: "v1")
+        a.l2.flush()
+        for n in (2, 3):
+            time.sleep(1.2)  # past the logical expiry (and the last claim), well inside the grace
+            b.l1.clear()
+            first, second = b.lookup(_req("q")), b.lookup(_req("q"))
+            assert first.stale and first.refresh and not second.refresh, n  # one refresher per stale period
+            b.store(first.key, f"v{n}", version=first.version)
+            b.l2.flush()
+    finally:
+        a.close()
+        b.close()
