@@ -76,6 +76,17 @@ class CacheConfig:
             value = getattr(self, name)
             if not 0 < value < 10**7:
                 raise InputError(f"response cache {name} = {value!r}: must be a positive number of seconds")
+        if not 0 <= self.stale_grace_s < 10**7:
+            raise InputError(f"response cache stale_grace_s = {self.stale_grace_s!r}: must be 0 or more seconds")
+        # Counts: 0 or less made the first store fail (L1: "value too large"; buffer: pop from an empty deque;
+        # l3_dim: a modulo by zero in the embedding), after the answer was computed.
+        for name in ("l1_entries", "flush_entries", "buffer_max", "l3_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"response cache {name} = {value!r}: must be a whole number of at least 1")
+        if "l2" in self.layers and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise InputError(f"redis url {self.redis_url!r} (--redis-url): use redis://host:port/db, rediss://... "
+                             "or unix:///path")
         if not 0.0 < self.l3_threshold <= 1.0:
             raise InputError(f"l3 threshold {self.l3_threshold!r}: a cosine similarity in (0, 1]")
         if self.l3_index not in ("flat", "hnsw"):

@@ -101,3 +101,14 @@ def test_simulated_cache_keys_the_cap_and_salt_as_the_real_one_does() -> None:
     assert request_key(req(20)) != request_key(req(20, "tenant-b"))
     assert make_key(BASE | {"max_tokens": 20}).digest != make_key(BASE | {"max_tokens": 21}).digest
     assert make_key(BASE | {"cache_salt": "a"}).digest != make_key(BASE | {"cache_salt": "b"}).digest
+
+
+@pytest.mark.parametrize("bad", [{"l1_entries": 0}, {"l1_entries": -1}, {"buffer_max": 0}, {"flush_entries": 0},
+                                 {"l3_dim": 0}, {"stale_grace_s": -1.0},
+                                 {"layers": ("l1", "l2"), "redis_url": "localhost:6379"}])
+def test_config_refuses_counts_below_one_naming_the_field(bad: dict) -> None:
+    """l1_entries=0 made every store raise cachetools' "value too large" after the answer was computed, buffer_max=0
+    an IndexError, l3_dim=0 a ZeroDivisionError, a URL without scheme redis-py's ValueError."""
+    name = next(iter(bad)) if "redis_url" not in bad else "redis url"
+    with pytest.raises(InputError, match=name):
+        CacheConfig(**bad)  # type: ignore[arg-type]
