@@ -130,6 +130,9 @@ def _check_cell_folders(spec: MatrixSpec, names: dict[str, str]) -> None:
         if problem:
             raise InputError(f"{spec.source}: profile {ref}: {problem}")
     for m in spec.models:
+        if m.name == REPORT_FILE:  # OUTROOT/matrix.json would be a cell folder: the report then failed, exit 2
+            raise InputError(f"{spec.source}: model name {m.name!r} is OUTROOT's report file; give the model "
+                             "another name")
         seen: dict[str, str] = {}
         for ref in m.profiles:
             name = names.get(ref, ref)

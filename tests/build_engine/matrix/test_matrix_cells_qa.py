@@ -47,11 +47,14 @@ def test_profile_listed_twice_is_one_cell(tmp_path: Path, rng: np.random.Generat
     ('["prof.toml"]', "../../victim", "cannot name a cell folder"),  # would publish over tmp_path/victim
     ('["prof.toml"]', "..", "cannot name a cell folder"),
     ('["prof.toml"]', ".hidden.tmp", "cannot name a cell folder"),  # the next run's staging cleanup removes .*.tmp
+    ('["a100"]', None, "report file"),  # a model named matrix.json: built, then the report failed (exit 2)
 ])
 def test_cells_sharing_or_escaping_a_folder_exit_2(tmp_path: Path, rng: np.random.Generator,
                                                   capsys: pytest.CaptureFixture[str], profiles: str,
                                                   prof_name: str | None, needle: str) -> None:
     mx = _setup(tmp_path, rng, profiles, prof_name)
+    if needle == "report file":
+        mx.write_text(mx.read_text().replace('name = "llama"', 'name = "matrix.json"'))
     (tmp_path / "victim").mkdir()
     (tmp_path / "victim" / "precious.txt").write_text("kept")
     for extra in (["--dry-run"], []):
