@@ -57,7 +57,8 @@ class ResponseCache:
             from .pubsub import Invalidation
 
             self.l2 = L2(self.cfg, self.metrics)
-            self.invalidation = Invalidation(self.l2.client, self.cfg.namespace, self.apply_invalidation)
+            self.invalidation = Invalidation(self.l2.client, self.cfg.namespace, self.apply_invalidation,
+                                             adopt=engine_sha == "none")
             stored = self.invalidation.stored()
             if stored is not None and engine_sha == "none":
                 self.apply_invalidation(*stored)

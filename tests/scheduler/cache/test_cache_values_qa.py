@@ -121,3 +121,28 @@ def test_refreshed_entry_that_goes_stale_again_is_refreshed_again(redis_server) 
     finally:
         a.close()
         b.close()
+
+
+def test_replica_started_during_an_outage_adopts_the_stored_version(own_redis) -> None:  # type: ignore[no-untyped-def]
+    """A replica without its own version (engine_sha "none") adopts the stored one at start-up; started while Redis
+    did not answer, it kept "none" for good once Redis was back, and read the entries of that version."""
+    import os
+    import signal
+
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:adopt")
+    a = ResponseCache(cfg, engine_sha="old")
+    a.set_engine("new-manifest")  # the deployed version, stored in Redis
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)  # Redis stops answering (a partition: its data stays)
+    try:
+        c = ResponseCache(cfg)
+        assert c.engine_sha == "none"
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    try:
+        deadline = time.monotonic() + 8
+        while c.engine_sha != "new-manifest" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.engine_sha == "new-manifest" and c.version == a.version
+    finally:
+        a.close()
+        c.close()
