@@ -130,7 +130,7 @@ class ResponseCache:
         t0 = time.perf_counter()
         raw, outcome = self.l2.get(version, key.digest)
         if raw is None:
-            self._timed("l2", t0, {"down": "error", "busy": "busy"}.get(outcome, "miss"))
+            self._timed("l2", t0, {"down": "error", "busy": "busy", "corrupt": "corrupt"}.get(outcome, "miss"))
             return None
         try:
             entry = Entry.from_bytes(raw, key.digest)

@@ -46,6 +46,10 @@ class L2:
         self.metrics = metrics
         self.retry_s = retry_s
         self._errors = (redis.RedisError, OSError)
+        # What is an outage: the server cannot be reached or answer. Any other error is about one command (a key
+        # of another type: WRONGTYPE; OOM refusing a claim; an ACL): that lookup fails alone, the tier stays up.
+        self._outage = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+        self._warned_command = False
         # RESP2: a command connection then carries only replies, never a push message (RESP3 may interleave
         # them: tracking, maintenance notifications), so a flush's N SET replies are exactly N lines (l2wire).
         self.pool = redis.BlockingConnectionPool.from_url(
@@ -93,6 +97,12 @@ class L2:
             log.warning("response cache: Redis at %s is unreachable (%s); serving from L1 only until it is back",
                         self.cfg.redis_url, type(exc).__name__)
 
+    def _command_failed(self, exc: BaseException) -> None:
+        if not self._warned_command:
+            self._warned_command = True
+            log.warning("response cache: Redis at %s refused a command (%s: %s); that lookup misses, the tier stays "
+                        "up", self.cfg.redis_url, type(exc).__name__, str(exc)[:120])
+
     def _ok(self) -> None:
         if self._warned:
             log.warning("response cache: Redis at %s is back", self.cfg.redis_url)
@@ -105,7 +115,8 @@ class L2:
         return f"{self.cfg.namespace}:e:{version}:{digest}"
 
     def get(self, version: str, digest: str) -> tuple[bytes | None, str]:
-        """(raw value or None, outcome): outcome is "ok", "miss", "busy" or "down"."""
+        """(raw value or None, outcome): outcome is "ok", "miss", "busy", "corrupt" (the key holds something else
+        than a string) or "down"."""
         if not self.up:
             return None, "down"
         try:
@@ -114,6 +125,9 @@ class L2:
         except self._errors as exc:
             if _pool_busy(exc):  # a miss for this lookup, not an outage: no warning, the tier stays up
                 return None, "busy"
+            if not isinstance(exc, self._outage):  # e.g. WRONGTYPE: this key is unreadable, Redis is fine
+                self._command_failed(exc)
+                return None, "corrupt"
             self._failed(exc)
             return None, "down"
         self._ok()
@@ -128,7 +142,9 @@ class L2:
             return bool(self.client.set(f"{self.cfg.namespace}:r:{version}:{digest}", b"1", nx=True,
                                         px=int(hold_s * 1000)))
         except self._errors as exc:
-            if not _pool_busy(exc):
+            if not isinstance(exc, self._outage):
+                self._command_failed(exc)
+            elif not _pool_busy(exc):
                 self._failed(exc)
             return False
 

@@ -146,3 +146,34 @@ def test_replica_started_during_an_outage_adopts_the_stored_version(own_redis) -
     finally:
         a.close()
         c.close()
+
+
+def test_a_refused_command_is_not_an_outage(own_redis, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A key of another type under an entry's name (WRONGTYPE) or a claim refused at maxmemory (OOM) raised a
+    ResponseError that L2 took for an outage: the tier went down, warned "unreachable", and good lookups missed."""
+    from trtforge.scheduler.cache.keys import make_key
+
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:refused", ttl_qa_s=0.2,
+                      stale_grace_s=30.0)
+    a, b = ResponseCache(cfg, engine_sha="e"), ResponseCache(cfg, engine_sha="e")
+    assert a.l2 is not None and b.l2 is not None and b.metrics is not None
+    try:
+        a.serve(_req("good"), lambda _r: "G")
+        a.l2.flush()
+        a.l2.client.rpush(a.l2.name(a.version, make_key(_req("odd")).digest), b"someone else's list")
+        assert not b.lookup(_req("odd")).hit
+        assert b.metrics.value("cache_access_total", result="corrupt", layer="l2") == 1
+        assert b.l2.up and b.lookup(_req("good")).value == "G"
+        time.sleep(0.3)  # "good" is stale now; its refresh claim is a SET NX, refused at maxmemory
+        a.l2.client.config_set("maxmemory-policy", "noeviction")
+        a.l2.client.config_set("maxmemory", "1")
+        b.l1.clear()
+        got = b.lookup(_req("good"))
+        assert got.stale and not got.refresh and b.l2.up  # served stale; the tier stays up
+        assert b.lookup(_req("good")).value == "G"
+        assert b.metrics.value("cache_l2_up") == 1
+        assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert any("refused a command" in r.getMessage() for r in caplog.records)
+    finally:
+        a.close()
+        b.close()
