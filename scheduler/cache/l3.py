@@ -7,12 +7,14 @@ A lookup embeds the request's normalised final user message and serves the neare
 character 3- and 4-gram hashing, which catches near-duplicates (typos, punctuation, word order changes nearby) but
 not paraphrases with other words; plug a sentence encoder for those.
 
-Similarities are float32 inner products: one within ``SIM_TOLERANCE`` (1e-5) below the threshold reaches it, so an
-identical text always reaches a threshold of 1.0. An embedding of another size than ``l3_dim`` (or with a non-finite
-value) is an InputError naming ``l3_dim``, first checked when the tier is created. One entry per digest: a
-re-stored (refreshed) answer replaces the old one. Expired entries are swept out of the index as entries are added
-(amortised: after max(1024, half the entries) adds) and every other version's on an invalidation; the HNSW index,
-which cannot remove vectors, is rebuilt from the vectors kept.
+A candidate whose numbers (digit runs, in order) differ from the query's is never served, however similar: texts
+differing only in an id, an amount or a date are near-duplicates to an n-gram embedding (customer 1043 and 1044:
+0.95) but not the same question. Similarities are float32 inner products: one within ``SIM_TOLERANCE`` (1e-5) below
+the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of another size than
+``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the tier is created.
+One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are swept out of the
+index as entries are added (amortised: after max(1024, half the entries) adds) and every other version's on an
+invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
 
 The index and its version live beside the cache: ``save(folder)``/``load(folder)`` write ``l3.json`` atomically;
 ``rebuild()`` (new embedding, new threshold) bumps the version, which the front publishes as an invalidation.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 import time
 import zlib
@@ -40,6 +43,13 @@ from .entry import CacheConfig, Entry
 SIM_TOLERANCE = 1e-5
 
 Embedding = Callable[[str], np.ndarray]
+_NUMBER = re.compile(r"\d+(?:[.,:/-]\d+)*")
+
+
+def _numbers(text: str) -> list[str]:
+    """The numbers of a text, in order: a near-duplicate that differs in one (an id, an amount, a date, a count) asks
+    something else (n-gram similarity of "orders over $100" and "... $1000" is 0.98), so it is never served."""
+    return _NUMBER.findall(text)
 
 
 def ngram_embedding(dim: int = 256) -> Embedding:
@@ -170,7 +180,8 @@ class L3:
                     if sim < floor:
                         return None
                     entry = self._entries.get(int(i))
-                    if entry is not None and entry.version == version and entry.fresh(now):
+                    if (entry is not None and entry.version == version and entry.fresh(now)
+                            and _numbers(entry.text) == _numbers(text)):
                         return entry, float(sim)
                 if k >= index.ntotal:
                     return None

@@ -58,14 +58,16 @@ def test_hnsw_index_prunes_and_keeps_serving() -> None:
 
 
 def test_threshold_is_at_least_in_float32() -> None:
-    def axis(text: str) -> np.ndarray:  # "c=0.70" -> [0.70, sqrt(1 - 0.70^2)]: cosine exactly c against "c=1"
-        c = float(text.split("=")[1]) if "=" in text else 0.0
+    cosine = {"base": 1.0, "seventy": 0.70, "sixty-nine": 0.69, "ninety": 0.90, "eighty-nine": 0.89}
+
+    def axis(text: str) -> np.ndarray:  # a word's vector has exactly its cosine against "base"
+        c = cosine.get(text, 0.0)
         return np.array([c, math.sqrt(1 - c * c)], dtype=np.float32)
 
-    for threshold, probe, hit in [(0.7, "c=0.70", True), (0.7, "c=0.69", False), (1.0, "c=1", True),
-                                  (0.9, "c=0.90", True), (0.9, "c=0.89", False)]:
+    for threshold, probe, hit in [(0.7, "seventy", True), (0.7, "sixty-nine", False), (1.0, "base", True),
+                                  (0.9, "ninety", True), (0.9, "eighty-nine", False)]:
         cache = _cache(l3_dim=2, l3_threshold=threshold, embed=axis)
-        cache.store(cache.lookup(_req("c=1")).key, "a")
+        cache.store(cache.lookup(_req("base")).key, "a")
         cache.l1.clear()
         assert cache.lookup(_req(probe)).hit is hit, (threshold, probe)
     cache = _cache(l3_threshold=1.0)
@@ -96,3 +98,16 @@ def test_restored_answer_replaces_expired_copies_and_expired_entries_leave() -> 
     assert len(cache.l3) <= 1024  # type: ignore[arg-type]
     assert cache.metrics is not None and cache.metrics.value("cache_eviction_total", layer="l3") >= 2000
 
+
+
+def test_near_duplicate_with_other_numbers_is_never_served() -> None:
+    """n-gram similarity of texts differing only in a number is high (customer 1043/1044: 0.95, $100/$1000: 0.98):
+    at the default threshold (0.9) L3 served the other customer's or amount's answer."""
+    cache = _cache()
+    for text, answer in [("Summarize the contract for customer 1043 and list the termination clauses.", "c1043"),
+                         ("What is the refund policy for orders over $100?", "100")]:
+        cache.store(cache.lookup(_req(text)).key, answer)
+        other = text.replace("1043", "1044").replace("$100", "$1000")
+        assert not cache.lookup(_req(other)).hit, other
+        typo = text.replace("contract", "contarct").replace("policy", "polcy")
+        assert cache.lookup(_req(typo)).value == answer  # same numbers: still a near-duplicate
