@@ -260,9 +260,11 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
         report = _plan(spec, root, executor, dry_run=False)
         need = [st for st in report.cells if st.status == "pending"]
         _clean_staging(root)
-        if need:
-            _execute(spec, root, need, executor, address, jobs, retries, progress)
-        shutil.rmtree(root / STAGING, ignore_errors=True)
+        try:
+            if need:
+                _execute(spec, root, need, executor, address, jobs, retries, progress)
+        finally:  # also on Ctrl-C / SIGTERM ("no partial output was left"): the workers are gone by now
+            shutil.rmtree(root / STAGING, ignore_errors=True)
         report.seconds = time.perf_counter() - t0
         fsutil.write_json(root / REPORT_FILE, report.to_json())
         if spec.triton_repo is not None:

@@ -52,3 +52,25 @@ def test_outroot_on_another_filesystem_than_tmpdir(tmp_path: Path, rng: np.rando
         import shutil
 
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_interrupted_run_leaves_no_staging(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Ctrl-C (or SIGTERM) while a cell builds: the CLI says "no partial output was left", but OUTROOT kept its
+    .trtforge-matrix-staging folder until the next run."""
+    from trtforge.build_engine.matrix.driver import STAGING
+
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 16])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "m.onnx"\nname = "m"\n')
+
+    def interrupt(st: object) -> None:  # the user presses Ctrl-C as the build starts
+        if getattr(st, "status", "") == "running":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_matrix(load_matrix(tmp_path / "mx.toml"), tmp_path / "out", jobs=1, progress=interrupt)
+    assert not (tmp_path / "out" / STAGING).exists() and not (tmp_path / "out" / "m").exists()
