@@ -209,6 +209,7 @@ class L3:
         with self._lock:
             self._index.clear()
             self._entries.clear()
+            self._ids.clear()
             self.version += 1
             return self.version
 

@@ -97,6 +97,9 @@ def test_restored_answer_replaces_expired_copies_and_expired_entries_leave() -> 
         cache.store(cache.lookup(_req(f"question {i}"), now=1000.0).key, i, now=1000.0)
     assert len(cache.l3) <= 1024  # type: ignore[arg-type]
     assert cache.metrics is not None and cache.metrics.value("cache_eviction_total", layer="l3") >= 2000
+    assert cache.l3 is not None and set(cache.l3._ids.values()) == set(cache.l3._entries)  # one id per digest
+    cache.rebuild_index()
+    assert len(cache.l3) == 0 and not cache.l3._ids and not cache.l3._index
 
 
 
