@@ -9,11 +9,12 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
   spellings naming different adapters is an error |
 | ``conversation_id`` | string or absent; different conversations never share an entry |
 | ``task`` (role/task class) | string or absent (e.g. "qa", "tool"; also picks the TTL class) |
-| ``messages`` | the *system* messages, the *final user* message and every turn after it (an assistant prefill),
-  text normalised (below), roles lower-cased; without a ``conversation_id`` also every earlier turn (in order), so
-  two histories ending in the same question never share an entry. With a ``conversation_id`` the earlier turns are
-  identified by it and not read. A message's other fields (``name``, ``tool_calls``, ``tool_call_id``...) and a
-  content that is not a string (a list of parts, or null beside ``tool_calls``) are keyed as canonical JSON |
+| ``messages`` | the *system* (and *developer*) messages, the *final user* message and every turn after it (an
+  assistant prefill), text normalised (below), roles lower-cased; without a ``conversation_id`` also every earlier
+  turn (in order), so two histories ending in the same question never share an entry. With a ``conversation_id`` the
+  earlier turns are identified by it and not read. A message's other fields (``name``, ``tool_calls``,
+  ``tool_call_id``...) and a content that is not a string (a list of parts, or null beside ``tool_calls``) are keyed
+  as canonical JSON |
 | ``prompt`` | instead of ``messages``: the same text normalisation |
 | ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
 | ``top_k``, ``max_tokens``, ``seed`` | integers, exact; absent = null |
@@ -191,7 +192,7 @@ def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, lis
     last_user = -1
     for i, m in enumerate(msgs):
         turn = _turn(i, m)
-        if turn[0] == "system":
+        if turn[0] in ("system", "developer"):  # "developer": the system role of newer OpenAI models
             system.append(turn)
             continue
         if turn[0] == "user":

@@ -112,3 +112,14 @@ def test_config_refuses_counts_below_one_naming_the_field(bad: dict) -> None:
     name = next(iter(bad)) if "redis_url" not in bad else "redis url"
     with pytest.raises(InputError, match=name):
         CacheConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_developer_messages_are_keyed_like_system_ones() -> None:
+    """A "developer" message (the system role of newer OpenAI models) was an earlier turn, not read under a
+    conversation_id: two requests with other developer instructions shared an answer."""
+    def req(instructions: str) -> dict:
+        return {"model": "m", "temperature": 0, "conversation_id": "c1",
+                "messages": [{"role": "developer", "content": instructions}, {"role": "user", "content": "Hi"}]}
+
+    assert make_key(req("Answer in French.")).digest != make_key(req("Answer in Klingon.")).digest
+    assert make_key(req("Answer in French.")).scope != make_key(req("Answer in Klingon.")).scope
