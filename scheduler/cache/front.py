@@ -158,11 +158,12 @@ class ResponseCache:
         version. Without ``version`` the current one is assumed (the caller vouches the answer is current)."""
         if not key.cacheable:
             return None
-        if version is not None and version != self.version:
+        current = self.version  # read once: an invalidation landing between a check and the entry (another thread)
+        if version is not None and version != current:  # stored the old engine's answer under the new version
             return None
         now = time.time() if now is None else now
         entry = Entry(digest=key.digest, value=value, created=now, expires=now + self.cfg.ttl(key.task),
-                      version=self.version, scope=key.scope, text=key.text)
+                      version=current, scope=key.scope, text=key.text)
         self.l1.put(entry)
         if self.l2 is not None:
             self.l2.put(entry.version, entry, now)

@@ -177,3 +177,22 @@ def test_a_refused_command_is_not_an_outage(own_redis, caplog) -> None:  # type:
     finally:
         a.close()
         b.close()
+
+
+def test_invalidation_between_the_version_check_and_the_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``store`` read the version twice: a deploy applied by the subscriber thread in between stored the old
+    engine's answer under the new version. Here the deploy lands right after store's first read of the version."""
+    cache = ResponseCache(CacheConfig(), engine_sha="old")
+    got = cache.lookup(_req("q"))
+    plain = ResponseCache.version
+
+    def version(self: ResponseCache) -> str:
+        value = plain.fget(self)  # type: ignore[attr-defined]
+        self.engine_sha = "new"  # the subscriber thread applies a deploy just after this read
+        return value  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ResponseCache, "version", property(version))
+    entry = cache.store(got.key, "old engine's answer", version=got.version)
+    monkeypatch.undo()
+    assert entry is None or entry.version == got.version  # never the old answer under the new version
+    assert not cache.lookup(_req("q")).hit
