@@ -255,6 +255,10 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
         report = _plan(spec, root, executor, dry_run=True)
         report.seconds = time.perf_counter() - t0
         return report
+    if executor == "ray":
+        from .executors import check_address
+
+        check_address(address)  # before anything is written: an unreachable head made ray.init wait for minutes
     root.mkdir(parents=True, exist_ok=True)
     with _exclusive(root):
         report = _plan(spec, root, executor, dry_run=False)

@@ -81,3 +81,20 @@ def test_lora_alias_setting_is_in_the_key_of_lora_cells(tmp_path: Path, rng: np.
     monkeypatch.setenv(env.LORA_ALIAS.name, "1")
     assert cells.plan_cells(load_matrix(mx))[0].key == plain  # no LoRA node: nothing aliases
     assert cells.plan_cells(load_matrix(lora))[0].key != with_lora
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_unreachable_ray_address_exits_2_at_once(tmp_path: Path, rng: np.random.Generator,
+                                                 capsys: pytest.CaptureFixture[str], scheme: str) -> None:
+    """--executor ray --address HOST:PORT with no head there: ray.init waited for minutes (killed after 200 s in the
+    probe) and OUTROOT was left with its lock file; now exit 2 naming --address before anything is written."""
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mx = _setup(tmp_path, rng, '["a100"]')
+    code = main(["build-matrix", str(mx), "-o", str(tmp_path / "out"), "--executor", "ray",
+                 "--address", f"{scheme}127.0.0.1:{port}"])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "--address", "no Ray head")
+    assert not (tmp_path / "out").exists()
