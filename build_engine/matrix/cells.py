@@ -2,9 +2,10 @@
 
 The cache key is a sha256 over everything that decides the engine's bytes: the source model's bytes (and its
 external-data files, each with the location the model names it by), the pipeline options, the profile's full content
-except what only labels it (its name, description and the file it was read from), the backend and its version, and
-trtforge's version. Nothing else enters it: moving or renaming the model, the profile or the matrix file, or touching
-their mtimes, keeps the key (the cell folder is named after the matrix's model name and the profile's name).
+except what only labels it (its name, description and the file it was read from), the backend and its version,
+trtforge's version, and for a LoRA pipeline whether the plugin's output aliases its input (``TRTFORGE_LORA_ALIAS``,
+which changes the engine). Nothing else enters it: moving or renaming the model, the profile or the matrix file, or
+touching their mtimes, keeps the key (the cell folder is named after the matrix's model name and the profile's name).
 A cell whose folder already holds a build with the same key (and an intact plan) is not rebuilt.
 
 Resources (Ray custom resources, see ``node_resources``): a TensorRT-RTX cell runs on any node advertising
@@ -24,6 +25,7 @@ from typing import Any
 
 from trtforge.profiles.loader import Profile, load_profile
 
+from ..core import env
 from ..core.errors import TrtforgeError
 from ..engine.backend import normalize_cc
 from .spec import MatrixSpec, ModelEntry
@@ -125,9 +127,23 @@ def external_files(path: Path) -> list[Path]:
 
 def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) -> str:
     content = {k: v for k, v in asdict(profile).items() if k not in PROFILE_LABELS}
-    payload = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": content,
-               "backend": backend, "backend_version": backend_version(backend), "trtforge": trtforge_version()}
+    payload: dict[str, Any] = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": content,
+                               "backend": backend, "backend_version": backend_version(backend),
+                               "trtforge": trtforge_version()}
+    if entry.pipeline.lora is not None and env.get(env.LORA_ALIAS) == "1":
+        # The plugin's output aliases y: another engine (workers build under the driver's setting, see executors).
+        # Only when on, so the keys of default builds stay what they were.
+        payload["lora_alias"] = True
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def folder_name_problem(name: str) -> str:
+    """Why a profile's ``name`` cannot name its cells' folder ``OUTROOT/<model>/<name>`` ("" when it can): one path
+    component, not hidden (``OUTROOT/<model>/.*`` holds staging leftovers, removed by the next run)."""
+    if name and not name.startswith(".") and not any(c in name for c in "/\\\0"):
+        return ""
+    return (f"its name {name!r} cannot name a cell folder (OUTROOT/<model>/<profile name>); give the profile a name "
+            "without / or \\ that does not start with '.'")
 
 
 def plan_cells(spec: MatrixSpec) -> list[Cell]:
@@ -146,6 +162,10 @@ def plan_cells(spec: MatrixSpec) -> list[Cell]:
             prof = profiles[ref]
             if isinstance(prof, str):
                 cells.append(Cell(entry, ref, None, "", "", "", refusal=prof))
+                continue
+            bad_name = folder_name_problem(prof.name)  # check_outroot refuses such a matrix before planning
+            if bad_name:
+                cells.append(Cell(entry, ref, None, "", "", "", refusal=f"profile {ref}: {bad_name}"))
                 continue
             cc = prof.hardware.compute_capability
             backend = resolve_backend(spec.backend, cc)

@@ -104,6 +104,7 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     # by the profile's `name`, not by its file name.
     tomls = {ref: spec.source.parent / ref for m in spec.models for ref in m.profiles if ref.endswith(".toml")}
     names = {ref: _profile_name(ref, path) for ref, path in tomls.items()}
+    _check_cell_folders(spec, names)
     # [triton] entries REPO/<model>_<profile> are replaced (force) too: none may hold an input either.
     entries = [] if spec.triton_repo is None else [
         (f"[triton] repo entry {e}", spec.triton_repo / e)
@@ -116,6 +117,30 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):
         raise InputError(f"the Triton repository {spec.triton_repo} must not be inside the output folder {outroot}")
     return root
+
+
+def _check_cell_folders(spec: MatrixSpec, names: dict[str, str]) -> None:
+    """Each cell gets a folder of its own, inside OUTROOT: a .toml profile's ``name`` is one plain path component
+    (``name = "../../x"`` published the engine over a folder outside OUTROOT, deleting what it held), and no two
+    profiles of a model share a name (their engines took turns overwriting one folder, each reported built)."""
+    from .cells import folder_name_problem
+
+    for ref, name in names.items():
+        problem = folder_name_problem(name)
+        if problem:
+            raise InputError(f"{spec.source}: profile {ref}: {problem}")
+    for m in spec.models:
+        if m.name == REPORT_FILE:  # OUTROOT/matrix.json would be a cell folder: the report then failed, exit 2
+            raise InputError(f"{spec.source}: model name {m.name!r} is OUTROOT's report file; give the model "
+                             "another name")
+        seen: dict[str, str] = {}
+        for ref in m.profiles:
+            name = names.get(ref, ref)
+            if name in seen:
+                raise InputError(f"{spec.source}: model {m.name!r}: profiles {seen[name]!r} and {ref!r} are both "
+                                 f"named {name!r}, so both engines would be OUTROOT/{m.name}/{name}; list the "
+                                 "profile once or give the .toml profile another name")
+            seen[name] = ref
 
 
 def _profile_name(ref: str, path: Path) -> str:
@@ -230,14 +255,20 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
         report = _plan(spec, root, executor, dry_run=True)
         report.seconds = time.perf_counter() - t0
         return report
+    if executor == "ray":
+        from .executors import check_address
+
+        check_address(address)  # before anything is written: an unreachable head made ray.init wait for minutes
     root.mkdir(parents=True, exist_ok=True)
     with _exclusive(root):
         report = _plan(spec, root, executor, dry_run=False)
         need = [st for st in report.cells if st.status == "pending"]
         _clean_staging(root)
-        if need:
-            _execute(spec, root, need, executor, address, jobs, retries, progress)
-        shutil.rmtree(root / STAGING, ignore_errors=True)
+        try:
+            if need:
+                _execute(spec, root, need, executor, address, jobs, retries, progress)
+        finally:  # also on Ctrl-C / SIGTERM ("no partial output was left"): the workers are gone by now
+            shutil.rmtree(root / STAGING, ignore_errors=True)
         report.seconds = time.perf_counter() - t0
         fsutil.write_json(root / REPORT_FILE, report.to_json())
         if spec.triton_repo is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core import env
+from ..core.errors import InputError
 from .worker import KILL_ONCE_ENV, CellJob, CellResult, run_cell
 
 Event = Callable[[int, str, int, "CellResult | None"], None]  # (cell index, state, attempt, result when done)
@@ -141,6 +142,25 @@ def _ray_cell(job: CellJob, files: dict[str, bytes] | None) -> CellResult:
     return run_cell(job if files is None else replace(job, source_files=files))
 
 
+def check_address(address: str, timeout_s: float = 3.0) -> None:
+    """Refuse (InputError) a Ray ``--address`` (``host:port`` or ``ray://host:port``) where nothing accepts a TCP
+    connection: ``ray.init`` waited there for minutes (its GCS connection retries) before failing. "local" and
+    "auto", and addresses of another form, are left to Ray."""
+    import socket
+
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = target.rpartition(":")
+    if address in ("local", "auto") or not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise InputError(f"--address {address}: no Ray head answers there ({exc.strerror or type(exc).__name__}); "
+                         "start one (ray start --head --port=PORT) or fix --address, or use --address local") \
+            from exc
+
+
 def start_ray(address: str, jobs: int) -> bool:
     """Connect to ``address`` or start a local cluster ("local"); returns True when this call started one."""
     import ray
@@ -151,6 +171,8 @@ def start_ray(address: str, jobs: int) -> bool:
         return False
     kill_once = env.get(env.TEST_KILL_ONCE_DIR)
     env_vars = {KILL_ONCE_ENV: kill_once} if kill_once else {}
+    if env.get(env.LORA_ALIAS) == "1":  # part of LoRA cells' keys: the workers build what the driver keyed
+        env_vars[env.LORA_ALIAS.name] = "1"
     runtime_env = {"env_vars": env_vars} if env_vars else None
     if address == "local":
         ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,

@@ -157,7 +157,9 @@ def _model(r: _Reader, data: Any, nth: int, base: Path, default_profiles: tuple[
     name = d.get("name", path.stem)
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise r.fail("name", f"{name!r} is not a valid name (letters, digits, _ . -; at most 128)", nth)
-    profiles = r.string_list(d["profiles"], "profiles", nth) if "profiles" in d else default_profiles
+    # A profile listed twice is one cell (one folder, one build), not two builds racing for one folder.
+    profiles = (tuple(dict.fromkeys(r.string_list(d["profiles"], "profiles", nth))) if "profiles" in d
+                else default_profiles)
     if profiles is None:
         raise r.fail("model", "no profiles: set [matrix].profiles or profiles = [...] for this model", nth)
     pipeline = _pipeline(r, d.get("pipeline"), nth)
@@ -201,7 +203,8 @@ def load_matrix(path: str | Path) -> MatrixSpec:
     r = _Reader(src, text)
     r.table(data, "", {"matrix", "model", "triton"})
     m = r.table(data.get("matrix", {}), "matrix", {"profiles", "backend", "shared_fs"})
-    default_profiles = r.string_list(m["profiles"], "matrix.profiles") if "profiles" in m else None
+    default_profiles = (tuple(dict.fromkeys(r.string_list(m["profiles"], "matrix.profiles"))) if "profiles" in m
+                        else None)
     backend = m.get("backend", "auto")
     if backend not in BACKENDS:
         raise r.fail("matrix.backend", f"must be one of {', '.join(BACKENDS)} (got {backend!r})")

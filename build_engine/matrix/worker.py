@@ -128,7 +128,11 @@ def run_cell(job: CellJob) -> CellResult:
                      dims=parse_dims(job.pipeline.dims, "dims"))
         result = CellResult(ok=True, seconds=time.perf_counter() - t0, host=socket.gethostname(), steps=steps)
         if job.staging is not None:
-            os.replace(engine, job.staging)
+            # A rename when the temporary folder and OUTROOT share a filesystem, else a copy: os.replace failed with
+            # EXDEV (every cell "internal error") when OUTROOT was not on $TMPDIR's filesystem. The staging folder
+            # is not final (the driver publishes it by a rename inside OUTROOT); a copy cut short is removed by the
+            # next run.
+            shutil.move(engine, job.staging)
             result.staged = job.staging
         else:
             result.files = {f.name: f.read_bytes() for f in sorted(engine.iterdir()) if f.is_file()}

@@ -57,7 +57,8 @@ class ResponseCache:
             from .pubsub import Invalidation
 
             self.l2 = L2(self.cfg, self.metrics)
-            self.invalidation = Invalidation(self.l2.client, self.cfg.namespace, self.apply_invalidation)
+            self.invalidation = Invalidation(self.l2.client, self.cfg.namespace, self.apply_invalidation,
+                                             adopt=engine_sha == "none")
             stored = self.invalidation.stored()
             if stored is not None and engine_sha == "none":
                 self.apply_invalidation(*stored)
@@ -129,7 +130,7 @@ class ResponseCache:
         t0 = time.perf_counter()
         raw, outcome = self.l2.get(version, key.digest)
         if raw is None:
-            self._timed("l2", t0, "error" if outcome == "down" else "miss")
+            self._timed("l2", t0, {"down": "error", "busy": "busy", "corrupt": "corrupt"}.get(outcome, "miss"))
             return None
         try:
             entry = Entry.from_bytes(raw, key.digest)
@@ -144,7 +145,11 @@ class ResponseCache:
             self.l1.put(entry)
             return Lookup(key, entry.value, "l2")
         self._timed("l2", t0, "stale")
-        return Lookup(key, entry.value, "l2", stale=True, refresh=self.l2.claim_refresh(version, key.digest))
+        # The claim lasts no longer than the refreshed answer stays fresh: with a TTL under 30 s a claim outlived the
+        # refresh it covered, and the next time the entry went stale no caller was told to refresh it.
+        hold = min(30.0, self.cfg.ttl(key.task))
+        return Lookup(key, entry.value, "l2", stale=True,
+                      refresh=self.l2.claim_refresh(version, key.digest, hold_s=hold))
 
     def store(self, key: CacheKey, value: Any, now: float | None = None, version: str | None = None) -> Entry | None:
         """Cache ``value`` as the answer of ``key`` (ignored when the key is not cacheable). ``version``: the cache
@@ -153,11 +158,12 @@ class ResponseCache:
         version. Without ``version`` the current one is assumed (the caller vouches the answer is current)."""
         if not key.cacheable:
             return None
-        if version is not None and version != self.version:
+        current = self.version  # read once: an invalidation landing between a check and the entry (another thread)
+        if version is not None and version != current:  # stored the old engine's answer under the new version
             return None
         now = time.time() if now is None else now
         entry = Entry(digest=key.digest, value=value, created=now, expires=now + self.cfg.ttl(key.task),
-                      version=self.version, scope=key.scope, text=key.text)
+                      version=current, scope=key.scope, text=key.text)
         self.l1.put(entry)
         if self.l2 is not None:
             self.l2.put(entry.version, entry, now)

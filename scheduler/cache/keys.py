@@ -5,39 +5,48 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
 | field | normalisation |
 |---|---|
 | ``model`` | required string, stripped |
-| ``adapter`` (or ``lora``) | string or absent (absent = base model); a different adapter is a different key |
+| ``adapter`` (or ``lora``) | string or absent/null (= base model); a different adapter is a different key; both
+  spellings naming different adapters is an error |
 | ``conversation_id`` | string or absent; different conversations never share an entry |
 | ``task`` (role/task class) | string or absent (e.g. "qa", "tool"; also picks the TTL class) |
-| ``messages`` | the *system* messages, the *final user* message and every turn after it (an assistant prefill),
-  text normalised (below), roles lower-cased; without a ``conversation_id`` also every earlier turn (in order), so
-  two histories ending in the same question never share an entry. With a ``conversation_id`` the earlier turns are
-  identified by it and not read |
+| ``messages`` | the *system* (and *developer*) messages, the *final user* message and every turn after it (an
+  assistant prefill), text normalised (below), roles lower-cased; without a ``conversation_id`` also every earlier
+  turn (in order), so two histories ending in the same question never share an entry. With a ``conversation_id`` the
+  earlier turns are identified by it and not read. A message's other fields (``name``, ``tool_calls``,
+  ``tool_call_id``...) and a content that is not a string (a list of parts, or null beside ``tool_calls``) are keyed
+  as canonical JSON |
 | ``prompt`` | instead of ``messages``: the same text normalisation |
 | ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
 | ``top_k``, ``max_tokens``, ``seed`` | integers, exact; absent = null |
 | ``stop`` | a string or list of strings, sorted and deduplicated |
-| ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``, ``min_p``, ``logit_bias``, ``n``, ``best_of``,
-  ``max_completion_tokens``, ``min_tokens``, ``length_penalty``, ``logprobs``, ``top_logprobs`` | canonical JSON,
-  exact (present = part of the key; an explicit default is another key than absent: a miss, never a collision) |
 | ``response_format``, ``tools`` | canonical JSON (sorted keys) |
+| every other field but the transport ones below (``frequency_penalty``, ``presence_penalty``,
+  ``repetition_penalty``, ``min_p``, ``logit_bias``, ``n``, ``best_of``, ``max_completion_tokens``, ``min_tokens``,
+  ``logprobs``, ``tool_choice``, ``parallel_tool_calls``, ``stop_token_ids``, ``ignore_eos``, ``suffix``,
+  ``reasoning_effort``, ``guided_*``, ``chat_template_kwargs``, any field not known here...) | canonical JSON, exact
+  (present = part of the key; an explicit default is another key than absent: a miss, never a collision) |
 
 Text normalisation: Unicode NFKC, line endings to ``\\n``, runs of spaces and tabs to one space, trailing spaces on
 each line removed, runs of 3+ newlines to 2, leading/trailing blank space removed.
 
-Everything else (``id``, ``request_id``, ``user``, ``stream``, ``stream_options``, ``metadata``, ``timeout``,
-headers, ``debug``...) is transport or debug data and does not change the key. Text is not case-folded (case changes
-meaning). Equal texts under these normalisations give equal keys; a different model, adapter, conversation, task,
-message read above or generation setting gives a different key. What the normalisations merge, on purpose: NFKC
-also maps compatibility characters to their plain forms, some of which differ in meaning (``x²`` and ``x2``, ``①``
-and ``1``, ``½`` and ``1⁄2``), and blank runs collapse inside code and quoted strings too (indentation included):
-prompts differing only so share a key.
+Only transport and debug data (``TRANSPORT``: ``id``, ``request_id``, ``user``, ``stream``, ``stream_options``,
+``metadata``, ``timeout``, ``request_timeout``, ``headers``, ``extra_headers``, ``debug``, ``priority``,
+``service_tier``, ``store``) does not change the key: a field this contract does not know is keyed, since it may
+change the answer (an unknown field costs a miss, an ignored one could serve another request's answer). Text is not
+case-folded (case changes meaning). Equal texts under these normalisations give equal keys; a different model,
+adapter, conversation, task, message read above or generation setting gives a different key. What the normalisations
+merge, on purpose: NFKC also maps compatibility characters to their plain forms, some of which differ in meaning
+(``x²`` and ``x2``, ``①`` and ``1``, ``½`` and ``1⁄2``), and blank runs collapse inside code and quoted strings too
+(indentation included): prompts differing only so share a key.
 
 Scope (what a semantic L3 hit may not cross): model, adapter, conversation, task and a digest of every other keyed
 field except the final user message (system messages, the other turns read, every generation setting): two
 requests share a scope only when they differ in nothing but the final user message's text.
 
 Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` 0, or ``top_k`` 1) or
-carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on.
+carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on. A
+request whose system and final user messages hold over ``MAX_TEXT`` (2**20) characters is not cacheable either (it
+is answered by the scheduler, never refused).
 """
 
 from __future__ import annotations
@@ -56,12 +65,13 @@ from typing import Any, NamedTuple
 from trtforge.build_engine.core.errors import InputError
 
 KEY_VERSION = 1
-# Generation settings besides temperature/top_p/top_k/max_tokens/seed: each changes the response (or its content).
-_SAMPLING = ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p", "logit_bias", "n", "best_of",
-             "max_completion_tokens", "min_tokens", "length_penalty", "logprobs", "top_logprobs")
+# The fields read by name (normalised as the table above says); every other field but TRANSPORT's is keyed exactly.
 _SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", "prompt", "temperature", "top_p",
-             "top_k", "max_tokens", "seed", "stop", "response_format", "tools", *_SAMPLING}
-MAX_TEXT = 1 << 20  # characters of prompt text a key accepts (a cache is no place for bigger requests)
+             "top_k", "max_tokens", "seed", "stop", "response_format", "tools"}
+# How a request travels or is traced, never what it answers: the only fields that do not change the key.
+TRANSPORT = frozenset({"id", "request_id", "user", "stream", "stream_options", "metadata", "timeout",
+                       "request_timeout", "headers", "extra_headers", "debug", "priority", "service_tier", "store"})
+MAX_TEXT = 1 << 20  # characters of prompt text a cacheable request may have (a cache is no place for bigger ones)
 
 
 # A NamedTuple: immutable (the memo below shares keys) and made in 0.3 us, where a frozen dataclass takes 1.3 us
@@ -147,34 +157,51 @@ def _normalized(text: str) -> str:
     return _normalized_short(text) if len(text) <= 1024 else normalize_text(text)
 
 
-def _messages(req: dict[str, Any], history: bool) -> tuple[list[tuple[str, str]], str, list[tuple[str, str]]]:
+Turn = tuple[str, str] | tuple[str, str, dict[str, Any]]  # (role, text) or (role, text, the message's other fields)
+
+
+def _turn(i: int, m: Any) -> Turn:
+    """One message, normalised: a plain {role, content: str} is (role, text); any other field (``name``,
+    ``tool_calls``, ``tool_call_id``...) or a content that is not a string (a list of parts; null beside
+    ``tool_calls``) is kept as canonical JSON in a third element, so it separates keys."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise InputError(f"request: messages[{i}] must be an object with a string 'role' and a 'content'")
+    role, content = m["role"].strip().lower(), m.get("content")
+    extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+    if isinstance(content, str):
+        return (role, _normalized(content), extra) if extra else (role, _normalized(content))
+    if isinstance(content, list) or (content is None and extra):
+        return role, "", {**extra, "content": content}
+    raise InputError(f"request: messages[{i}] must have a string 'content' (or a list of parts, or null beside "
+                     "'tool_calls')")
+
+
+def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, list[Turn]]:
     """(system messages, final user message, the other turns the key reads), normalised: the turns after the final
     user message, and with ``history`` (no conversation id) the earlier ones too, in order."""
     if "messages" not in req:
         prompt = _string(req, "prompt")
         if prompt is None:
             raise InputError("request: needs 'messages' (a list of {role, content}) or 'prompt' (a string)")
-        return [], _normalized(prompt), []
+        return [], ("user", _normalized(prompt)), []
     msgs = req["messages"]
     if not isinstance(msgs, list) or not msgs:
         raise InputError("request: 'messages' must be a non-empty list of {role, content} objects")
-    system: list[tuple[str, str]] = []
-    turns: list[tuple[str, str]] = []  # non-system messages, in order
+    system: list[Turn] = []
+    turns: list[Turn] = []  # non-system messages, in order
     last_user = -1
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise InputError(f"request: messages[{i}] must be an object with string 'role' and 'content'")
-        role = m["role"].strip().lower()
-        if role == "system":
-            system.append((role, _normalized(m["content"])))
+        turn = _turn(i, m)
+        if turn[0] in ("system", "developer"):  # "developer": the system role of newer OpenAI models
+            system.append(turn)
             continue
-        if role == "user":
+        if turn[0] == "user":
             last_user = len(turns)
-        turns.append((role, _normalized(m["content"])))
+        turns.append(turn)
     if last_user < 0:
         raise InputError("request: 'messages' has no user message; the cache keys on the final user message")
     other = (turns[:last_user] if history else []) + turns[last_user + 1:]
-    return system, turns[last_user][1], other
+    return system, turns[last_user], other
 
 
 def _stop(req: dict[str, Any]) -> list[str]:
@@ -214,7 +241,7 @@ def _fingerprint(req: dict[str, Any], cache_sampled: bool) -> bytes | None:
     if type(msgs) is list and len(msgs) > _MEMO_MESSAGES:  # long conversations: the key reads only two turns
         return None
     try:
-        fp = marshal.dumps((cache_sampled, {k: v for k, v in req.items() if k in _SEMANTIC}), 2)
+        fp = marshal.dumps((cache_sampled, {k: v for k, v in req.items() if k not in TRANSPORT}), 2)
     except (ValueError, TypeError):  # not plain JSON values (or nested too deep): the full path decides
         return None
     return fp if len(fp) <= _MEMO_BYTES else None
@@ -250,12 +277,15 @@ def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
         raise InputError("request: a text holds an unpaired surrogate (a lone \\ud800-\\udfff escape); send valid "
                          "Unicode") from exc
     greedy = c["temperature"] == 0 or c["top_k"] == 1
+    # Over MAX_TEXT characters: not cached (looked up nowhere, stored nowhere), but served: it was an InputError,
+    # so ``serve`` failed a request the scheduler could answer.
+    small = len(c["final"]) + sum(len(t[1]) for t in c["system"]) <= MAX_TEXT
     # The scope's last part: every keyed field but the final user message (system prompts, other turns, generation
     # settings), so an L3 (similarity) hit only ever crosses requests that differ in that message's text alone.
     context = hashlib.sha256(_encode_canonical({**c, "final": ""}).encode()).hexdigest()[:16]
     scope = _scope(c["model"], c["adapter"], c["conversation"], c["task"], context)
     return CacheKey(digest=hashlib.sha256(data).hexdigest(), scope=scope, text=c["final"], task=c["task"],
-                    cacheable=greedy or c["seed"] is not None or cache_sampled)
+                    cacheable=small and (greedy or c["seed"] is not None or cache_sampled))
 
 
 def _canonical_fields(req: Any) -> dict[str, Any]:
@@ -263,22 +293,28 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     if not isinstance(req, dict):
         raise InputError(f"request: must be a JSON object, got {type(req).__name__}")
     model = _string(req, "model", required=True)
-    adapter = _string(req, "adapter") if "adapter" in req else _string(req, "lora")
+    adapter, lora = _string(req, "adapter"), _string(req, "lora")  # two spellings of one field
+    if adapter is not None and lora is not None and adapter != lora:
+        raise InputError(f"request: 'adapter' {adapter!r} and 'lora' {lora!r} name different adapters; give one")
+    adapter = lora if adapter is None else adapter
     conversation = _string(req, "conversation_id")
     task = _string(req, "task")
-    system, final, turns = _messages(req, history=conversation is None)
-    if len(final) + sum(len(t) for _, t in system) > MAX_TEXT:
-        raise InputError(f"request: prompt text over {MAX_TEXT} characters; such requests are not cached")
+    system, last, turns = _messages(req, history=conversation is None)
+    final = last[1]
     temperature = _number(req, "temperature", 1.0)  # checked in this order: the first bad field is the one named
     top_k = _number(req, "top_k", None, integer=True)
     seed = _number(req, "seed", None, integer=True)
-    return {
+    c = {
         "v": KEY_VERSION, "model": model, "adapter": adapter, "conversation": conversation, "task": task,
         "system": system, "final": final, "temperature": temperature, "top_p": _number(req, "top_p", 1.0),
         "top_k": top_k, "max_tokens": _number(req, "max_tokens", None, integer=True), "seed": seed,
         "stop": _stop(req), "response_format": req.get("response_format"), "tools": req.get("tools"),
-        "sampling": {k: req[k] for k in _SAMPLING if k in req} or None, "turns": turns,
+        "sampling": {k: v for k, v in req.items() if k not in _SEMANTIC and k not in TRANSPORT} or None,
+        "turns": turns,
     }
+    if len(last) == 3:  # only when present: the keys of plain final messages stay what they were
+        c["final_extra"] = last[2]
+    return c
 
 
 def _encode_canonical(c: dict[str, Any]) -> str:
@@ -291,12 +327,14 @@ def _encode_canonical(c: dict[str, Any]) -> str:
     adapter, conversation, task = c["adapter"], c["conversation"], c["task"]
     temperature, top_p, top_k = c["temperature"], c["top_p"], c["top_k"]
     max_tokens, seed, response_format, tools = c["max_tokens"], c["seed"], c["response_format"], c["tools"]
-    system = ",".join([f"[{enc(role)},{enc(text)}]" for role, text in c["system"]])
-    turns = ",".join([f"[{enc(role)},{enc(text)}]" for role, text in c["turns"]])
+    system = ",".join([f"[{enc(t[0])},{enc(t[1])}]" if len(t) == 2 else _CANONICAL(t) for t in c["system"]])
+    turns = ",".join([f"[{enc(t[0])},{enc(t[1])}]" if len(t) == 2 else _CANONICAL(t) for t in c["turns"]])
+    final_extra = f',"final_extra":{_CANONICAL(c["final_extra"])}' if "final_extra" in c else ""
     sampling = c["sampling"]
     stop = ",".join([enc(s) for s in c["stop"]])
     return (f'{{"adapter":{"null" if adapter is None else enc(adapter)},'
-            f'"conversation":{"null" if conversation is None else enc(conversation)},"final":{enc(c["final"])},'
+            f'"conversation":{"null" if conversation is None else enc(conversation)},"final":{enc(c["final"])}'
+            f'{final_extra},'
             f'"max_tokens":{"null" if max_tokens is None else repr(max_tokens)},"model":{enc(c["model"])},'
             f'"response_format":{"null" if response_format is None else _CANONICAL(response_format)},'
             f'"sampling":{"null" if sampling is None else _CANONICAL(sampling)},'
@@ -309,5 +347,5 @@ def _encode_canonical(c: dict[str, Any]) -> str:
 
 
 def semantic_fields() -> frozenset[str]:
-    """The request fields the key reads (everything else is ignored)."""
+    """The request fields the key reads by name (every other field but ``TRANSPORT`` is keyed as canonical JSON)."""
     return frozenset(_SEMANTIC)

@@ -4,9 +4,13 @@
 - Writes are buffered and sent by one background thread as one non-transactional pipeline (packed once into RESP
   bytes, ``l2wire``) every ``flush_interval_s`` (100 ms) or as soon as ``flush_entries`` are waiting, never one
   round trip per response. A SET the server refuses (e.g. out of memory) is dropped and counted. The buffer is
-  bounded (``buffer_max``): when full, the oldest write is dropped and counted.
+  bounded (``buffer_max``): when full, the oldest write is dropped and counted. An answer that JSON cannot hold
+  exactly (``entry.Entry.to_bytes``) is not written (counted as ``unencodable``, one warning); L1 still serves it.
 - Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
   while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
+- Every pooled connection busy for the pool's timeout (0.2 s) is not an outage: that lookup is a miss (counted
+  ``result="busy"``), a flush keeps its writes for the next one, no warning, the tier stays up (it was marked down
+  for ``retry_s`` with an "unreachable" warning, and most lookups then missed, while Redis answered).
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
   is answered from L1 or computed), writes are dropped with a count, one warning is logged per outage, and
   ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 import time
 from typing import Any, cast
@@ -27,6 +32,12 @@ from .l2wire import pack_set, send_packed
 log = logging.getLogger(__name__)
 
 
+def _pool_busy(exc: BaseException) -> bool:
+    """Every pooled connection was in use for the pool's whole timeout: Redis is up, this process is busy.
+    (redis-py raises ConnectionError("No connection available.") while handling the pool queue's Empty.)"""
+    return isinstance(exc.__context__, queue.Empty)
+
+
 class L2:
     def __init__(self, cfg: CacheConfig, metrics: Any = None, retry_s: float = 1.0) -> None:
         import redis
@@ -35,6 +46,10 @@ class L2:
         self.metrics = metrics
         self.retry_s = retry_s
         self._errors = (redis.RedisError, OSError)
+        # What is an outage: the server cannot be reached or answer. Any other error is about one command (a key
+        # of another type: WRONGTYPE; OOM refusing a claim; an ACL): that lookup fails alone, the tier stays up.
+        self._outage = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+        self._warned_command = False
         # RESP2: a command connection then carries only replies, never a push message (RESP3 may interleave
         # them: tracking, maintenance notifications), so a flush's N SET replies are exactly N lines (l2wire).
         self.pool = redis.BlockingConnectionPool.from_url(
@@ -48,6 +63,7 @@ class L2:
         self._closed = False
         self._down_until = 0.0
         self._warned = False
+        self._warned_value = False
         self.dropped = 0
         self.flushes = 0
         self._thread = threading.Thread(target=self._flusher, name="trtforge-cache-l2", daemon=True)
@@ -81,6 +97,12 @@ class L2:
             log.warning("response cache: Redis at %s is unreachable (%s); serving from L1 only until it is back",
                         self.cfg.redis_url, type(exc).__name__)
 
+    def _command_failed(self, exc: BaseException) -> None:
+        if not self._warned_command:
+            self._warned_command = True
+            log.warning("response cache: Redis at %s refused a command (%s: %s); that lookup misses, the tier stays "
+                        "up", self.cfg.redis_url, type(exc).__name__, str(exc)[:120])
+
     def _ok(self) -> None:
         if self._warned:
             log.warning("response cache: Redis at %s is back", self.cfg.redis_url)
@@ -93,27 +115,37 @@ class L2:
         return f"{self.cfg.namespace}:e:{version}:{digest}"
 
     def get(self, version: str, digest: str) -> tuple[bytes | None, str]:
-        """(raw value or None, outcome): outcome is "ok", "miss" or "down"."""
+        """(raw value or None, outcome): outcome is "ok", "miss", "busy", "corrupt" (the key holds something else
+        than a string) or "down"."""
         if not self.up:
             return None, "down"
         try:
             # The pool is built without decode_responses, so Redis hands back bytes (redis-py types it bytes | str).
             raw = cast("bytes | None", self.client.get(self.name(version, digest)))
         except self._errors as exc:
+            if _pool_busy(exc):  # a miss for this lookup, not an outage: no warning, the tier stays up
+                return None, "busy"
+            if not isinstance(exc, self._outage):  # e.g. WRONGTYPE: this key is unreadable, Redis is fine
+                self._command_failed(exc)
+                return None, "corrupt"
             self._failed(exc)
             return None, "down"
         self._ok()
         return (raw, "ok") if raw is not None else (None, "miss")
 
     def claim_refresh(self, version: str, digest: str, hold_s: float = 30.0) -> bool:
-        """True for exactly one caller per stale entry (until the refresh lands or ``hold_s`` passes)."""
+        """True for exactly one caller per stale entry, for ``hold_s`` (the front holds it at most the entry's TTL,
+        so a refreshed answer that goes stale again is refreshed again)."""
         if not self.up:
             return False
         try:
             return bool(self.client.set(f"{self.cfg.namespace}:r:{version}:{digest}", b"1", nx=True,
                                         px=int(hold_s * 1000)))
         except self._errors as exc:
-            self._failed(exc)
+            if not isinstance(exc, self._outage):
+                self._command_failed(exc)
+            elif not _pool_busy(exc):
+                self._failed(exc)
             return False
 
     # --- writes -------------------------------------------------------------------------------------------------
@@ -126,7 +158,16 @@ class L2:
                 self._prefixes.clear()
             prefix = self._prefixes[version] = self.name(version, "").encode()
         # Serialised and packed outside the lock: a flush then only joins and sends.
-        write = pack_set(prefix + entry.digest.encode(), entry.to_bytes(), ttl_ms)
+        try:
+            blob = entry.to_bytes()
+        except ValueError as exc:  # a value JSON cannot hold exactly: never fail the request, never serve another
+            self._drop("unencodable")
+            if not self._warned_value:
+                self._warned_value = True
+                log.warning("response cache: an answer was not written to Redis (%s); such answers are served "
+                            "from L1 only (counted as cache_dropped_writes_total{reason=\"unencodable\"})", exc)
+            return
+        write = pack_set(prefix + entry.digest.encode(), blob, ttl_ms)
         with self._lock:
             if len(self._buffer) >= self.cfg.buffer_max:
                 self._buffer.popleft()
@@ -155,6 +196,9 @@ class L2:
         try:
             refused = send_packed(self.pool, batch)
         except self._errors as exc:
+            if _pool_busy(exc):  # no connection free (Redis is up): the writes wait for the next flush
+                self._requeue(batch)
+                return 0
             self._failed(exc)
             self._drop("outage", len(batch))
             return 0
@@ -165,6 +209,16 @@ class L2:
         if self.metrics is not None:
             self.metrics.flush.observe(time.perf_counter() - t0)
         return len(batch)
+
+    def _requeue(self, batch: list[bytes]) -> None:
+        """Put an unsent batch back in front of the newer writes, keeping the buffer's bound (oldest dropped)."""
+        with self._lock:
+            self._buffer.extendleft(reversed(batch))
+            over = len(self._buffer) - self.cfg.buffer_max
+            for _ in range(max(0, over)):
+                self._buffer.popleft()
+        if over > 0:
+            self._drop("buffer_full", over)
 
     def _flusher(self) -> None:
         while not self._closed:

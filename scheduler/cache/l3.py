@@ -7,13 +7,24 @@ A lookup embeds the request's normalised final user message and serves the neare
 character 3- and 4-gram hashing, which catches near-duplicates (typos, punctuation, word order changes nearby) but
 not paraphrases with other words; plug a sentence encoder for those.
 
+A candidate whose numbers (digit runs, in order) differ from the query's is never served, however similar: texts
+differing only in an id, an amount or a date are near-duplicates to an n-gram embedding (customer 1043 and 1044:
+0.95) but not the same question. Similarities are float32 inner products: one within ``SIM_TOLERANCE`` (1e-5) below
+the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of another size than
+``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the tier is created.
+One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are swept out of the
+index as entries are added (amortised: after max(1024, half the entries) adds) and every other version's on an
+invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
+
 The index and its version live beside the cache: ``save(folder)``/``load(folder)`` write ``l3.json`` atomically;
 ``rebuild()`` (new embedding, new threshold) bumps the version, which the front publishes as an invalidation.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import threading
 import time
 import zlib
@@ -23,9 +34,22 @@ from typing import Any
 
 import numpy as np
 
+from trtforge.build_engine.core.errors import InputError
+
 from .entry import CacheConfig, Entry
 
+# float32 inner products of unit vectors are off by up to ~3e-6 at 256 dimensions (an identical text measured
+# 0.9999973): a similarity this far below the threshold still reaches it.
+SIM_TOLERANCE = 1e-5
+
 Embedding = Callable[[str], np.ndarray]
+_NUMBER = re.compile(r"\d+(?:[.,:/-]\d+)*")
+
+
+def _numbers(text: str) -> list[str]:
+    """The numbers of a text, in order: a near-duplicate that differs in one (an id, an amount, a date, a count) asks
+    something else (n-gram similarity of "orders over $100" and "... $1000" is 0.98), so it is never served."""
+    return _NUMBER.findall(text)
 
 
 def ngram_embedding(dim: int = 256) -> Embedding:
@@ -44,6 +68,13 @@ def ngram_embedding(dim: int = 256) -> Embedding:
     return embed
 
 
+def faiss_ids(index: Any) -> list[int]:
+    """The ids an ``IndexIDMap2`` holds, in insertion order."""
+    import faiss
+
+    return faiss.vector_to_array(index.id_map).tolist()  # type: ignore[no-any-return]
+
+
 class L3:
     def __init__(self, cfg: CacheConfig, embed: Embedding | None = None, metrics: Any = None) -> None:
         import faiss  # fail early, at creation, when faiss-cpu is missing
@@ -59,7 +90,19 @@ class L3:
         self._lock = threading.Lock()
         self._index: dict[str, Any] = {}
         self._entries: dict[int, Entry] = {}
+        self._ids: dict[str, int] = {}  # digest -> the id of its one entry (a re-stored answer replaces the old one)
         self._next = 0
+        self._adds = 0  # since the last sweep of expired entries
+        self._vector("a probe text")  # a wrong embedding size is an InputError here, not a FAISS assert per request
+
+    def _vector(self, text: str, vector: np.ndarray | None = None) -> np.ndarray:
+        vec = np.asarray(self.embed(text) if vector is None else vector, dtype=np.float32).reshape(1, -1)
+        if vec.shape[1] != self.cfg.l3_dim:
+            raise InputError(f"L3 embedding gives {vec.shape[1]} values per text but l3_dim is {self.cfg.l3_dim}; "
+                             "set CacheConfig.l3_dim to the embedding's dimension")
+        if not np.isfinite(vec).all():
+            raise InputError(f"L3 embedding gave a non-finite value for the text {text[:40]!r}; fix the embedding")
+        return vec
 
     def _new_index(self) -> Any:
         import faiss
@@ -68,23 +111,45 @@ class L3:
                 else faiss.IndexFlatIP(self.cfg.l3_dim))
         return faiss.IndexIDMap2(base)
 
+    def _remove(self, scope: str, ids: list[int]) -> None:
+        """Drop ``ids`` (of ``scope``) from its index and the entries (lock held). HNSW cannot remove vectors: its
+        index is rebuilt from the vectors kept."""
+        index = self._index[scope]
+        if self.cfg.l3_index == "hnsw":
+            gone = set(ids)
+            keep = np.array([i for i in faiss_ids(index) if i not in gone], dtype=np.int64)
+            fresh = self._new_index()
+            if len(keep):
+                fresh.add_with_ids(index.reconstruct_batch(keep), keep)
+            index = self._index[scope] = fresh
+        else:
+            index.remove_ids(np.array(ids, dtype=np.int64))
+        for i in ids:
+            e = self._entries.pop(i)
+            if self._ids.get(e.digest) == i:
+                del self._ids[e.digest]
+        if index.ntotal == 0:
+            del self._index[scope]
+
     def add(self, entry: Entry, vector: np.ndarray | None = None) -> None:
-        vec = (self.embed(entry.text) if vector is None else vector).astype(np.float32).reshape(1, -1)
-        with self._lock:
-            index = self._index.get(entry.scope)
-            if index is None:
-                index = self._index[entry.scope] = self._new_index()
-            self._next += 1
-            index.add_with_ids(vec, np.array([self._next], dtype=np.int64))
-            self._entries[self._next] = entry
+        vec = self._vector(entry.text, vector)
+        self.add_batch([entry], vec)
 
     def add_batch(self, entries: list[Entry], vectors: np.ndarray) -> None:
-        """Bulk insert (index rebuilds, benchmarks): one FAISS call per scope."""
+        """Bulk insert (index rebuilds, benchmarks): one FAISS call per scope. An entry replaces an earlier one of
+        its digest (a refreshed answer), so expired copies never pile up in front of the live one."""
         by_scope: dict[str, list[int]] = {}
         for row, e in enumerate(entries):
             by_scope.setdefault(e.scope, []).append(row)
         with self._lock:
             for scope, rows in by_scope.items():
+                old: dict[str, list[int]] = {}
+                for r in rows:
+                    i = self._ids.get(entries[r].digest)
+                    if i is not None and i in self._entries:
+                        old.setdefault(self._entries[i].scope, []).append(i)
+                for old_scope, replaced in old.items():
+                    self._remove(old_scope, replaced)
                 index = self._index.get(scope)
                 if index is None:
                     index = self._index[scope] = self._new_index()
@@ -92,39 +157,49 @@ class L3:
                 self._next += len(rows)
                 index.add_with_ids(np.ascontiguousarray(vectors[rows], dtype=np.float32), ids)
                 self._entries.update(zip(ids.tolist(), (entries[r] for r in rows), strict=True))
+                self._ids.update((entries[r].digest, i) for r, i in zip(rows, ids.tolist(), strict=True))
+            self._adds += len(entries)
+            sweep = self._adds >= max(1024, len(self._entries) // 2)
+        if sweep:  # amortised O(1) per add: expired entries leave the index instead of growing it forever
+            self.prune(None)
 
     def search(self, scope: str, text: str, version: str, now: float | None = None, k: int = 4,
                vector: np.ndarray | None = None) -> tuple[Entry, float] | None:
+        """The nearest fresh entry of ``version`` in ``scope`` with similarity >= the threshold (computed in float32:
+        within ``SIM_TOLERANCE`` below it counts, so an identical text always reaches a threshold of 1.0)."""
         now = time.time() if now is None else now
+        if scope not in self._index:  # nothing to compare with: no embedding computed (a dict read, no lock needed)
+            return None
+        vec = self._vector(text, vector)
+        floor = self.cfg.l3_threshold - SIM_TOLERANCE
         with self._lock:
             index = self._index.get(scope)
-            if index is None or index.ntotal == 0:
-                return None
-            vec = (self.embed(text) if vector is None else vector).astype(np.float32).reshape(1, -1)
-            sims, ids = index.search(vec, min(k, index.ntotal))
-            for sim, i in zip(sims[0], ids[0], strict=True):
-                entry = self._entries.get(int(i))
-                if entry is None or sim < self.cfg.l3_threshold:
-                    continue
-                if entry.version == version and entry.fresh(now):
-                    return entry, float(sim)
+            while index is not None and index.ntotal > 0:
+                sims, ids = index.search(vec, min(k, index.ntotal))
+                for sim, i in zip(sims[0], ids[0], strict=True):
+                    if sim < floor:
+                        return None
+                    entry = self._entries.get(int(i))
+                    if (entry is not None and entry.version == version and entry.fresh(now)
+                            and _numbers(entry.text) == _numbers(text)):
+                        return entry, float(sim)
+                if k >= index.ntotal:
+                    return None
+                k *= 4  # every candidate so far was expired or of another version: look further
         return None
 
-    def prune(self, version: str, now: float | None = None) -> int:
-        """Drop entries of other versions and past their expiry; returns how many."""
+    def prune(self, version: str | None, now: float | None = None) -> int:
+        """Drop entries past their expiry and, given a ``version``, those of other versions; returns how many."""
         now = time.time() if now is None else now
-        removed = 0
         with self._lock:
-            for scope, index in list(self._index.items()):
-                dead = [i for i, e in self._entries.items() if e.scope == scope and
-                        (e.version != version or not e.fresh(now))]
-                if dead:
-                    index.remove_ids(np.array(dead, dtype=np.int64))
-                    for i in dead:
-                        del self._entries[i]
-                    removed += len(dead)
-                if index.ntotal == 0:
-                    del self._index[scope]
+            dead: dict[str, list[int]] = {}
+            for i, e in self._entries.items():
+                if (version is not None and e.version != version) or not e.fresh(now):
+                    dead.setdefault(e.scope, []).append(i)
+            for scope, ids in dead.items():
+                self._remove(scope, ids)
+            self._adds = 0
+        removed = sum(len(ids) for ids in dead.values())
         if removed and self.metrics is not None:
             self.metrics.eviction.labels(layer="l3").inc(removed)
         return removed
@@ -134,6 +209,7 @@ class L3:
         with self._lock:
             self._index.clear()
             self._entries.clear()
+            self._ids.clear()
             self.version += 1
             return self.version
 
@@ -144,8 +220,14 @@ class L3:
         from trtforge.build_engine.core import fsutil
 
         with self._lock:
-            items = [{"d": e.digest, "v": e.value, "c": e.created, "e": e.expires, "ver": e.version, "s": e.scope,
-                      "t": e.text} for e in self._entries.values()]
+            entries = list(self._entries.values())
+        items = []
+        for e in entries:
+            try:  # the stored form of L2: a value that would not read back equal is left out (it was a TypeError)
+                d = json.loads(e.to_bytes().partition(b"|")[2])
+            except ValueError:
+                continue
+            items.append({k: d[k] for k in ("d", "v", "c", "e", "ver", "s", "t", "b") if k in d})
         fsutil.write_json(Path(folder) / "l3.json", {"format": 1, "version": self.version, "dim": self.cfg.l3_dim,
                                                      "entries": items})
 
@@ -153,5 +235,6 @@ class L3:
         data = json.loads((Path(folder) / "l3.json").read_text())
         self.version = int(data["version"])
         for it in data["entries"]:
-            self.add(Entry(digest=it["d"], value=it["v"], created=it["c"], expires=it["e"], version=it["ver"],
+            value = base64.b64decode(it["v"]) if it.get("b") else it["v"]
+            self.add(Entry(digest=it["d"], value=value, created=it["c"], expires=it["e"], version=it["ver"],
                            scope=it["s"], text=it["t"]))

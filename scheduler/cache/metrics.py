@@ -1,9 +1,9 @@
 """Prometheus metrics of one response cache (its own ``CollectorRegistry``, like the scheduler's metrics).
 
 The names are issue 16's, unprefixed by default (``namespace="trtforge"`` prefixes them all with ``trtforge_``):
-``cache_access_total{result, layer}`` (result: hit, stale, miss, corrupt, wrong_version, error, uncacheable),
-``cache_lookup_seconds{layer}``, ``cache_eviction_total{layer}``, ``cache_write_buffer_depth``,
-``cache_flush_seconds``, ``cache_dropped_writes_total{reason}``, ``cache_l2_up``.
+``cache_access_total{result, layer}`` (result: hit, stale, miss, corrupt, wrong_version, error, busy: no pooled
+L2 connection free, uncacheable), ``cache_lookup_seconds{layer}``, ``cache_eviction_total{layer}``,
+``cache_write_buffer_depth``, ``cache_flush_seconds``, ``cache_dropped_writes_total{reason}``, ``cache_l2_up``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ A new engine (its manifest's sha256 changes) or a rebuilt semantic index changes
 makes the change publishes ``{"engine": sha, "index": n, "origin": id}`` on ``<namespace>:invalidate`` and stores it
 under ``<namespace>:version``; every replica's subscriber thread applies it (drops L1, prunes L3, and from then on
 reads and writes only keys of the new version: entries of the old version are never served). A replica that starts
-later adopts the stored version. The subscriber survives Redis outages (it reconnects every second) and, once back,
-applies the stored version if it changed meanwhile (a publish it could not hear).
+later adopts the stored version (at start-up, or when it first reaches Redis if Redis was down then). The subscriber
+survives Redis outages (it reconnects every second) and, once back, applies the stored version if it changed
+meanwhile (a publish it could not hear).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ log = logging.getLogger(__name__)
 
 
 class Invalidation:
-    def __init__(self, client: Any, namespace: str, apply: Callable[[str, int], None]) -> None:
+    def __init__(self, client: Any, namespace: str, apply: Callable[[str, int], None], adopt: bool = False) -> None:
         self.client = client
+        # adopt: this replica has no version of its own (``engine_sha="none"``): the first time the subscriber
+        # reaches Redis it applies the stored version (a replica started during an outage used to keep "none").
+        self.adopt = adopt
         self.channel = f"{namespace}:invalidate"
         self.version_key = f"{namespace}:version"
         self.origin = uuid.uuid4().hex
@@ -69,8 +73,8 @@ class Invalidation:
                     first = ps.get_message(timeout=0.2)
                     if first is not None and first.get("type") == "subscribe":
                         break
-                if subscribed_before:  # back after an outage: what was published meanwhile is in the version key
-                    self._catch_up()
+                if subscribed_before or (self.adopt and self.last is None):
+                    self._catch_up()  # back after an outage (or first contact): the version key has what was missed
                 subscribed_before = True
                 self._ready.set()
                 while not self._closed.is_set():

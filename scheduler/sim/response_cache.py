@@ -50,10 +50,12 @@ def parse_tiers(text: str) -> tuple[str, ...]:
 
 
 def request_key(req: Request) -> tuple[Any, ...] | None:
-    """A trace request's exact identity (adapter, block hashes, prompt length), or None without hashes."""
+    """A trace request's exact identity, or None without hashes: adapter, block hashes and prompt length, and what
+    ``scheduler/cache/keys.py`` keys besides the prompt that a trace carries: the client's cap (``max_tokens``) and
+    the ``cache_salt`` (two caps of one prompt shared an answer here, where the real cache misses)."""
     if not req.block_hashes:
         return None
-    return (req.adapter, req.block_hashes, req.prompt_tokens)
+    return (req.adapter, req.block_hashes, req.prompt_tokens, req.max_new_tokens, req.cache_salt)
 
 
 @dataclass
@@ -162,7 +164,7 @@ class CacheFront:
         if "l3" in self.tiers:
             local = self._l3.setdefault(replica, {})
             local[key] = merged(local.get(key))
-        adapter, hashes, _ = key
+        adapter, hashes = key[0], key[1]
         if len(hashes) > 1:
             self._prefixes[(adapter, hashes[:-1])] = merged(self._prefixes.get((adapter, hashes[:-1])))
 

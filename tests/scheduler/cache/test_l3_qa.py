@@ -1,0 +1,116 @@
+"""L3 on held-out inputs (QA): an embedding of the wrong size is an InputError naming l3_dim (it was a bare FAISS
+AssertionError out of ``store``); the HNSW index prunes (``remove_ids`` is not implemented there: ``set_engine``
+raised RuntimeError); "similarity at least the threshold" holds in float32 (an identical text missed at threshold
+1.0 in 43 of 200 cases); an answer re-stored after expiry replaces its expired copies (they piled up, were never
+removed and hid the live entry behind k=4 dead ones) and expired entries leave the index (it grew forever)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from trtforge.build_engine.core.errors import InputError
+from trtforge.scheduler.cache.entry import CacheConfig
+from trtforge.scheduler.cache.front import ResponseCache
+from trtforge.scheduler.cache.l3 import ngram_embedding
+
+pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+
+
+def _req(text: str, **kw: object) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0, **kw}
+
+
+def _cache(**cfg: object) -> ResponseCache:
+    embed = cfg.pop("embed", None)
+    return ResponseCache(CacheConfig(layers=("l1", "l3"), **cfg), engine_sha="e", embed=embed)  # type: ignore[arg-type]
+
+
+def test_embedding_of_the_wrong_size_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="l3_dim is 64"):
+        _cache(l3_dim=64, embed=ngram_embedding(32))
+    short = ngram_embedding(16)
+
+    def varies(text: str) -> np.ndarray:  # right size for short texts only
+        return np.zeros(8, dtype=np.float32) if len(text) > 40 else short(text)
+
+    cache = _cache(l3_dim=16, embed=varies)
+    cache.store(cache.lookup(_req("short question")).key, "ok")
+    with pytest.raises(InputError, match="l3_dim"):
+        cache.store(cache.lookup(_req("a question that is much longer than forty characters")).key, "x")
+
+
+def test_hnsw_index_prunes_and_keeps_serving() -> None:
+    cache = _cache(l3_index="hnsw", l3_threshold=0.8)
+    text = "How do I reset my password on the billing portal?"
+    cache.store(cache.lookup(_req(text)).key, "old engine")
+    cache.set_engine("new-manifest")  # prunes the old version's entries
+    assert len(cache.l3) == 0 and not cache.lookup(_req(text)).hit  # type: ignore[arg-type]
+    for i in range(20):
+        cache.store(cache.lookup(_req(f"{text} variant {i}")).key, i, now=1000.0 if i % 2 else None)
+    assert cache.l3 is not None and cache.l3.prune(cache.version) == 10  # the expired half, rebuilt without them
+    cache.l1.clear()
+    got = cache.lookup(_req(f"{text} variant 4"))
+    assert (got.layer, got.value) == ("l3", 4)
+
+
+def test_threshold_is_at_least_in_float32() -> None:
+    cosine = {"base": 1.0, "seventy": 0.70, "sixty-nine": 0.69, "ninety": 0.90, "eighty-nine": 0.89}
+
+    def axis(text: str) -> np.ndarray:  # a word's vector has exactly its cosine against "base"
+        c = cosine.get(text, 0.0)
+        return np.array([c, math.sqrt(1 - c * c)], dtype=np.float32)
+
+    for threshold, probe, hit in [(0.7, "seventy", True), (0.7, "sixty-nine", False), (1.0, "base", True),
+                                  (0.9, "ninety", True), (0.9, "eighty-nine", False)]:
+        cache = _cache(l3_dim=2, l3_threshold=threshold, embed=axis)
+        cache.store(cache.lookup(_req("base")).key, "a")
+        cache.l1.clear()
+        assert cache.lookup(_req(probe)).hit is hit, (threshold, probe)
+    cache = _cache(l3_threshold=1.0)
+    rng = random.Random(1602)
+    for i in range(200):
+        text = " ".join(rng.choice(["refund", "order", "invoice", "policy", "late", "why"]) for _ in range(8)) + str(i)
+        cache.store(cache.lookup(_req(text)).key, i)
+        cache.l1.clear()
+        assert cache.lookup(_req(text)).value == i  # the identical text's own similarity reaches 1.0
+
+
+def test_restored_answer_replaces_expired_copies_and_expired_entries_leave() -> None:
+    cache = _cache(l3_threshold=0.8, ttl_qa_s=100.0)
+    text = "How do I reset my password on the billing portal?"
+    now = 1000.0
+    for n in range(6):  # asked again after each expiry: recomputed and stored again
+        got = cache.lookup(_req(text), now=now)
+        assert not got.hit
+        cache.store(got.key, f"answer {n}", now=now)
+        cache.l1.clear()
+        now += 150.0
+    cache.store(cache.lookup(_req(text), now=now).key, "fresh", now=now)
+    assert len(cache.l3) == 1  # type: ignore[arg-type]
+    near = cache.lookup(_req(text.replace("password", "pasword")), now=now + 1)
+    assert (near.layer, near.value) == ("l3", "fresh")
+    for i in range(3000):  # long-expired unique questions: swept out as entries are added
+        cache.store(cache.lookup(_req(f"question {i}"), now=1000.0).key, i, now=1000.0)
+    assert len(cache.l3) <= 1024  # type: ignore[arg-type]
+    assert cache.metrics is not None and cache.metrics.value("cache_eviction_total", layer="l3") >= 2000
+    assert cache.l3 is not None and set(cache.l3._ids.values()) == set(cache.l3._entries)  # one id per digest
+    cache.rebuild_index()
+    assert len(cache.l3) == 0 and not cache.l3._ids and not cache.l3._index
+
+
+
+def test_near_duplicate_with_other_numbers_is_never_served() -> None:
+    """n-gram similarity of texts differing only in a number is high (customer 1043/1044: 0.95, $100/$1000: 0.98):
+    at the default threshold (0.9) L3 served the other customer's or amount's answer."""
+    cache = _cache()
+    for text, answer in [("Summarize the contract for customer 1043 and list the termination clauses.", "c1043"),
+                         ("What is the refund policy for orders over $100?", "100")]:
+        cache.store(cache.lookup(_req(text)).key, answer)
+        other = text.replace("1043", "1044").replace("$100", "$1000")
+        assert not cache.lookup(_req(other)).hit, other
+        typo = text.replace("contract", "contarct").replace("policy", "polcy")
+        assert cache.lookup(_req(typo)).value == answer  # same numbers: still a near-duplicate
