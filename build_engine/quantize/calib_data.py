@@ -68,8 +68,9 @@ def plan(model: ModelProto, seq_len: int, batch: int = 1) -> tuple[FeedSpec, ...
 
 def draw(specs: tuple[FeedSpec, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
     """One sample from the specs (the planner's own drawing: integers uniform in the inclusive range, floats
-    uniform)."""
-    return {s.name: draw_one(s, rng) for s in specs}
+    uniform). Each value is an array, a rank-0 input's too (a 0-d comparison gives a NumPy scalar, which onnxruntime
+    refuses as a feed)."""
+    return {s.name: np.asarray(draw_one(s, rng)) for s in specs}
 
 
 def generate(model: ModelProto, count: int, seq_len: int, seed: int) -> CalibSet:
@@ -108,7 +109,8 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     n = next(iter(counts.values()))
     samples = []
     for k in range(n):
-        sample = {name: (arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
+        # np.asarray: sample k of a rank-0 input is a NumPy scalar, which onnxruntime refuses as a feed
+        sample = {name: np.asarray(arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
                   for name, arr in arrays.items()}
         for name in _slot_inputs(model) - set(arrays):  # no adapter during calibration
             sample[name] = np.full(_slot_shape(inputs[name], sample), lora_spec.NO_ADAPTER, lora_spec.SLOT_DTYPE)
