@@ -9,9 +9,12 @@ probabilities x values) are never candidates. A candidate stays float when:
 
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values;
-2. it is the LM head (a MatMul from which a graph output is reached through data-movement ops and bias Adds only: a
-   lowered Gemm's, or an Add of an initializer), unless
-   ``quantize_lm_head``;
+2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
+   data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
+   last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
+   head); or a MatMul onto the vocabulary (out features = the rows of an embedding table, a ``Gather`` of a 2-D
+   initializer) from which a graph output is reached through any ops but another MatMul or Gemm (logits post-processed
+   before the output: temperature, soft-capping, Softmax, ArgMax);
 3. its name matches an ``--exclude`` pattern.
 
 A weight initializer that is also listed in ``graph.input`` is only a default the caller may override at run time
@@ -82,26 +85,35 @@ def _is_bias(node: NodeProto, value: str, inits: Collection[str]) -> bool:
 
 
 def _lm_heads(model: ModelProto) -> set[str]:
-    """MatMul outputs from which a graph output is reached through data-movement ops and bias Adds only."""
-    inits = {t.name for t in model.graph.initializer}
-    consumers: dict[str, list[int]] = {}
-    for i, node in enumerate(model.graph.node):
+    """Outputs of the MatMuls that are the LM head (module docstring, rule 2)."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    consumers: dict[str, list[NodeProto]] = {}
+    for node in g.node:
         for name in node.input:
-            consumers.setdefault(name, []).append(i)
-    outputs = {o.name for o in model.graph.output}
+            consumers.setdefault(name, []).append(node)
+    out_dim = {o.name: (o.type.tensor_type.shape.dim[-1].dim_value if o.type.tensor_type.shape.dim else 0)
+               for o in g.output}
+    vocab = {int(inits[n.input[0]].dims[0]) for n in g.node
+             if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2}
     heads: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type != "MatMul":
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or len(w.dims) != 2:
             continue
-        frontier = [node.output[0]]
+        features, onto_vocab = int(w.dims[1]), int(w.dims[1]) in vocab
+        frontier, seen = [node.output[0]], set[str]()
         while frontier:
             value = frontier.pop()
-            if value in outputs:
+            if value in seen:
+                continue
+            seen.add(value)
+            if value in out_dim and (onto_vocab or out_dim[value] in (0, features)):
                 heads.add(node.output[0])
                 break
-            for j in consumers.get(value, []):
-                nxt = model.graph.node[j]
-                if nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt) or _is_bias(nxt, value, inits):
+            for nxt in consumers.get(value, []):
+                movement = nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt) or _is_bias(nxt, value, inits)
+                if movement or (onto_vocab and nxt.op_type not in ("MatMul", "Gemm")):
                     frontier.extend(nxt.output)
     return heads
 

@@ -93,3 +93,56 @@ def test_initializer_read_by_an_if_body_and_a_scalar_bool_input(calib: str, cli,
     np.testing.assert_allclose(with_c - without, np.broadcast_to(c, (ROWS, N)), atol=1e-5)
     y_ref = ref.run(None, {"x": x, "cond": np.array(False)})[0]  # type: ignore[attr-defined]
     assert 0 < np.linalg.norm(without - y_ref) / np.linalg.norm(y_ref) < 0.1
+
+
+V, H = 256, 64
+_TAILS: dict[str, tuple[list[onnx.NodeProto], dict[str, np.ndarray]]] = {
+    "softcap": ([helper.make_node("Div", ["l0", "cap"], ["l1"]), helper.make_node("Tanh", ["l1"], ["l2"]),
+                 helper.make_node("Mul", ["l2", "cap"], ["logits"])], {"cap": np.array(30, np.float32)}),
+    "temperature": ([helper.make_node("Div", ["l0", "temp"], ["logits"])], {"temp": np.array(0.7, np.float32)}),
+    "bias-log-softmax": ([helper.make_node("Add", ["l0", "b"], ["l1"]),
+                          helper.make_node("LogSoftmax", ["l1"], ["logits"], axis=-1)], {"b": np.zeros(V, np.float32)}),
+}
+
+
+@pytest.mark.parametrize("tail", sorted(_TAILS))
+def test_lm_head_before_post_processing_stays_float(tail: str, tmp_path: Path, rng: np.random.Generator) -> None:
+    """A head onto the vocabulary whose logits are post-processed before the output (Gemma's soft-capping, a
+    temperature, a LogSoftmax) is still the LM head: it was quantized, the README says the head stays float."""
+    from trtforge.build_engine.quantize.targets import select
+
+    nodes, extra = _TAILS[tail]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "ids"], ["e"]), helper.make_node("MatMul", ["e", "w1"], ["h"], name="proj"),
+         helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w_head"], ["l0"], name="head"),
+         *nodes], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8, V])],
+        [numpy_helper.from_array(v.astype(np.float32) if v.ndim else v, k) for k, v in
+         {"emb": rng.standard_normal((V, H)), "w1": rng.standard_normal((H, H)),
+          "w_head": rng.standard_normal((H, V)), **extra}.items()])
+    sel = select(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    assert [t.name for t in sel.targets] == ["proj"]
+    assert [(e.name, e.reason) for e in sel.excluded] == [("head", "LM head (pass --quantize-lm-head to quantize it)")]
+
+
+def test_v_proj_into_a_present_output_is_not_the_lm_head(rng: np.random.Generator) -> None:
+    """``v_proj -> Reshape -> Transpose -> present.0.value`` (a decoder exported with KV outputs) is data movement
+    to an output, but that output's last dim is the head size, not v_proj's out features: it is a projection to
+    quantize (it was kept float as "LM head")."""
+    from trtforge.build_engine.quantize.targets import select
+
+    w = {k: numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k)
+         for k, s in (("wv", (H, H)), ("wq", (H, H)), ("wh", (H, V)))}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "wv"], ["v"], name="v_proj"),
+         helper.make_node("Reshape", ["v", "shp"], ["v4"]),
+         helper.make_node("Transpose", ["v4"], ["present.0.value"], perm=[0, 2, 1, 3]),
+         helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"), helper.make_node("Relu", ["q"], ["r"]),
+         helper.make_node("MatMul", ["r", "wh"], ["logits"], name="lm_head")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, H])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8, V]),
+         helper.make_tensor_value_info("present.0.value", TensorProto.FLOAT, [1, 4, 8, 16])],
+        [*w.values(), numpy_helper.from_array(np.array([1, 8, 4, 16], np.int64), "shp")])
+    sel = select(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    assert [t.name for t in sel.targets] == ["v_proj", "q_proj"]
+    assert [e.name for e in sel.excluded] == ["lm_head"]
