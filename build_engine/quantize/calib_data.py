@@ -2,9 +2,10 @@
 
 File format: one array per graph input, keyed by the input's name; an array of the input's rank is one sample, one
 of rank + 1 stacks samples along a new leading axis (every array the same count). Each array must have the input's
-dtype, its fixed dims, finite values, at least one element, and integer values inside the range the graph accepts
-(token ids below the embedding table's size, LoRA slot ids in ``[-1, slots)``), so a bad file fails here, naming
-the input, instead of inside onnxruntime.
+dtype, its fixed dims (and one size per dim name across inputs), finite values, at least one element, and integer
+values inside the range the graph accepts (token ids below the embedding table's size, LoRA slot ids in
+``[-1, slots)``), so a bad file fails here, naming the input, instead of inside onnxruntime. A ``.npy`` (one unnamed
+array) is refused with that advice.
 
 Generated samples come from the input planner that ``trtforge diff`` uses (``verify.inputs.plan_feeds``, drawn
 with its ``draw``): token ids drawn inside the embedding table's range, shapes from dim names (first dim 1, other
@@ -19,6 +20,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto
@@ -84,7 +86,11 @@ def generate(model: ModelProto, count: int, seq_len: int, seed: int) -> CalibSet
 def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     """Read and validate a calibration file (see the module docstring)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy holds one unnamed array
+            raise InputError(f"--calib {path}: a .npy file holds one unnamed array; save the samples as an .npz "
+                             "with numpy.savez(path, input_name=array, ...), one array per graph input")
+        with loaded as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"--calib {path}: cannot read it as a NumPy .npz ({exc}); save samples with "
@@ -106,6 +112,7 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     if len(set(counts.values())) > 1:
         raise InputError(f"--calib {path}: inputs hold different sample counts {counts}; stack the same number "
                          "of samples for every input")
+    _check_named_dims(path, inputs, arrays)
     n = next(iter(counts.values()))
     samples = []
     for k in range(n):
@@ -116,6 +123,22 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
             sample[name] = np.full(_slot_shape(inputs[name], sample), lora_spec.NO_ADAPTER, lora_spec.SLOT_DTYPE)
         samples.append(sample)
     return CalibSet(tuple(samples), f"file {path}: {n} samples")
+
+
+def _check_named_dims(path: str | Path, inputs: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """Dims that share a name (``batch``, ``sequence``) have one size in a sample: refused here, naming both
+    inputs, instead of failing inside onnxruntime on the first sample."""
+    seen: dict[str, tuple[int, str]] = {}
+    for name in sorted(arrays):
+        dims = inputs[name].type.tensor_type.shape.dim
+        one = arrays[name].shape[-len(dims):] if dims else ()
+        for i, d in enumerate(dims):
+            if not d.dim_param:
+                continue
+            size, first = seen.setdefault(d.dim_param, (one[i], name))
+            if size != one[i]:
+                raise InputError(f"--calib {path}: input {name!r} has {one[i]} along dim {i} ({d.dim_param!r}) but "
+                                 f"input {first!r} has {size}; the model takes one size for {d.dim_param!r}")
 
 
 def _slot_shape(vi: object, sample: Mapping[str, np.ndarray]) -> tuple[int, ...]:

@@ -51,8 +51,12 @@ def _session(model: ModelProto) -> Any:
 
 
 def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # fatal only: a failing kernel's own log line would precede our one-line error
     try:
-        return sess.run(list(outputs), dict(sample))
+        return sess.run(list(outputs), dict(sample), quiet)
     except Exception as exc:  # onnxruntime reports bad feeds with its own exception types
         text = " ".join(str(exc).split())[:200]
         raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({text}); check the calibration "

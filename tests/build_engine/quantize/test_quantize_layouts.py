@@ -146,3 +146,46 @@ def test_v_proj_into_a_present_output_is_not_the_lm_head(rng: np.random.Generato
     sel = select(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
     assert [t.name for t in sel.targets] == ["v_proj", "q_proj"]
     assert [e.name for e in sel.excluded] == ["lm_head"]
+
+
+def _two_input_model(tmp_path: Path, rng: np.random.Generator) -> Path:
+    """y = relu(x @ w + m), x [b, s, K] and m [b, s, 1]: two inputs sharing the dims b and s."""
+    return _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                            helper.make_node("Add", ["h", "m"], ["h2"]), helper.make_node("Relu", ["h2"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", K]),
+                  helper.make_tensor_value_info("m", TensorProto.FLOAT, ["b", "s", 1])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", N])], {"w": _weight(rng)})
+
+
+def test_npy_file_and_inconsistent_named_dims_exit_2(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    """A .npy (the help names .npz) was an internal error (exit 3, "ndarray does not support the context manager
+    protocol"); samples whose dims named ``s`` differ between inputs failed inside onnxruntime, which also printed
+    its own coloured log line before trtforge's error (two lines on stderr)."""
+    from trtforge_testing import assert_one_line_error
+
+    src, out = _two_input_model(tmp_path, rng), tmp_path / "q.onnx"
+    x = rng.standard_normal((3, 1, 5, K)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert_one_line_error(cli("quantize", src, "-o", out, "--mode", "int8", "--calib", tmp_path / "x.npy"), 2,
+                          "x.npy", "numpy.savez")
+    np.savez(tmp_path / "c.npz", x=x, m=np.zeros((3, 1, 7, 1), np.float32))
+    assert_one_line_error(cli("quantize", src, "-o", out, "--mode", "int8", "--calib", tmp_path / "c.npz"), 2,
+                          "c.npz", "input 'x' has 5 along dim 1 ('s') but input 'm' has 7")
+    assert not out.exists()
+
+
+def test_onnxruntime_failure_during_calibration_is_one_line(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A sample the file checks accept but the model cannot run (a Reshape to a fixed row count): one ``error:``
+    line on stderr, no onnxruntime log line before it (run as a subprocess: onnxruntime logs from C++)."""
+    from trtforge_testing import assert_one_line_error, run_console
+
+    src = _save(tmp_path, [helper.make_node("Reshape", ["x", "shape"], ["x2"]),
+                           helper.make_node("MatMul", ["x2", "w"], ["h"], name="mm"),
+                           helper.make_node("Relu", ["h"], ["y"])],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", K])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, N])],
+                {"w": _weight(rng), "shape": np.array([ROWS, K], np.int64)})
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((2, ROWS + 2, K)).astype(np.float32))
+    res = run_console(["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--mode", "int8", "--calib",
+                       str(tmp_path / "c.npz")])
+    assert_one_line_error(res, 2, "calibration: onnxruntime cannot run the model")
