@@ -189,3 +189,30 @@ def test_onnxruntime_failure_during_calibration_is_one_line(tmp_path: Path, rng:
     res = run_console(["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--mode", "int8", "--calib",
                        str(tmp_path / "c.npz")])
     assert_one_line_error(res, 2, "calibration: onnxruntime cannot run the model")
+
+
+def test_awq_report_states_the_relative_error_not_its_square(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    """The int4 report's "calibration rel. error X, rtn Y" were ||.||^2 ratios (0.0144 for a true 0.120): checked
+    against ||x W - x Q(W)|| / ||x W|| recomputed here on the calibration rows with the stored RTN weights."""
+    import json
+
+    w = _weight(rng)
+    src = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                           helper.make_node("Relu", ["h"], ["y"])],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, K])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, N])], {"w": w})
+    x = rng.uniform(-1, 1, (40, ROWS, K)).astype(np.float32)  # 200 rows: all kept for the search (< 512)
+    np.savez(tmp_path / "c.npz", x=x)
+    outs = {}
+    for method in ("awq", "rtn"):
+        outs[method] = tmp_path / f"{method}.onnx"
+        assert cli("quantize", src, "-o", outs[method], "--mode", "int4-wo", "--int4-method", method, "--calib",
+                   tmp_path / "c.npz", "--block-size", "16", "--report", tmp_path / f"{method}.json").code == 0
+    note = json.loads((tmp_path / "awq.json").read_text())["nodes"][0]["migration"]
+    rtn_reported = float(note.split("rtn ")[1].rstrip(")"))
+    inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(outs["rtn"]).graph.initializer}
+    deq = inits["w_quantized"].astype(np.float64) * np.repeat(inits["w_scale"].astype(np.float64), 16, axis=0)
+    rows = x.reshape(-1, K).astype(np.float64)
+    true = np.linalg.norm(rows @ deq - rows @ w) / np.linalg.norm(rows @ w)
+    assert 0.05 < true < 0.3  # int4 with 16-row blocks: about 0.1
+    assert rtn_reported == pytest.approx(true, rel=0.01), (note, true)
