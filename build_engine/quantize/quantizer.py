@@ -70,6 +70,7 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     start = time.perf_counter()
     _check_source(model)
     model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
+    model = _lift_weight_constants(model)
     model, sel = _select(model, cfg)
     if cfg.mode == "int4-wo":
         sel = _whole_blocks(sel, cfg.block_size)
@@ -104,6 +105,28 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     out = folded.model
     helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, METADATA_KEY: report.metadata()})
     return QuantResult(out, report)
+
+
+def _lift_weight_constants(model: ModelProto) -> ModelProto:
+    """A copy with each top-level ``Constant`` node (a ``value`` tensor) that is a MatMul's or Gemm's input B turned
+    into the initializer of the same name (exporters without constant folding write weights so; ``select`` and
+    ``gemm`` see initializers only). The same tensor under the same name: every reader computes the same."""
+    weights = {n.input[1] for n in model.graph.node
+               if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1}
+    lift = {n.output[0]: n.attribute[0].t for n in model.graph.node if n.op_type == "Constant"
+            and n.domain in ("", "ai.onnx") and n.output[0] in weights and [a.name for a in n.attribute] == ["value"]}
+    if not lift:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    keep = [n for n in out.graph.node if n.op_type != "Constant" or n.output[0] not in lift]
+    for name, value in lift.items():
+        tensor = out.graph.initializer.add()
+        tensor.CopyFrom(value)
+        tensor.name = name
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    return out
 
 
 def _select(model: ModelProto, cfg: QuantConfig) -> tuple[ModelProto, Selection]:

@@ -216,3 +216,33 @@ def test_awq_report_states_the_relative_error_not_its_square(cli, tmp_path: Path
     true = np.linalg.norm(rows @ deq - rows @ w) / np.linalg.norm(rows @ w)
     assert 0.05 < true < 0.3  # int4 with 16-row blocks: about 0.1
     assert rtn_reported == pytest.approx(true, rel=0.01), (note, true)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_weight_given_by_a_constant_node_is_quantized(op: str, cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    """An exporter without constant folding writes the weight as a ``Constant`` node: it was "nothing to quantize
+    (no MatMul with a float32 weight)". The stored int8 weight dequantizes to the Constant's value (per channel)."""
+    w = _weight(rng)
+    value = numpy_helper.from_array(w.T.copy() if op == "Gemm" else w, "value")
+    proj = (helper.make_node("Gemm", ["x", "w"], ["h"], name="proj", transB=1) if op == "Gemm"
+            else helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"))
+    src = _save(tmp_path, [helper.make_node("Constant", [], ["w"], value=value), proj,
+                           helper.make_node("Relu", ["h"], ["y"])],
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, K])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, N])], {})
+    np.savez(tmp_path / "c.npz", x=rng.uniform(-1, 1, (8, ROWS, K)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    res = cli("quantize", src, "-o", out, "--mode", "int8", "--calib", tmp_path / "c.npz", "--alpha", "0")
+    assert res.code == 0, res.err
+    q = onnx.load(out)
+    onnx.checker.check_model(q, full_check=True)
+    assert "Constant" not in {n.op_type for n in q.graph.node}
+    inits = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in q.graph.initializer}
+    qname = next(k for k in inits if k.endswith("_quantized"))
+    scale = inits[qname.replace("_quantized", "_scale")]
+    inv = next((v for k, v in inits.items() if k.endswith("_migration_inv_scale")), np.ones(K))
+    deq = inits[qname] * scale[None, :] * inv[:, None]
+    assert np.abs(deq - w).max() <= 0.5 * (scale[None, :] * inv[:, None]).max() * 1.001
+    x = rng.uniform(-1, 1, (ROWS, K)).astype(np.float32)
+    y, ref = _session(out).run(None, {"x": x})[0], np.maximum(x.astype(np.float64) @ w, 0)  # type: ignore[attr-defined]
+    assert 0 < np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.05
