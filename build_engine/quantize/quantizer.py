@@ -21,7 +21,7 @@ from ..core.errors import InputError
 from ..passes import fold
 from . import awq, calibrators, gemm, smoothquant
 from .calib_data import CalibSet
-from .config import METADATA_KEY, QuantConfig
+from .config import METADATA_KEY, MIN_IR, MIN_OPSET, QuantConfig
 from .qdq import EdgePlan, WeightPlan, rewrite
 from .report import NodeReport, QuantReport
 from .targets import Excluded, Selection, Target, select
@@ -69,6 +69,7 @@ def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
 def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResult:
     start = time.perf_counter()
     _check_source(model)
+    model = _at_opset(model, cfg.mode)
     model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
     model = _lift_weight_constants(model)
     model, sel = _select(model, cfg)
@@ -105,6 +106,27 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     out = folded.model
     helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, METADATA_KEY: report.metadata()})
     return QuantResult(out, report)
+
+
+def _at_opset(model: ModelProto, mode: str) -> ModelProto:
+    """``model`` converted (``onnx.version_converter``) to the default-domain opset the mode's Q/DQ needs, when it is
+    older: only declaring the newer opset would leave ops whose signature changed invalid (ReduceMean's ``axes``
+    became an input at 18, Unsqueeze's at 13: an opset-17 RMSNorm failed onnx.checker after fp8/int4). The IR
+    version stays the source's, or the mode's minimum (the converter writes its newest)."""
+    from onnx import version_converter
+
+    opset = max((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), default=0)
+    if opset >= MIN_OPSET[mode]:
+        return model
+    try:
+        out = version_converter.convert_version(model, MIN_OPSET[mode])
+    except Exception as exc:  # onnx raises RuntimeError/ConvertError with the adapter's message
+        text = " ".join(str(exc).split())[:200]
+        raise InputError(f"the model is opset {opset}; --mode {mode} needs opset >= {MIN_OPSET[mode]} and onnx's "
+                         f"version converter failed ({text}); re-export the model at opset >= "
+                         f"{MIN_OPSET[mode]}") from exc
+    out.ir_version = max(model.ir_version, MIN_IR[mode])
+    return out
 
 
 def _lift_weight_constants(model: ModelProto) -> ModelProto:

@@ -246,3 +246,37 @@ def test_weight_given_by_a_constant_node_is_quantized(op: str, cli, tmp_path: Pa
     x = rng.uniform(-1, 1, (ROWS, K)).astype(np.float32)
     y, ref = _session(out).run(None, {"x": x})[0], np.maximum(x.astype(np.float64) @ w, 0)  # type: ignore[attr-defined]
     assert 0 < np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.05
+
+
+@pytest.mark.parametrize(("opset", "mode"), [(17, "fp8"), (17, "int4-wo"), (11, "int8")])
+def test_older_opset_is_converted_not_just_relabelled(opset: int, mode: str, cli, tmp_path: Path,
+                                                      rng: np.random.Generator) -> None:
+    """An RMSNorm written at opset 17 (ReduceMean's ``axes`` an attribute) and an Unsqueeze at opset 11: fp8 (opset
+    19) and int4 (21) only declared the newer opset, and int8 (13) the same for opset 11, so the written model
+    failed onnx.checker ("Unrecognized attribute: axes for operator ReduceMean") with exit 0."""
+    nodes = [helper.make_node("Mul", ["x", "x"], ["x2"]), helper.make_node("ReduceMean", ["x2"], ["ms"], axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["x", "rms"], ["xn"]), helper.make_node("MatMul", ["xn", "w"], ["h"], name="mm"),
+             helper.make_node("Unsqueeze", ["h"], ["hu"], axes=[0]) if opset < 13
+             else helper.make_node("Unsqueeze", ["h", "zero"], ["hu"]), helper.make_node("Relu", ["hu"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, ROWS, N])],
+                              [numpy_helper.from_array(_weight(rng), "w"),
+                               numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+                               numpy_helper.from_array(np.array([0], np.int64), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    onnx.checker.check_model(model, full_check=True)
+    src, out = tmp_path / "src.onnx", tmp_path / "q.onnx"
+    onnx.save(model, src)
+    x = rng.standard_normal((8, ROWS, K)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=x)
+    res = cli("quantize", src, "-o", out, "--mode", mode, "--calib", tmp_path / "c.npz", "--block-size", "16")
+    assert res.code == 0, res.err
+    q = onnx.load(out)
+    onnx.checker.check_model(q, full_check=True)
+    assert "QuantizeLinear" in {n.op_type for n in q.graph.node} or mode == "int4-wo"
+    assert q.ir_version == {"int8": 7, "fp8": 9, "int4-wo": 10}[mode]
+    feed = {"x": x[0]}
+    y, ref = _session(out).run(None, feed)[0], _session(src).run(None, feed)[0]  # type: ignore[attr-defined]
+    assert 0 < np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.25
