@@ -83,6 +83,11 @@ def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample]
                 flat = value.reshape(-1, value.shape[-1])
                 pick = rng.choice(flat.shape[0], size=min(per_sample, flat.shape[0]), replace=False)
                 rows[name].append(flat[np.sort(pick)].astype(np.float32))
+    for t in tensors:  # every later step (SmoothQuant, AWQ, the calibrators' histograms) needs finite values
+        if not np.all(np.isfinite(amax[t])):
+            raise InputError(f"calibration: activation {t!r} is NaN or infinite on the calibration samples (the float "
+                             "model computes it so: NaN/inf weights upstream, or float32 overflow); fix the model "
+                             "or the samples")
     return {t: ActStats(amax[t], (total[t] / count[t]).astype(np.float32),
                         np.concatenate(rows[t]) if keep_rows else None) for t in tensors}
 
