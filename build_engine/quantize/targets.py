@@ -119,6 +119,25 @@ def _lm_heads(model: ModelProto) -> set[str]:
     return heads
 
 
+def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto],
+                      producers: dict[str, NodeProto]) -> str | None:
+    """Why a MatMul with a constant operand is not a candidate (None: no constant operand, or both constant)."""
+    a, b = (inits.get(name) for name in node.input)
+    if a is not None and b is None:
+        return "its constant is the first input (W @ x); only x @ W with W [in, out] is quantized"
+    if b is not None and a is None:
+        if b.data_type != TensorProto.FLOAT:
+            name = TensorProto.DataType.Name(b.data_type).lower()
+            return f"its weight {b.name!r} is {name}, not float32 (quantize the float32 source model)"
+        return f"its weight {b.name!r} is {len(b.dims)}-D; only 2-D [in, out] weights are quantized"
+    src = producers.get(node.input[1])
+    if a is None and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
+            and src.input[0] in inits:
+        return (f"its weight is computed at run time ({src.op_type} of {src.input[0]!r}); only initializer "
+                "weights are quantized")
+    return None
+
+
 def node_label(node: object, index: int) -> str:
     name = getattr(node, "name", "")
     return name or f"{getattr(node, 'op_type', 'node')}#{index}"
@@ -130,15 +149,19 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     fed = {vi.name for vi in model.graph.input}
     decisions = node_decisions(model, "fp16")
     heads = _lm_heads(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         w = inits.get(node.input[1])
-        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
-            continue  # not a projection with a float32 weight (activation x activation, or already quantized)
         label = node_label(node, i)
+        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
+            why = _not_a_projection(node, inits, producers)
+            if why is not None:  # a constant operand that is not an [in, out] float32 weight: reported, kept float
+                excluded.append(Excluded(label, why))
+            continue  # otherwise activation x activation (attention), or a constant expression
         if w.name in fed:
             excluded.append(Excluded(label, f"its weight {w.name!r} is a graph input (overridable at run time)"))
             continue

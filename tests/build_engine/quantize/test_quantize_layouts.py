@@ -304,3 +304,41 @@ def test_non_finite_activation_from_an_excluded_weight_exits_2(mode: str, extra:
               "--block-size", "16", *extra)
     assert_one_line_error(res, 2, "activation 'r' is NaN or infinite")
     assert not out.exists()
+
+
+def test_matmuls_with_a_constant_that_is_not_a_weight_are_reported(rng: np.random.Generator) -> None:
+    """W @ x, a 3-D weight, an fp16 weight and a tied head reading Transpose(embedding) stay float: they were
+    missing from the report (neither quantized nor "kept float", so a float LM head went unmentioned) and a model
+    of only such MatMuls said "no MatMul with a float32 weight". Attention's activation x activation MatMul is
+    still not listed."""
+    from trtforge.build_engine.quantize.targets import select
+
+    f = TensorProto.FLOAT
+    inits = {"w": rng.standard_normal((H, H)), "w_first": rng.standard_normal((8, 8)),
+             "w3": rng.standard_normal((2, H, H)), "emb": rng.standard_normal((V, H))}
+    arrays = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()]
+    arrays.append(numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float16), "w16"))
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("MatMul", ["e", "w"], ["h"], name="proj"),
+             helper.make_node("MatMul", ["w_first", "h"], ["h1"], name="first"),
+             helper.make_node("MatMul", ["h1", "w3"], ["h2"], name="batched"),
+             helper.make_node("Cast", ["h1"], ["h16"], to=TensorProto.FLOAT16),
+             helper.make_node("MatMul", ["h16", "w16"], ["o16"], name="half"),
+             helper.make_node("Transpose", ["h1"], ["h1t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["h1", "h1t"], ["scores"], name="attn"),
+             helper.make_node("Transpose", ["emb"], ["emb_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h1", "emb_t"], ["logits"], name="tied_head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("logits", f, [1, 8, V]),
+                               helper.make_tensor_value_info("h2", f, [2, 8, H]),
+                               helper.make_tensor_value_info("o16", TensorProto.FLOAT16, [1, 8, H]),
+                               helper.make_tensor_value_info("scores", f, [1, 8, 8])], arrays)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    sel = select(model)
+    assert [t.name for t in sel.targets] == ["proj"]
+    reasons = {e.name: e.reason for e in sel.excluded}
+    assert set(reasons) == {"first", "batched", "half", "tied_head"}
+    assert "first input (W @ x)" in reasons["first"] and "is 3-D" in reasons["batched"]
+    assert "'w16' is float16, not float32" in reasons["half"]
+    assert "computed at run time (Transpose of 'emb')" in reasons["tied_head"]
