@@ -42,3 +42,16 @@ def test_broken_quantization_fails(quantized: dict[str, Path], tiny_path: Path, 
     bad = tmp_path / "bad.onnx"
     onnx.save(model, bad)
     assert cli("diff", bad, tiny_path, "--precision", "int8").code == 1
+
+
+def test_atol_or_rtol_alone_adds_the_element_wise_rule(quantized: dict[str, Path], tiny_path: Path, cli) -> None:
+    """``--precision int8 --atol 1e-9`` passed: the missing tolerance stayed 1e30 and Polygraphy's rule fails an
+    element only when both are exceeded. One given alone now decides; the failure names the element-wise rule,
+    not the preset (whose numbers pass); a loose --atol still passes."""
+    from trtforge_testing import assert_one_line_error
+
+    for flag in ("--atol", "--rtol"):
+        res = cli("diff", quantized["int8"], tiny_path, "--precision", "int8", flag, "1e-9")
+        assert_one_line_error(res, 1, "outputs differ beyond", "logits (max abs")
+        assert "fail the int8 preset" not in res.err
+    assert cli("diff", quantized["int8"], tiny_path, "--precision", "int8", "--atol", "100").code == 0
