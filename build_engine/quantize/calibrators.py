@@ -12,6 +12,8 @@ in the samples: calibration sees the base model, never an adapter.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -136,8 +138,11 @@ def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample],
                        **kwargs)
         cal.augment_graph()
         cal.create_inference_session()
-        cal.collect_data(_Reader(samples))
-        data = cal.compute_data()
+        # onnxruntime's calibrators print progress on stdout ("Collecting tensor data and making histogram ...");
+        # stdout is the command's own summary
+        with contextlib.redirect_stdout(io.StringIO()):
+            cal.collect_data(_Reader(samples))
+            data = cal.compute_data()
     out: dict[str, float] = {}
     for name in tensors:
         if name not in data:
