@@ -18,6 +18,7 @@ import numpy as np
 from onnx import ModelProto, helper, numpy_helper
 
 from ..core.errors import InputError
+from ..core.graph import Namer
 from ..passes import fold
 from . import awq, calibrators, gemm, smoothquant
 from .calib_data import CalibSet
@@ -224,11 +225,16 @@ def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
     if scales:
         migrated = ModelProto()
         migrated.CopyFrom(model)
-        scaled = {t.weight: s for x, s in scales.items() for t in groups[x]}
-        for init in migrated.graph.initializer:
-            if init.name in scaled:
-                w = numpy_helper.to_array(init).astype(np.float32) * scaled[init.name][:, None]
-                init.CopyFrom(numpy_helper.from_array(w, init.name))
+        # each projection gets its own s * W: one weight read from two activations has two scales (scaling the
+        # shared initializer in place gave one of them the other's, so every later range came from a wrong model)
+        inits = {i.name: i for i in model.graph.initializer}
+        fresh = Namer(migrated)
+        for x, s in scales.items():
+            for t in groups[x]:
+                name = fresh(f"{t.weight}_migrated")
+                w = numpy_helper.to_array(inits[t.weight]).astype(np.float32) * s[:, None]
+                migrated.graph.initializer.append(numpy_helper.from_array(w, name))
+                migrated.graph.node[t.index].input[1] = name
         edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
                  for x, s in scales.items()}
         migrated = rewrite(migrated, cfg.mode, edges, [])
