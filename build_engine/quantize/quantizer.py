@@ -22,7 +22,7 @@ from ..core.graph import Namer
 from ..passes import fold
 from . import awq, calibrators, gemm, smoothquant
 from .calib_data import CalibSet
-from .config import METADATA_KEY, MIN_IR, MIN_OPSET, QuantConfig
+from .config import METADATA_KEY, MIN_BLOCK, MIN_IR, MIN_OPSET, QuantConfig
 from .qdq import EdgePlan, WeightPlan, rewrite
 from .report import NodeReport, QuantReport
 from .targets import Excluded, Selection, Target, select
@@ -190,9 +190,6 @@ def _weight_plan(t: Target, w: np.ndarray, s: np.ndarray | None, block: int, sta
         rows = stats.rows / s if s is not None else stats.rows
         clip = awq.clip_search(rows, w, block)
     return WeightPlan(t, w, block, clip)
-
-
-MIN_BLOCK = 16
 
 
 def block_for(in_features: int, wanted: int) -> int:

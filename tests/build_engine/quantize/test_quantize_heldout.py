@@ -61,3 +61,14 @@ def test_percentile_ranges_with_a_weight_shared_by_two_activations(cli, tmp_path
     assert set(ranges["max"]) == {"mm1", "mm2", "mm3"}
     for name, top in ranges["max"].items():
         assert 0.9 * top < ranges["percentile"][name] <= top * 1.0001, (name, ranges)
+
+
+@pytest.mark.parametrize("block", ["8", "2", "48"])
+def test_block_size_below_16_or_not_a_power_of_two_exits_2(block: str, cli, tmp_path: Path) -> None:
+    """--block-size 8 passed the check ("a power of two >= 2") but no projection can use a block below 16 (the help
+    says >= 16): it ended in "nothing to quantize (... no power-of-two block >= 16 and <= 8 ...)"."""
+    from trtforge_testing import assert_one_line_error
+
+    res = cli("quantize", tmp_path / "absent.onnx", "-o", tmp_path / "q.onnx", "--mode", "int4-wo",
+              "--block-size", block)
+    assert_one_line_error(res, 2, f"--block-size {block}: use a power of two >= 16")
