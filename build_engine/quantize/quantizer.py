@@ -113,19 +113,25 @@ def _at_opset(model: ModelProto, mode: str) -> ModelProto:
     """``model`` converted (``onnx.version_converter``) to the default-domain opset the mode's Q/DQ needs, when it is
     older: only declaring the newer opset would leave ops whose signature changed invalid (ReduceMean's ``axes``
     became an input at 18, Unsqueeze's at 13: an opset-17 RMSNorm failed onnx.checker after fp8/int4). The IR
-    version stays the source's, or the mode's minimum (the converter writes its newest)."""
+    version stays the source's, or the mode's minimum (the converter writes its newest); model-local functions
+    (which the converter drops) and metadata are the source's."""
     from onnx import version_converter
 
     opset = max((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), default=0)
     if opset >= MIN_OPSET[mode]:
         return model
     try:
-        out = version_converter.convert_version(model, MIN_OPSET[mode])
+        converted = version_converter.convert_version(model, MIN_OPSET[mode])
     except Exception as exc:  # onnx raises RuntimeError/ConvertError with the adapter's message
         text = " ".join(str(exc).split())[:200]
         raise InputError(f"the model is opset {opset}; --mode {mode} needs opset >= {MIN_OPSET[mode]} and onnx's "
                          f"version converter failed ({text}); re-export the model at opset >= "
                          f"{MIN_OPSET[mode]}") from exc
+    out = ModelProto()  # the source's other fields: the converter drops model-local functions
+    out.CopyFrom(model)
+    out.graph.CopyFrom(converted.graph)
+    del out.opset_import[:]
+    out.opset_import.extend(converted.opset_import)
     out.ir_version = max(model.ir_version, MIN_IR[mode])
     return out
 

@@ -72,3 +72,35 @@ def test_block_size_below_16_or_not_a_power_of_two_exits_2(block: str, cli, tmp_
     res = cli("quantize", tmp_path / "absent.onnx", "-o", tmp_path / "q.onnx", "--mode", "int4-wo",
               "--block-size", block)
     assert_one_line_error(res, 2, f"--block-size {block}: use a power of two >= 16")
+
+
+@pytest.mark.parametrize("mode", ["fp8", "int4-wo"])
+def test_model_local_function_survives_the_opset_conversion(mode: str, cli, tmp_path: Path,
+                                                            rng: np.random.Generator) -> None:
+    """An opset-17 model calling a model-local function: onnx's version converter (fp8 needs 19, int4 21) drops
+    ``model.functions``, and the written model failed in onnxruntime ("local:Gelu2 is not a registered function")."""
+    fn = helper.make_function("local", "Gelu2", ["a"], ["b"], [helper.make_node("Tanh", ["a"], ["t"]),
+                                                              helper.make_node("Mul", ["a", "t"], ["b"])],
+                              opset_imports=[helper.make_opsetid("", 17)])
+    w = (rng.standard_normal((K, K)) / np.sqrt(K)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                               helper.make_node("Gelu2", ["h"], ["h2"], domain="local"),
+                               helper.make_node("MatMul", ["h2", "w"], ["h3"], name="mm2"),
+                               helper.make_node("Relu", ["h3"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [ROWS, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, K])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                    helper.make_opsetid("local", 1)])
+    src, out = tmp_path / "src.onnx", tmp_path / "q.onnx"
+    onnx.save(model, src)
+    res = cli("quantize", src, "-o", out, "--mode", mode, "--calib-size", "4", "--block-size", "16")
+    assert res.code == 0, res.err
+    q = onnx.load(out)
+    onnx.checker.check_model(q, full_check=True)
+    assert [f.name for f in q.functions] == ["Gelu2"]
+    from trtforge.build_engine.verify.sessions import make_session
+
+    x = rng.uniform(-1, 1, (ROWS, K)).astype(np.float32)
+    y, ref = make_session(str(out)).run(None, {"x": x})[0], make_session(str(src)).run(None, {"x": x})[0]
+    assert 0 < np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.3
