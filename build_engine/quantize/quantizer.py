@@ -112,24 +112,35 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
 def _at_opset(model: ModelProto, mode: str) -> ModelProto:
     """``model`` converted (``onnx.version_converter``) to the default-domain opset the mode's Q/DQ needs, when it is
     older: only declaring the newer opset would leave ops whose signature changed invalid (ReduceMean's ``axes``
-    became an input at 18, Unsqueeze's at 13: an opset-17 RMSNorm failed onnx.checker after fp8/int4). The IR
-    version stays the source's, or the mode's minimum (the converter writes its newest); model-local functions
-    (which the converter drops) and metadata are the source's."""
+    became an input at 18, Unsqueeze's at 13: an opset-17 RMSNorm failed onnx.checker after fp8/int4). The converter
+    runs on the weightless skeleton (it serialises its input: weights would hit protobuf's 2 GiB limit) and the
+    weights go back unchanged; the IR version stays the source's, or the mode's minimum (the converter writes its
+    newest); model-local functions (which the converter drops) and metadata are the source's."""
     from onnx import version_converter
+
+    from ..core.onnx_skeleton import skeleton
 
     opset = max((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), default=0)
     if opset >= MIN_OPSET[mode]:
         return model
+    skel = skeleton(model)
+    stood_in = {i.name for i in skel.graph.input} - {i.name for i in model.graph.input}
     try:
-        converted = version_converter.convert_version(model, MIN_OPSET[mode])
+        converted = version_converter.convert_version(skel, MIN_OPSET[mode])
     except Exception as exc:  # onnx raises RuntimeError/ConvertError with the adapter's message
         text = " ".join(str(exc).split())[:200]
         raise InputError(f"the model is opset {opset}; --mode {mode} needs opset >= {MIN_OPSET[mode]} and onnx's "
                          f"version converter failed ({text}); re-export the model at opset >= "
                          f"{MIN_OPSET[mode]}") from exc
-    out = ModelProto()  # the source's other fields: the converter drops model-local functions
+    g = converted.graph
+    small = {t.name for t in g.initializer}
+    inputs = [i for i in g.input if i.name not in stood_in]
+    del g.input[:]
+    g.input.extend(inputs)
+    g.initializer.extend(t for t in model.graph.initializer if t.name not in small)
+    out = ModelProto()
     out.CopyFrom(model)
-    out.graph.CopyFrom(converted.graph)
+    out.graph.CopyFrom(g)
     del out.opset_import[:]
     out.opset_import.extend(converted.opset_import)
     out.ir_version = max(model.ir_version, MIN_IR[mode])
