@@ -30,8 +30,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--mode", required=True, choices=["int8", "int4-wo", "fp8"], help="quantization mode")
     p.add_argument("--calib", help="calibration samples: .npz with one array per graph input, keyed by input name "
-                                   "(rank of the input: one sample; rank + 1: samples stacked on axis 0); default: "
-                                   "generated from the model")
+                                   "(rank of the input: one sample; rank + 1: samples stacked on axis 0; LoRA slot "
+                                   "ids and adapter pools may be left out: no adapter); default: generated from the "
+                                   "model")
     p.add_argument("--calib-size", type=int, default=16, help="samples to generate without --calib (default 16)")
     p.add_argument("--calib-seq", type=int, default=32,
                    help="sequence length of generated samples (default 32)")

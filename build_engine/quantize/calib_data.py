@@ -5,7 +5,8 @@ of rank + 1 stacks samples along a new leading axis (every array the same count)
 dtype, its fixed dims (and one size per dim name across inputs), finite values, at least one element, and integer
 values inside the range the graph accepts (token ids below the embedding table's size, LoRA slot ids in
 ``[-1, slots)``), so a bad file fails here, naming the input, instead of inside onnxruntime. A ``.npy`` (one unnamed
-array) is refused with that advice.
+array) is refused with that advice. LoRA slot ids and adapter pools (fixed dims) may be left out: calibration runs
+with slot ids -1 (and zero pools, which -1 never reads).
 
 Generated samples come from the input planner that ``trtforge diff`` uses (``verify.inputs.plan_feeds``, drawn
 with its ``draw``): token ids drawn inside the embedding table's range, shapes from dim names (first dim 1, other
@@ -46,6 +47,21 @@ class CalibSet:
 def _slot_inputs(model: ModelProto) -> set[str]:
     return {n.input[lora_spec.SLOT_IDS] for n in model.graph.node
             if lora_spec.is_lora_node(n) and len(n.input) > lora_spec.SLOT_IDS}
+
+
+def _pool_inputs(model: ModelProto) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """LoRA adapter pools and scales fed as graph inputs, with fixed dims: shape and dtype of each (their values are
+    never read with slot ids -1, so a calibration file may leave them out)."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    names = {n.input[i] for n in model.graph.node if lora_spec.is_lora_node(n)
+             for i in (lora_spec.LORA_A, lora_spec.LORA_B, lora_spec.SCALES) if len(n.input) > i}
+    out = {}
+    for vi in graph_inputs(model):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in names and all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = (tuple(d.dim_value for d in dims), tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    return out
 
 
 def _shapes(model: ModelProto, batch: int, seq_len: int) -> dict[str, tuple[int, ...]]:
@@ -99,7 +115,8 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     if not arrays:
         raise InputError(f"--calib {path}: the file holds no arrays; it needs one per input: {sorted(inputs)}")
     unknown = sorted(set(arrays) - set(inputs))
-    missing = sorted(set(inputs) - set(arrays) - _slot_inputs(model))
+    pools = _pool_inputs(model)
+    missing = sorted(set(inputs) - set(arrays) - _slot_inputs(model) - set(pools))
     if unknown:
         raise InputError(f"--calib {path}: {unknown[0]!r} is not an input of the model (inputs: {sorted(inputs)})")
     if missing:
@@ -121,6 +138,8 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
                   for name, arr in arrays.items()}
         for name in _slot_inputs(model) - set(arrays):  # no adapter during calibration
             sample[name] = np.full(_slot_shape(inputs[name], sample), lora_spec.NO_ADAPTER, lora_spec.SLOT_DTYPE)
+        for name in set(pools) - set(arrays):  # unread with slot ids -1: zeros
+            sample[name] = np.zeros(*pools[name])
         samples.append(sample)
     return CalibSet(tuple(samples), f"file {path}: {n} samples")
 

@@ -104,3 +104,21 @@ def test_model_local_function_survives_the_opset_conversion(mode: str, cli, tmp_
     x = rng.uniform(-1, 1, (ROWS, K)).astype(np.float32)
     y, ref = make_session(str(out)).run(None, {"x": x})[0], make_session(str(src)).run(None, {"x": x})[0]
     assert 0 < np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.3
+
+
+def test_lora_model_calibrates_from_a_file_of_token_ids_only(cli, tiny_path: Path, tmp_path: Path,
+                                                             rng: np.random.Generator) -> None:
+    """The same calibration file serves the model before and after ``lora inject``: slot ids were already filled
+    with -1, but the adapter pools (never read with -1) were demanded ("no array for input 'lora_a...'")."""
+    from quant_testing import TINY
+
+    lora = tmp_path / "lora.onnx"
+    assert cli("lora", "inject", tiny_path, "-o", lora, "--targets", "q_proj,v_proj", "--max-rank", "8",
+               "--slots", "2").code == 0
+    np.savez(tmp_path / "ids.npz", input_ids=rng.integers(0, TINY.vocab, (4, 1, 16)).astype(np.int64))
+    out = tmp_path / "q.onnx"
+    res = cli("quantize", lora, "-o", out, "--mode", "int8", "--calib", tmp_path / "ids.npz")
+    assert res.code == 0, res.err
+    assert "7 projections quantized" in res.out and f"calibration: file {tmp_path / 'ids.npz'}: 4 samples" in res.out
+    res = cli("diff", out, lora, "--precision", "int8", "--value", "lora_slot_ids=-1")
+    assert res.code == 0, res.out + res.err
