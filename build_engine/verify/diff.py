@@ -14,8 +14,9 @@ bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
 
 Quantized models (``--precision int8|int4-wo|fp8``, B the fp32 source) are judged on the whole output, not element by
 element (one flipped rounding moves single logits by more than any useful atol): relative error
-``||A - B|| / ||B||`` and, for outputs whose last axis is a vocabulary, top-1 agreement (the share of positions whose
-argmax over the last axis is the same); for a bool output the relative error is the share of elements that differ:
+``||A - B|| / ||B||`` and, for every float output whose last axis is longer than 1 (logits, but also KV-cache or
+hidden-state outputs), top-1 agreement (the share of positions whose argmax over the last axis is the same); for a
+bool output the relative error is the share of elements that differ:
 
 =========  ==============  ===============  ================================================================
 precision  max rel. error  min top-1 agr.   why
