@@ -13,7 +13,7 @@ float when:
 2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
    data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
    last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
-   head); or a MatMul onto the vocabulary (out features = the rows of an embedding table, a ``Gather`` of a 2-D
+   head); or a MatMul onto the vocabulary (weight ``[H, V]`` for an embedding table ``[V, H]``, a ``Gather`` of a 2-D
    initializer) from which a graph output is reached through any ops but another MatMul or Gemm (logits post-processed
    before the output: temperature, soft-capping, Softmax, ArgMax);
 3. its name matches an ``--exclude`` pattern.
@@ -95,14 +95,16 @@ def _lm_heads(model: ModelProto) -> set[str]:
             consumers.setdefault(name, []).append(node)
     out_dim = {o.name: (o.type.tensor_type.shape.dim[-1].dim_value if o.type.tensor_type.shape.dim else 0)
                for o in g.output}
-    vocab = {int(inits[n.input[0]].dims[0]) for n in g.node
-             if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2}
+    tables = {(int(inits[n.input[0]].dims[1]), int(inits[n.input[0]].dims[0])) for n in g.node
+              if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2}
     heads: set[str] = set()
     for node in g.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if w is None or len(w.dims) != 2:
             continue
-        features, onto_vocab = int(w.dims[1]), int(w.dims[1]) in vocab
+        # onto the vocabulary: [H, V] against an embedding table [V, H] (a rotary cache [positions, head_dim] whose
+        # rows equal a v_proj's out features is no vocabulary: its width is not the projection's in features)
+        features, onto_vocab = int(w.dims[1]), (int(w.dims[0]), int(w.dims[1])) in tables
         frontier, seen = [node.output[0]], set[str]()
         while frontier:
             value = frontier.pop()

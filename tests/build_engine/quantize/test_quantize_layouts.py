@@ -125,10 +125,12 @@ def test_lm_head_before_post_processing_stays_float(tail: str, tmp_path: Path, r
     assert [(e.name, e.reason) for e in sel.excluded] == [("head", "LM head (pass --quantize-lm-head to quantize it)")]
 
 
-def test_v_proj_into_a_present_output_is_not_the_lm_head(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("rotary_cache", [False, True])
+def test_v_proj_into_a_present_output_is_not_the_lm_head(rotary_cache: bool, rng: np.random.Generator) -> None:
     """``v_proj -> Reshape -> Transpose -> present.0.value`` (a decoder exported with KV outputs) is data movement
     to an output, but that output's last dim is the head size, not v_proj's out features: it is a projection to
-    quantize (it was kept float as "LM head")."""
+    quantize (it was kept float as "LM head"). With a rotary cache ``Gather(cos [positions = H, 16], pos)`` (Llama-2:
+    4096 positions, hidden 4096) its rows equal v_proj's out features: still no vocabulary (width 16, not H)."""
     from trtforge.build_engine.quantize.targets import select
 
     w = {k: numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k)
@@ -143,6 +145,11 @@ def test_v_proj_into_a_present_output_is_not_the_lm_head(rng: np.random.Generato
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8, V]),
          helper.make_tensor_value_info("present.0.value", TensorProto.FLOAT, [1, 4, 8, 16])],
         [*w.values(), numpy_helper.from_array(np.array([1, 8, 4, 16], np.int64), "shp")])
+    if rotary_cache:
+        graph.initializer.append(numpy_helper.from_array(rng.standard_normal((H, 16)).astype(np.float32), "cos"))
+        graph.input.append(helper.make_tensor_value_info("pos", TensorProto.INT64, [1, 8]))
+        graph.node.append(helper.make_node("Gather", ["cos", "pos"], ["cos_pos"]))
+        graph.output.append(helper.make_tensor_value_info("cos_pos", TensorProto.FLOAT, [1, 8, 16]))
     sel = select(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
     assert [t.name for t in sel.targets] == ["v_proj", "q_proj"]
     assert [e.name for e in sel.excluded] == ["lm_head"]
