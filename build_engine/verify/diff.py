@@ -16,7 +16,7 @@ Quantized models (``--precision int8|int4-wo|fp8``, B the fp32 source) are judge
 element (one flipped rounding moves single logits by more than any useful atol): relative error
 ``||A - B|| / ||B||`` and, for every float output whose last axis is longer than 1 (logits, but also KV-cache or
 hidden-state outputs), top-1 agreement (the share of positions whose argmax over the last axis is the same); for a
-bool output the relative error is the share of elements that differ:
+bool or integer output (token ids from an ArgMax head) the relative error is the share of elements that differ:
 
 =========  ==============  ===============  ================================================================
 precision  max rel. error  min top-1 agr.   why
@@ -214,7 +214,7 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
     else:
         passed, nans = poly_pass and d.mismatches == 0, nan_count(a, b)
     rel_error, top1 = float("inf"), None
-    if a.shape == b.shape and a.dtype != np.bool_ and b.dtype != np.bool_:
+    if a.shape == b.shape and a.dtype.kind not in "biu" and b.dtype.kind not in "biu":
         with np.errstate(invalid="ignore", over="ignore"):  # equal infinities differ by 0 (compare.py)
             fa, fb = a.astype(np.float64), b.astype(np.float64)
             diff = np.where(fa == fb, 0.0, fa - fb)
@@ -223,7 +223,7 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
-    elif a.shape == b.shape:  # a bool output: the share of elements that differ (an equal one passed as inf before)
+    elif a.shape == b.shape:  # bool/integer (token ids): the share of elements that differ, not id arithmetic
         rel_error = float(np.mean(a != b)) if a.size else 0.0
     shapes = "" if a.shape == b.shape else f"A {list(a.shape)} vs B {list(b.shape)}"
     return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed and not shapes, d.rel_to_scale,
