@@ -13,9 +13,9 @@ float when:
 2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
    data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
    last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
-   head); or a MatMul onto the vocabulary (weight ``[H, V]`` for an embedding table ``[V, H]``, a ``Gather`` of a 2-D
-   initializer) from which a graph output is reached through any ops but another MatMul or Gemm (logits post-processed
-   before the output: temperature, soft-capping, Softmax, ArgMax);
+   head); or a MatMul onto the vocabulary (weight ``[H, V]`` for the largest embedding table ``[V, H]``, a ``Gather``
+   of a 2-D initializer) from which a graph output is reached through ops other than MatMul/Gemm that read no other
+   run-time value (logits post-processed before the output: temperature, soft-capping, Softmax, ArgMax);
 3. its name matches an ``--exclude`` pattern.
 
 A weight initializer that is also listed in ``graph.input`` is only a default the caller may override at run time
@@ -95,8 +95,13 @@ def _lm_heads(model: ModelProto) -> set[str]:
             consumers.setdefault(name, []).append(node)
     out_dim = {o.name: (o.type.tensor_type.shape.dim[-1].dim_value if o.type.tensor_type.shape.dim else 0)
                for o in g.output}
-    tables = {(int(inits[n.input[0]].dims[1]), int(inits[n.input[0]].dims[0])) for n in g.node
-              if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2}
+    shapes = [(int(inits[n.input[0]].dims[1]), int(inits[n.input[0]].dims[0])) for n in g.node
+              if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
+    # the vocabulary is the largest table: position / token-type tables are smaller (BERT-medium: 512 positions,
+    # hidden 512, so every [512, 512] projection would match a position table)
+    top = max((v for _, v in shapes), default=0)
+    tables = {hv for hv in shapes if hv[1] == top}
+    constants = set(inits) | {n.output[0] for n in g.node if n.op_type == "Constant"}
     heads: set[str] = set()
     for node in g.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -116,7 +121,9 @@ def _lm_heads(model: ModelProto) -> set[str]:
                 break
             for nxt in consumers.get(value, []):
                 movement = nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt) or _is_bias(nxt, value, inits)
-                if movement or (onto_vocab and nxt.op_type not in ("MatMul", "Gemm")):
+                # logits post-processing reads one value at run time (not a residual Add of two activations)
+                post = all(not i or i == value or i in constants for i in nxt.input)
+                if movement or (onto_vocab and post and nxt.op_type not in ("MatMul", "Gemm")):
                     frontier.extend(nxt.output)
     return heads
 

@@ -349,3 +349,21 @@ def test_matmuls_with_a_constant_that_is_not_a_weight_are_reported(rng: np.rando
     assert "first input (W @ x)" in reasons["first"] and "is 3-D" in reasons["batched"]
     assert "'w16' is float16, not float32" in reasons["half"]
     assert "computed at run time (Transpose of 'emb')" in reasons["tied_head"]
+
+
+def test_encoder_projection_matching_a_position_table_is_not_the_lm_head(rng: np.random.Generator) -> None:
+    """BERT-medium geometry: hidden 64 = positions 64, so ``dense [64, 64]`` matches the position table, and a residual
+    Add leads to ``last_hidden_state``: it was taken for a head onto the vocabulary (kept float). The vocabulary is
+    the largest table (words, 256 rows), and logits post-processing reads no second activation."""
+    from trtforge.build_engine.quantize.targets import select
+
+    arrays = {"words": (V, H), "positions": (H, H), "dense": (H, H)}
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["words", "ids"], ["we"]), helper.make_node("Gather", ["positions", "pos"], ["pe"]),
+         helper.make_node("Add", ["we", "pe"], ["e"]), helper.make_node("MatMul", ["e", "dense"], ["h"], name="dense"),
+         helper.make_node("Add", ["h", "e"], ["last_hidden_state"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, [1, 8]) for n in ("ids", "pos")],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [1, 8, H])],
+        [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k) for k, s in arrays.items()])
+    sel = select(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    assert [t.name for t in sel.targets] == ["dense"] and not sel.excluded
