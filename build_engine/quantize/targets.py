@@ -4,9 +4,10 @@ A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initia
 ``[in, out]``; ``quantizer`` first turns a weight given by a ``Constant`` node into one) and whose first input is a
 runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported with 2-D inputs) are not seen here: ``quantizer``
 lowers those it can to MatMul + Add first (``gemm``) and reports the others as excluded. A MatMul whose weight is
-computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a projection here either.
-Activation x activation MatMuls (attention scores, probabilities x values) are never candidates. A candidate stays
-float when:
+computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a projection here either;
+it, and a MatMul whose constant is its first input, 3-D or not float32, is reported as excluded with that reason.
+Activation x activation MatMuls (attention scores, probabilities x values) are never candidates (nor listed). A
+candidate stays float when:
 
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values;
