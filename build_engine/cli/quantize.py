@@ -21,17 +21,18 @@ def build_parser() -> ArgumentParser:
         "TensorRT-RTX) build: int8 = SmoothQuant W8A8 (per-channel int8 weights, per-tensor int8 activations); "
         "int4-wo = int4 weight-only blocks (AWQ-style scale search, or round-to-nearest); fp8 = E4M3 weights per "
         "channel and activations per tensor (builds for compute capability >= 8.9 only). Quantized: MatMuls "
-        "whose weight is a 2-D float32 initializer (not a graph input), and Gemms of that kind with alpha = beta "
-        "= 1 and transA = 0 (written as MatMul + bias Add; other Gemms stay float and are reported). Norms, "
-        "softmax, rotary/position arithmetic, shape/index chains (the precision policy), the LM head and LoRA "
+        "whose weight is a 2-D float32 initializer or Constant (not a graph input), and Gemms of that kind with "
+        "alpha = beta = 1 and transA = 0 (written as MatMul + bias Add; other Gemms stay float and are reported). "
+        "Norms, softmax, rotary/position arithmetic, shape/index chains (the precision policy), the LM head and LoRA "
         "plugin nodes stay float. NaN/inf weights are refused (exit 2). The result is folded with the exact folder.",
     )
     p.add_argument("input", help="input .onnx model (float32)")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--mode", required=True, choices=["int8", "int4-wo", "fp8"], help="quantization mode")
     p.add_argument("--calib", help="calibration samples: .npz with one array per graph input, keyed by input name "
-                                   "(rank of the input: one sample; rank + 1: samples stacked on axis 0); default: "
-                                   "generated from the model")
+                                   "(rank of the input: one sample; rank + 1: samples stacked on axis 0; LoRA slot "
+                                   "ids and adapter pools may be left out: no adapter); default: generated from the "
+                                   "model")
     p.add_argument("--calib-size", type=int, default=16, help="samples to generate without --calib (default 16)")
     p.add_argument("--calib-seq", type=int, default=32,
                    help="sequence length of generated samples (default 32)")

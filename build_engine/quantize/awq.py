@@ -27,8 +27,8 @@ CLIP_GRID = tuple(1.0 - 0.05 * k for k in range(10))  # 1.0 .. 0.55
 class AwqChoice:
     scales: np.ndarray  # [K] s: weights rows multiplied by it, x divided by it
     alpha: float
-    error_rtn: float    # relative output error of plain RTN on the calibration rows
-    error: float        # relative output error with the chosen scales
+    error_rtn: float    # relative output error ||X W - X Q(W)|| / ||X W|| of plain RTN on the calibration rows
+    error: float        # the same with the chosen scales
 
 
 def _error(x: np.ndarray, weights: Sequence[np.ndarray], refs: Sequence[np.ndarray], s: np.ndarray,
@@ -59,7 +59,9 @@ def search(stats: ActStats, weights: Sequence[np.ndarray], block: int) -> AwqCho
         if best is None or err < best[0]:
             best = (err, float(a), s)
     assert best is not None
-    return AwqChoice(best[2], best[1], rtn / denom, best[0] / denom)
+    # ``_error`` sums squares: the report states ||out - ref|| / ||ref|| (what ``trtforge diff`` calls relative
+    # error), so the ratio of sums of squares is square-rooted (it was reported squared, ~10x too small)
+    return AwqChoice(best[2], best[1], float(np.sqrt(rtn / denom)), float(np.sqrt(best[0] / denom)))
 
 
 def clip_search(rows: np.ndarray, w: np.ndarray, block: int) -> np.ndarray:

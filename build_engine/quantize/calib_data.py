@@ -2,9 +2,11 @@
 
 File format: one array per graph input, keyed by the input's name; an array of the input's rank is one sample, one
 of rank + 1 stacks samples along a new leading axis (every array the same count). Each array must have the input's
-dtype, its fixed dims, finite values, at least one element, and integer values inside the range the graph accepts
-(token ids below the embedding table's size, LoRA slot ids in ``[-1, slots)``), so a bad file fails here, naming
-the input, instead of inside onnxruntime.
+dtype, its fixed dims (and one size per dim name across inputs), finite values, at least one element, and integer
+values inside the range the graph accepts (token ids below the embedding table's size, LoRA slot ids in
+``[-1, slots)``), so a bad file fails here, naming the input, instead of inside onnxruntime. A ``.npy`` (one unnamed
+array) is refused with that advice. LoRA slot ids and adapter pools (fixed dims) may be left out: calibration runs
+with slot ids -1 (and zero pools, which -1 never reads).
 
 Generated samples come from the input planner that ``trtforge diff`` uses (``verify.inputs.plan_feeds``, drawn
 with its ``draw``): token ids drawn inside the embedding table's range, shapes from dim names (first dim 1, other
@@ -19,6 +21,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto
@@ -46,6 +49,21 @@ def _slot_inputs(model: ModelProto) -> set[str]:
             if lora_spec.is_lora_node(n) and len(n.input) > lora_spec.SLOT_IDS}
 
 
+def _pool_inputs(model: ModelProto) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """LoRA adapter pools and scales fed as graph inputs, with fixed dims: shape and dtype of each (their values are
+    never read with slot ids -1, so a calibration file may leave them out)."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    names = {n.input[i] for n in model.graph.node if lora_spec.is_lora_node(n)
+             for i in (lora_spec.LORA_A, lora_spec.LORA_B, lora_spec.SCALES) if len(n.input) > i}
+    out = {}
+    for vi in graph_inputs(model):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in names and all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = (tuple(d.dim_value for d in dims), tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    return out
+
+
 def _shapes(model: ModelProto, batch: int, seq_len: int) -> dict[str, tuple[int, ...]]:
     sizes: dict[str, int] = {}
     out: dict[str, tuple[int, ...]] = {}
@@ -68,8 +86,9 @@ def plan(model: ModelProto, seq_len: int, batch: int = 1) -> tuple[FeedSpec, ...
 
 def draw(specs: tuple[FeedSpec, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
     """One sample from the specs (the planner's own drawing: integers uniform in the inclusive range, floats
-    uniform)."""
-    return {s.name: draw_one(s, rng) for s in specs}
+    uniform). Each value is an array, a rank-0 input's too (a 0-d comparison gives a NumPy scalar, which onnxruntime
+    refuses as a feed)."""
+    return {s.name: np.asarray(draw_one(s, rng)) for s in specs}
 
 
 def generate(model: ModelProto, count: int, seq_len: int, seed: int) -> CalibSet:
@@ -83,7 +102,11 @@ def generate(model: ModelProto, count: int, seq_len: int, seed: int) -> CalibSet
 def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     """Read and validate a calibration file (see the module docstring)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy holds one unnamed array
+            raise InputError(f"--calib {path}: a .npy file holds one unnamed array; save the samples as an .npz "
+                             "with numpy.savez(path, input_name=array, ...), one array per graph input")
+        with loaded as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"--calib {path}: cannot read it as a NumPy .npz ({exc}); save samples with "
@@ -92,7 +115,8 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     if not arrays:
         raise InputError(f"--calib {path}: the file holds no arrays; it needs one per input: {sorted(inputs)}")
     unknown = sorted(set(arrays) - set(inputs))
-    missing = sorted(set(inputs) - set(arrays) - _slot_inputs(model))
+    pools = _pool_inputs(model)
+    missing = sorted(set(inputs) - set(arrays) - _slot_inputs(model) - set(pools))
     if unknown:
         raise InputError(f"--calib {path}: {unknown[0]!r} is not an input of the model (inputs: {sorted(inputs)})")
     if missing:
@@ -105,15 +129,35 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     if len(set(counts.values())) > 1:
         raise InputError(f"--calib {path}: inputs hold different sample counts {counts}; stack the same number "
                          "of samples for every input")
+    _check_named_dims(path, inputs, arrays)
     n = next(iter(counts.values()))
     samples = []
     for k in range(n):
-        sample = {name: (arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
+        # np.asarray: sample k of a rank-0 input is a NumPy scalar, which onnxruntime refuses as a feed
+        sample = {name: np.asarray(arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
                   for name, arr in arrays.items()}
         for name in _slot_inputs(model) - set(arrays):  # no adapter during calibration
             sample[name] = np.full(_slot_shape(inputs[name], sample), lora_spec.NO_ADAPTER, lora_spec.SLOT_DTYPE)
+        for name in set(pools) - set(arrays):  # unread with slot ids -1: zeros
+            sample[name] = np.zeros(*pools[name])
         samples.append(sample)
     return CalibSet(tuple(samples), f"file {path}: {n} samples")
+
+
+def _check_named_dims(path: str | Path, inputs: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """Dims that share a name (``batch``, ``sequence``) have one size in a sample: refused here, naming both
+    inputs, instead of failing inside onnxruntime on the first sample."""
+    seen: dict[str, tuple[int, str]] = {}
+    for name in sorted(arrays):
+        dims = inputs[name].type.tensor_type.shape.dim
+        one = arrays[name].shape[-len(dims):] if dims else ()
+        for i, d in enumerate(dims):
+            if not d.dim_param:
+                continue
+            size, first = seen.setdefault(d.dim_param, (one[i], name))
+            if size != one[i]:
+                raise InputError(f"--calib {path}: input {name!r} has {one[i]} along dim {i} ({d.dim_param!r}) but "
+                                 f"input {first!r} has {size}; the model takes one size for {d.dim_param!r}")
 
 
 def _slot_shape(vi: object, sample: Mapping[str, np.ndarray]) -> tuple[int, ...]:

@@ -12,6 +12,8 @@ in the samples: calibration sees the base model, never an adapter.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -51,8 +53,12 @@ def _session(model: ModelProto) -> Any:
 
 
 def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # fatal only: a failing kernel's own log line would precede our one-line error
     try:
-        return sess.run(list(outputs), dict(sample))
+        return sess.run(list(outputs), dict(sample), quiet)
     except Exception as exc:  # onnxruntime reports bad feeds with its own exception types
         text = " ".join(str(exc).split())[:200]
         raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({text}); check the calibration "
@@ -79,6 +85,11 @@ def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample]
                 flat = value.reshape(-1, value.shape[-1])
                 pick = rng.choice(flat.shape[0], size=min(per_sample, flat.shape[0]), replace=False)
                 rows[name].append(flat[np.sort(pick)].astype(np.float32))
+    for t in tensors:  # every later step (SmoothQuant, AWQ, the calibrators' histograms) needs finite values
+        if not np.all(np.isfinite(amax[t])):
+            raise InputError(f"calibration: activation {t!r} is NaN or infinite on the calibration samples (the float "
+                             "model computes it so: NaN/inf weights upstream, or float32 overflow); fix the model "
+                             "or the samples")
     return {t: ActStats(amax[t], (total[t] / count[t]).astype(np.float32),
                         np.concatenate(rows[t]) if keep_rows else None) for t in tensors}
 
@@ -127,8 +138,11 @@ def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample],
                        **kwargs)
         cal.augment_graph()
         cal.create_inference_session()
-        cal.collect_data(_Reader(samples))
-        data = cal.compute_data()
+        # onnxruntime's calibrators print progress on stdout ("Collecting tensor data and making histogram ...");
+        # stdout is the command's own summary
+        with contextlib.redirect_stdout(io.StringIO()):
+            cal.collect_data(_Reader(samples))
+            data = cal.compute_data()
     out: dict[str, float] = {}
     for name in tensors:
         if name not in data:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from ..core.errors import InputError
 from ..engine.quantized import METADATA_KEY  # the engine reads the entry, so it owns the name
 
-__all__ = ["CALIBRATORS", "INT4_METHODS", "METADATA_KEY", "MIN_IR", "MIN_OPSET", "MODES", "QuantConfig"]
+__all__ = ["CALIBRATORS", "INT4_METHODS", "METADATA_KEY", "MIN_BLOCK", "MIN_IR", "MIN_OPSET", "MODES",
+           "QuantConfig"]
 
 MODES: tuple[str, ...] = ("int8", "int4-wo", "fp8")
 CALIBRATORS: tuple[str, ...] = ("max", "percentile", "entropy")
@@ -16,6 +17,7 @@ INT4_METHODS: tuple[str, ...] = ("awq", "rtn")
 # DequantizeLinear's block_size in opset 21 (IR 10).
 MIN_OPSET = {"int8": 13, "fp8": 19, "int4-wo": 21}
 MIN_IR = {"int8": 7, "fp8": 9, "int4-wo": 10}
+MIN_BLOCK = 16  # the smallest int4 block a projection is given (``quantizer.block_for``)
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,9 @@ class QuantConfig:
             raise InputError(f"--int4-method {self.int4_method!r}: choose one of {', '.join(INT4_METHODS)}")
         if not 0.0 <= self.alpha <= 1.0:
             raise InputError(f"--alpha {self.alpha}: SmoothQuant's migration strength lies in [0, 1] (default 0.5)")
-        if self.block_size < 2 or self.block_size & (self.block_size - 1):
-            raise InputError(f"--block-size {self.block_size}: use a power of two >= 2 (default 128)")
+        if self.block_size < MIN_BLOCK or self.block_size & (self.block_size - 1):
+            raise InputError(f"--block-size {self.block_size}: use a power of two >= {MIN_BLOCK} (default 128; "
+                             f"smaller int4 blocks are never used, see --help)")
         if self.calib_size < 1:
             raise InputError(f"--calib-size {self.calib_size}: need at least one calibration sample")
         if self.seq_len < 1:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from ..core.graph import Namer
+from ..core.graph import Namer, all_graphs
 from ..core.onnx_io import MIGRATION_DOC
 from .config import MIN_IR, MIN_OPSET
 from .numerics import act_scale, quantize_weight
@@ -118,7 +118,9 @@ def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan], weights
         nodes.append(node)
     del g.node[:]
     g.node.extend(nodes)
-    used = {name for n in g.node for name in n.input}
+    # an initializer stays while anything reads it: a node of any graph (a body captures it from this scope) or a
+    # graph output (a weight that is also an output keeps its float value there)
+    used = {name for sub in all_graphs(g) for n in sub.node for name in n.input} | {o.name for o in g.output}
     keep = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(keep + inits)

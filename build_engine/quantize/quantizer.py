@@ -18,10 +18,11 @@ import numpy as np
 from onnx import ModelProto, helper, numpy_helper
 
 from ..core.errors import InputError
+from ..core.graph import Namer
 from ..passes import fold
 from . import awq, calibrators, gemm, smoothquant
 from .calib_data import CalibSet
-from .config import METADATA_KEY, QuantConfig
+from .config import METADATA_KEY, MIN_BLOCK, MIN_IR, MIN_OPSET, QuantConfig
 from .qdq import EdgePlan, WeightPlan, rewrite
 from .report import NodeReport, QuantReport
 from .targets import Excluded, Selection, Target, select
@@ -69,7 +70,9 @@ def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
 def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResult:
     start = time.perf_counter()
     _check_source(model)
+    model = _at_opset(model, cfg.mode)
     model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
+    model = _lift_weight_constants(model)
     model, sel = _select(model, cfg)
     if cfg.mode == "int4-wo":
         sel = _whole_blocks(sel, cfg.block_size)
@@ -104,6 +107,66 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     out = folded.model
     helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, METADATA_KEY: report.metadata()})
     return QuantResult(out, report)
+
+
+def _at_opset(model: ModelProto, mode: str) -> ModelProto:
+    """``model`` converted (``onnx.version_converter``) to the default-domain opset the mode's Q/DQ needs, when it is
+    older: only declaring the newer opset would leave ops whose signature changed invalid (ReduceMean's ``axes``
+    became an input at 18, Unsqueeze's at 13: an opset-17 RMSNorm failed onnx.checker after fp8/int4). The converter
+    runs on the weightless skeleton (it serialises its input: weights would hit protobuf's 2 GiB limit) and the
+    weights go back unchanged; the IR version stays the source's, or the mode's minimum (the converter writes its
+    newest); model-local functions (which the converter drops) and metadata are the source's."""
+    from onnx import version_converter
+
+    from ..core.onnx_skeleton import skeleton
+
+    opset = max((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), default=0)
+    if opset >= MIN_OPSET[mode]:
+        return model
+    skel = skeleton(model)
+    stood_in = {i.name for i in skel.graph.input} - {i.name for i in model.graph.input}
+    try:
+        converted = version_converter.convert_version(skel, MIN_OPSET[mode])
+    except Exception as exc:  # onnx raises RuntimeError/ConvertError with the adapter's message
+        text = " ".join(str(exc).split())[:200]
+        raise InputError(f"the model is opset {opset}; --mode {mode} needs opset >= {MIN_OPSET[mode]} and onnx's "
+                         f"version converter failed ({text}); re-export the model at opset >= "
+                         f"{MIN_OPSET[mode]}") from exc
+    g = converted.graph
+    small = {t.name for t in g.initializer}
+    inputs = [i for i in g.input if i.name not in stood_in]
+    del g.input[:]
+    g.input.extend(inputs)
+    g.initializer.extend(t for t in model.graph.initializer if t.name not in small)
+    out = ModelProto()
+    out.CopyFrom(model)
+    out.graph.CopyFrom(g)
+    del out.opset_import[:]
+    out.opset_import.extend(converted.opset_import)
+    out.ir_version = max(model.ir_version, MIN_IR[mode])
+    return out
+
+
+def _lift_weight_constants(model: ModelProto) -> ModelProto:
+    """A copy with each top-level ``Constant`` node (a ``value`` tensor) that is a MatMul's or Gemm's input B turned
+    into the initializer of the same name (exporters without constant folding write weights so; ``select`` and
+    ``gemm`` see initializers only). The same tensor under the same name: every reader computes the same."""
+    weights = {n.input[1] for n in model.graph.node
+               if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1}
+    lift = {n.output[0]: n.attribute[0].t for n in model.graph.node if n.op_type == "Constant"
+            and n.domain in ("", "ai.onnx") and n.output[0] in weights and [a.name for a in n.attribute] == ["value"]}
+    if not lift:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    keep = [n for n in out.graph.node if n.op_type != "Constant" or n.output[0] not in lift]
+    for name, value in lift.items():
+        tensor = out.graph.initializer.add()
+        tensor.CopyFrom(value)
+        tensor.name = name
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    return out
 
 
 def _select(model: ModelProto, cfg: QuantConfig) -> tuple[ModelProto, Selection]:
@@ -146,9 +209,6 @@ def _weight_plan(t: Target, w: np.ndarray, s: np.ndarray | None, block: int, sta
     return WeightPlan(t, w, block, clip)
 
 
-MIN_BLOCK = 16
-
-
 def block_for(in_features: int, wanted: int) -> int:
     """The largest power of two <= ``wanted`` that divides ``in_features`` (TensorRT builds whole blocks only: "The
     quantization axis must divide into whole blocks"); 0 when it would be below ``MIN_BLOCK``."""
@@ -179,11 +239,16 @@ def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
     if scales:
         migrated = ModelProto()
         migrated.CopyFrom(model)
-        scaled = {t.weight: s for x, s in scales.items() for t in groups[x]}
-        for init in migrated.graph.initializer:
-            if init.name in scaled:
-                w = numpy_helper.to_array(init).astype(np.float32) * scaled[init.name][:, None]
-                init.CopyFrom(numpy_helper.from_array(w, init.name))
+        # each projection gets its own s * W: one weight read from two activations has two scales (scaling the
+        # shared initializer in place gave one of them the other's, so every later range came from a wrong model)
+        inits = {i.name: i for i in model.graph.initializer}
+        fresh = Namer(migrated)
+        for x, s in scales.items():
+            for t in groups[x]:
+                name = fresh(f"{t.weight}_migrated")
+                w = numpy_helper.to_array(inits[t.weight]).astype(np.float32) * s[:, None]
+                migrated.graph.initializer.append(numpy_helper.from_array(w, name))
+                migrated.graph.node[t.index].input[1] = name
         edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
                  for x, s in scales.items()}
         migrated = rewrite(migrated, cfg.mode, edges, [])

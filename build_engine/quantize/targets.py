@@ -1,17 +1,22 @@
 """Which MatMuls are quantized, and why every other one stays float (pure decision, no graph edits).
 
 A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initializer (a projection weight
-``[in, out]``) and whose first input is a runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported
-with 2-D inputs) are not seen here: ``quantizer`` lowers those it can to MatMul + Add first (``gemm``) and reports
-the others as excluded. A MatMul whose weight is computed at run time (e.g. ``Transpose`` of an initializer, when
-the fold leaves it) is not a projection here either. Activation x activation MatMuls (attention scores,
-probabilities x values) are never candidates. A candidate stays float when:
+``[in, out]``; ``quantizer`` first turns a weight given by a ``Constant`` node into one) and whose first input is a
+runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported with 2-D inputs) are not seen here: ``quantizer``
+lowers those it can to MatMul + Add first (``gemm``) and reports the others as excluded. A MatMul whose weight is
+computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a projection here either;
+it, and a MatMul whose constant is its first input, 3-D or not float32, is reported as excluded with that reason.
+Activation x activation MatMuls (attention scores, probabilities x values) are never candidates (nor listed). A
+candidate stays float when:
 
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values;
-2. it is the LM head (a MatMul from which a graph output is reached through data-movement ops and bias Adds only: a
-   lowered Gemm's, or an Add of an initializer), unless
-   ``quantize_lm_head``;
+2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
+   data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
+   last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
+   head); or a MatMul onto the vocabulary (weight ``[H, V]`` for the largest embedding table ``[V, H]``, a ``Gather``
+   of a 2-D initializer) from which a graph output is reached through ops other than MatMul/Gemm that read no other
+   run-time value (logits post-processed before the output: temperature, soft-capping, Softmax, ArgMax);
 3. its name matches an ``--exclude`` pattern.
 
 A weight initializer that is also listed in ``graph.input`` is only a default the caller may override at run time
@@ -82,28 +87,65 @@ def _is_bias(node: NodeProto, value: str, inits: Collection[str]) -> bool:
 
 
 def _lm_heads(model: ModelProto) -> set[str]:
-    """MatMul outputs from which a graph output is reached through data-movement ops and bias Adds only."""
-    inits = {t.name for t in model.graph.initializer}
-    consumers: dict[str, list[int]] = {}
-    for i, node in enumerate(model.graph.node):
+    """Outputs of the MatMuls that are the LM head (module docstring, rule 2)."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    consumers: dict[str, list[NodeProto]] = {}
+    for node in g.node:
         for name in node.input:
-            consumers.setdefault(name, []).append(i)
-    outputs = {o.name for o in model.graph.output}
+            consumers.setdefault(name, []).append(node)
+    out_dim = {o.name: (o.type.tensor_type.shape.dim[-1].dim_value if o.type.tensor_type.shape.dim else 0)
+               for o in g.output}
+    shapes = [(int(inits[n.input[0]].dims[1]), int(inits[n.input[0]].dims[0])) for n in g.node
+              if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
+    # the vocabulary is the largest table: position / token-type tables are smaller (BERT-medium: 512 positions,
+    # hidden 512, so every [512, 512] projection would match a position table)
+    top = max((v for _, v in shapes), default=0)
+    tables = {hv for hv in shapes if hv[1] == top}
+    constants = set(inits) | {n.output[0] for n in g.node if n.op_type == "Constant"}
     heads: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type != "MatMul":
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or len(w.dims) != 2:
             continue
-        frontier = [node.output[0]]
+        # onto the vocabulary: [H, V] against an embedding table [V, H] (a rotary cache [positions, head_dim] whose
+        # rows equal a v_proj's out features is no vocabulary: its width is not the projection's in features)
+        features, onto_vocab = int(w.dims[1]), (int(w.dims[0]), int(w.dims[1])) in tables
+        frontier, seen = [node.output[0]], set[str]()
         while frontier:
             value = frontier.pop()
-            if value in outputs:
+            if value in seen:
+                continue
+            seen.add(value)
+            if value in out_dim and (onto_vocab or out_dim[value] in (0, features)):
                 heads.add(node.output[0])
                 break
-            for j in consumers.get(value, []):
-                nxt = model.graph.node[j]
-                if nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt) or _is_bias(nxt, value, inits):
+            for nxt in consumers.get(value, []):
+                movement = nxt.op_type in _DATA_MOVEMENT or lora_spec.is_lora_node(nxt) or _is_bias(nxt, value, inits)
+                # logits post-processing reads one value at run time (not a residual Add of two activations)
+                post = all(not i or i == value or i in constants for i in nxt.input)
+                if movement or (onto_vocab and post and nxt.op_type not in ("MatMul", "Gemm")):
                     frontier.extend(nxt.output)
     return heads
+
+
+def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto],
+                      producers: dict[str, NodeProto]) -> str | None:
+    """Why a MatMul with a constant operand is not a candidate (None: no constant operand, or both constant)."""
+    a, b = (inits.get(name) for name in node.input)
+    if a is not None and b is None:
+        return "its constant is the first input (W @ x); only x @ W with W [in, out] is quantized"
+    if b is not None and a is None:
+        if b.data_type != TensorProto.FLOAT:
+            name = TensorProto.DataType.Name(b.data_type).lower()
+            return f"its weight {b.name!r} is {name}, not float32 (quantize the float32 source model)"
+        return f"its weight {b.name!r} is {len(b.dims)}-D; only 2-D [in, out] weights are quantized"
+    src = producers.get(node.input[1])
+    if a is None and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
+            and src.input[0] in inits:
+        return (f"its weight is computed at run time ({src.op_type} of {src.input[0]!r}); only initializer "
+                "weights are quantized")
+    return None
 
 
 def node_label(node: object, index: int) -> str:
@@ -117,15 +159,19 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     fed = {vi.name for vi in model.graph.input}
     decisions = node_decisions(model, "fp16")
     heads = _lm_heads(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         w = inits.get(node.input[1])
-        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
-            continue  # not a projection with a float32 weight (activation x activation, or already quantized)
         label = node_label(node, i)
+        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
+            why = _not_a_projection(node, inits, producers)
+            if why is not None:  # a constant operand that is not an [in, out] float32 weight: reported, kept float
+                excluded.append(Excluded(label, why))
+            continue  # otherwise activation x activation (attention), or a constant expression
         if w.name in fed:
             excluded.append(Excluded(label, f"its weight {w.name!r} is a graph input (overridable at run time)"))
             continue

@@ -14,8 +14,9 @@ bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
 
 Quantized models (``--precision int8|int4-wo|fp8``, B the fp32 source) are judged on the whole output, not element by
 element (one flipped rounding moves single logits by more than any useful atol): relative error
-``||A - B|| / ||B||`` and, for outputs whose last axis is a vocabulary, top-1 agreement (the share of positions whose
-argmax over the last axis is the same); for a bool output the relative error is the share of elements that differ:
+``||A - B|| / ||B||`` and, for every float output whose last axis is longer than 1 (logits, but also KV-cache or
+hidden-state outputs), top-1 agreement (the share of positions whose argmax over the last axis is the same); for a
+bool or integer output (token ids from an ArgMax head) the relative error is the share of elements that differ:
 
 =========  ==============  ===============  ================================================================
 precision  max rel. error  min top-1 agr.   why
@@ -26,7 +27,8 @@ int4-wo    0.35            0.50             16 levels per weight block; activati
 =========  ==============  ===============  ================================================================
 
 Random-weight models have nearly flat logits, so their top-1 is the most fragile case; trained models agree more.
-``--atol``/``--rtol`` given with these presets add the element-wise rule on top.
+``--atol``/``--rtol`` given with these presets add the element-wise rule on top (one given alone decides: the other
+is 0, since the rule needs both exceeded).
 
 ``atol=rtol=0`` means bitwise: every output must be byte-identical (so -0.0 vs +0.0 and NaN payloads count too).
 
@@ -113,6 +115,8 @@ def tolerances(precision: str, atol: float | None = None, rtol: float | None = N
     if precision not in PRESETS and precision not in QUANT_PRESETS:
         raise InputError(f"--precision {precision!r}: expected one of {', '.join([*PRESETS, *QUANT_PRESETS])}")
     d_atol, d_rtol = PRESETS.get(precision, (_NO_ELEMENTWISE, _NO_ELEMENTWISE))
+    if precision in QUANT_PRESETS and (atol is None) != (rtol is None):
+        d_atol = d_rtol = 0.0  # --atol alone with 1e30 as rtol could never fail an element
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
     if atol < 0 or rtol < 0 or not np.isfinite(atol) or not np.isfinite(rtol):
@@ -210,7 +214,7 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
     else:
         passed, nans = poly_pass and d.mismatches == 0, nan_count(a, b)
     rel_error, top1 = float("inf"), None
-    if a.shape == b.shape and a.dtype != np.bool_ and b.dtype != np.bool_:
+    if a.shape == b.shape and a.dtype.kind not in "biu" and b.dtype.kind not in "biu":
         with np.errstate(invalid="ignore", over="ignore"):  # equal infinities differ by 0 (compare.py)
             fa, fb = a.astype(np.float64), b.astype(np.float64)
             diff = np.where(fa == fb, 0.0, fa - fb)
@@ -219,7 +223,7 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
             top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
-    elif a.shape == b.shape:  # a bool output: the share of elements that differ (an equal one passed as inf before)
+    elif a.shape == b.shape:  # bool/integer (token ids): the share of elements that differ, not id arithmetic
         rel_error = float(np.mean(a != b)) if a.size else 0.0
     shapes = "" if a.shape == b.shape else f"A {list(a.shape)} vs B {list(b.shape)}"
     return OutputDiff(name, d.max_abs, d.max_rel, mismatches, d.total, passed and not shapes, d.rel_to_scale,
@@ -369,8 +373,13 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
 def check(result: DiffResult) -> None:
     """Raise CheckFailed (exit 1) naming the mismatching outputs."""
     bad = [o for o in result.outputs if not o.passed]
-    if bad and result.precision in QUANT_PRESETS:  # judged on the whole output (the element-wise rule is off)
+    if bad and result.precision in QUANT_PRESETS:  # judged on the whole output (and --atol/--rtol when given)
         max_rel, min_top1 = QUANT_PRESETS[result.precision]
+        whole = [o for o in bad if not (o.rel_error <= max_rel and (o.top1 is None or o.top1 >= min_top1))]
+        if not whole:  # only the element-wise rule failed: say so below (the preset's numbers pass)
+            raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs differ beyond atol={result.atol:g} "
+                              f"rtol={result.rtol:g}: " + ", ".join(_why(o) for o in bad))
+        bad = whole
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs fail the {result.precision} preset (relative "
                           f"error <= {max_rel:g}, top-1 agreement >= {min_top1:g}): " + ", ".join(
                               f"{o.name} (relative error {o.rel_error:.3g}, top-1 "
