@@ -12,6 +12,11 @@ The same fold, in place (``inplace=True``, as ``trtforge fold`` runs it), is mea
   (100k nodes, about ``W / 2`` weight bytes per node), for ``W`` = 64 ... 4096: where between weight-free and real
   graphs the ratio crosses 3x. Real exports carry kilobytes of weights per node (the table's bytes/node column).
 
+The baseline is live memory: freed C heap (building the model in Python leaves some) is trimmed before it is read, or
+the fold's own trims would read as negative growth. Last, what validation alone costs (onnx's C++ checker and strict
+shape inference on the folded weight-free skeleton, as ``pipeline._validate`` runs them) on the weight-free graph and
+the 1 kB-weight graph: the floor under any pass view.
+
 Run: ``python -P bench/fold_memory.py [--quick]`` (needs the ``bench`` extra for torch). Prints one row per model and
 the verdict per kind. Each process first folds a tiny model that takes every code path (``_warm_up``): imports and
 caches paid once per process are not the model's memory.
@@ -120,6 +125,40 @@ def _measure_here(spec: str, inplace: bool) -> None:
     print(size, nodes, max(0, _status_kb("VmHWM") - before) * 1024)  # 0: never above the RSS before
 
 
+def _peak_growth(fn: object) -> int:
+    """Bytes the resident set grew to above live memory while ``fn()`` ran (freed C heap trimmed first)."""
+    import gc
+
+    from trtforge.build_engine.core.heap import release_free_heap
+
+    gc.collect()
+    release_free_heap()
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+        fh.write("5")
+    before = _status_kb("VmRSS")
+    fn()  # type: ignore[operator]
+    return max(0, _status_kb("VmHWM") - before) * 1024
+
+
+def _validation_here(spec: str) -> None:
+    """What fold's validation alone costs on this model: onnx's C++ checker and strict shape inference, each on the
+    folded model's weight-free skeleton (what ``pipeline._validate`` runs), as RSS growth; printed beside the input's
+    serialized size."""
+    import onnx
+
+    from trtforge.build_engine.core import onnx_skeleton
+    from trtforge.build_engine.passes import fold
+
+    _warm_up()
+    model = _load(spec)
+    size = len(model.SerializeToString())  # type: ignore[attr-defined]
+    data = onnx_skeleton.skeleton_bytes(fold(model, inplace=True, validate=False).model)  # type: ignore[arg-type]
+    del model
+    checker = _peak_growth(lambda: onnx.checker.check_model(data))
+    strict = _peak_growth(lambda: onnx.shape_inference.C.infer_shapes(data, True, True, False))
+    print(size, checker, strict)
+
+
 def _measure(spec: str, inplace: bool) -> tuple[int, int, int]:
     cmd = [sys.executable, "-P", __file__, "--one", spec] + (["--inplace"] if inplace else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
@@ -131,9 +170,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a third of the corpus, two weight densities")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--inplace", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--validation", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         _measure_here(args.one, args.inplace)
+        return
+    if args.validation:
+        _validation_here(args.validation)
         return
     import fold_models as fm
 
@@ -157,6 +200,11 @@ def main() -> None:
     for kind, ratio in worst.items():
         print(f"- {kind}: worst fold(model) RSS growth {ratio:.2f}x serialized: "
               f"{'PASS' if ratio < TARGET else 'MISS'} (target < {TARGET:g}x)")
+    for spec in ("synthetic:100000", f"weighted:50000,{dens[-2]}"):
+        cmd = [sys.executable, "-P", __file__, "--validation", spec]
+        size, checker, strict = map(int, subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split())
+        print(f"- validation alone on {spec} (the folded skeleton): onnx.checker {checker / 1e6:.1f} MB "
+              f"({checker / size:.2f}x the input), strict shape inference {strict / 1e6:.1f} MB ({strict / size:.2f}x)")
 
 
 if __name__ == "__main__":
