@@ -57,7 +57,13 @@ def _status_kb(key: str) -> int:
 def _rss_growth_here(n: int) -> int | None:
     """Peak RSS during one fold of the ``n``-node graph minus the RSS before it, in bytes (in a fresh process: memory
     an earlier fold freed would otherwise be reused without growing the RSS)."""
+    import gc
+
+    from trtforge.build_engine.core.heap import release_free_heap
+
     model = synthetic(n)
+    gc.collect()
+    release_free_heap()  # the baseline is live memory: freed C heap fold would reuse must not read as no growth
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
             fh.write("5")  # resets VmHWM to the current RSS
