@@ -6,8 +6,8 @@ dtype has, shuffled: for floats +-0.0, +-inf, NaN, the largest and smallest fini
 subnormal values of both signs, halves (rounding ties) and wide-range random values; for integers the minimum, the
 maximum, 0, +-1 and random values over the whole range (so out-of-range narrowing and float conversions are hit);
 for bool both values. ``control_pins`` finds graph inputs that decide control flow: a Loop's trip count and
-condition are pinned so the body runs (trip count 3, condition true), and each If condition is tried both ways, so
-a body the fold changed is executed.
+condition are pinned so the body runs (trip count 3, condition true; Loops at any depth), and each If condition of
+the main graph is tried both ways, so a body the fold changed is executed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
+
+from ..core.graph import subgraphs
 
 _PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
 
@@ -88,32 +90,54 @@ def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -
     return feeds
 
 
-def _sources(model: ModelProto, name: str) -> Iterator[str]:
-    """``name`` and the graph values it is computed from through Identity/Cast/(Un)Squeeze/Reshape."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    cur = name
+_Scope = tuple[dict[str, NodeProto], set[str]]  # one graph's producers, and every name it defines
+
+
+def _scope(graph: GraphProto) -> _Scope:
+    producers = {o: n for n in graph.node for o in n.output}
+    return producers, set(producers) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+
+
+def _main_sources(scopes: list[_Scope], name: str) -> Iterator[str]:
+    """The main-graph values that ``name``, read in the innermost of ``scopes`` (main graph first), is computed from
+    through Identity/Cast/(Un)Squeeze/Reshape, ``name`` included; each name resolved lexically (a body's own input
+    or value shadows the main graph's)."""
+    level, cur = len(scopes) - 1, name
     for _ in range(16):
-        yield cur
-        p = producers.get(cur)
+        while level > 0 and cur not in scopes[level][1]:
+            level -= 1
+        if level == 0:
+            yield cur
+        p = scopes[level][0].get(cur)
         if p is None or p.op_type not in _PASS or not p.input:
             return
         cur = p.input[0]
 
 
 def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
-    """({graph input: value that makes a Loop run its body}, [graph inputs that decide an If])."""
+    """({graph input: value that makes a Loop run its body}, [graph inputs that decide an If]).
+
+    Loops at every depth (If/Loop/Scan bodies) are pinned: one nested in a branch whose trip count is a graph input
+    would otherwise get that input's value classes (2**63 - 1 trips: the check never ends, or 0: the body never
+    runs). Only the main graph's Ifs are tried both ways: one value for every condition would never run a nested
+    If's else branch inside its parent's then branch, which random conditions do."""
     inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     pins: dict[str, object] = {}
     branches: list[str] = []
-    for n in model.graph.node:
-        if n.op_type == "Loop":
-            for k, value in ((0, 3), (1, True)):
-                if len(n.input) > k and n.input[k]:
-                    for s in _sources(model, n.input[k]):
-                        if s in inputs:
-                            pins[s] = value
-        elif n.op_type == "If" and n.input:
-            branches += [s for s in _sources(model, n.input[0]) if s in inputs and s not in branches]
+
+    def visit(graph: GraphProto, outer: list[_Scope]) -> None:
+        scopes = [*outer, _scope(graph)]
+        for n in graph.node:
+            if n.op_type == "Loop":
+                for k, value in ((0, 3), (1, True)):
+                    if len(n.input) > k and n.input[k]:
+                        pins.update((s, value) for s in _main_sources(scopes, n.input[k]) if s in inputs)
+            elif n.op_type == "If" and n.input and not outer:
+                branches.extend(s for s in _main_sources(scopes, n.input[0]) if s in inputs and s not in branches)
+            for g in subgraphs(n):
+                visit(g, scopes)
+
+    visit(model.graph, [])
     return pins, branches
 
 
