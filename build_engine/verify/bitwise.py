@@ -85,18 +85,47 @@ def _explicit_loop_conditions(model: ModelProto) -> ModelProto:
     return copy
 
 
+def _as_value(o: Any) -> Any:
+    """One output as the check compares it: an array per tensor, a list per sequence, a dict per map, None for an
+    empty optional (a sequence of tensors of different shapes is no array, and a map no array of numbers)."""
+    if o is None:
+        return None
+    if isinstance(o, dict):
+        return {k: _as_value(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_as_value(v) for v in o]
+    return np.asarray(o)
+
+
+def compare_values(a: Any, b: Any) -> tuple[bool, float]:
+    """(bit-identical, max |diff| over what differs) of two outputs (``_as_value``): tensors by ``compare_arrays``,
+    sequences element by element (same length), maps key by key (same keys), an empty optional equal only to one;
+    anything else is a difference of inf."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        d = compare_arrays(a, b)
+        return d.bitwise, d.max_abs_unequal
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        pairs = list(zip(a, b, strict=True))
+    elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        pairs = [(a[k], b[k]) for k in a]
+    else:
+        return (a is None and b is None), (0.0 if a is None and b is None else float("inf"))
+    results = [compare_values(x, y) for x, y in pairs]
+    return all(ok for ok, _ in results), max((d for _, d in results), default=0.0)
+
+
 def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str,
-              path: str | None = None) -> list[np.ndarray]:
-    """Every output of ``model`` on ``feeds``: ``onnx.reference``, or a deterministic onnxruntime session
-    (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread). ``path``: the same model's
-    file, which onnxruntime then loads itself (with its external data), so a model over protobuf's 2 GiB limit is
-    never serialised in memory."""
+              path: str | None = None) -> list[Any]:
+    """Every output of ``model`` on ``feeds`` (``_as_value``): ``onnx.reference``, or a deterministic onnxruntime
+    session (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread). ``path``: the same
+    model's file, which onnxruntime then loads itself (with its external data), so a model over protobuf's 2 GiB
+    limit is never serialised in memory."""
     if runtime == "onnx.reference":
         from onnx.reference import ReferenceEvaluator
 
         model = _explicit_loop_conditions(model)
-        return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
-    return [np.asarray(o) for o in make_session(path if path is not None else model).run(None, dict(feeds))]
+        return [_as_value(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
+    return [_as_value(o) for o in make_session(path if path is not None else model).run(None, dict(feeds))]
 
 
 class CannotCheck(InputError):
@@ -236,8 +265,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
             worst = float("inf")
             continue
         for name, a, b in zip(names, outs_a, outs_b, strict=True):
-            d = compare_arrays(a, b)
-            ok, diff = d.bitwise, d.max_abs_unequal
+            ok, diff = compare_values(a, b)
             if not ok:
                 passed = False
                 bad.append(name)
@@ -245,8 +273,8 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)), ran)
 
 
-def first_mismatch(outs_a: Sequence[np.ndarray], outs_b: Sequence[np.ndarray]) -> int | None:
+def first_mismatch(outs_a: Sequence[Any], outs_b: Sequence[Any]) -> int | None:
     for k, (a, b) in enumerate(zip(outs_a, outs_b, strict=True)):
-        if not compare_arrays(a, b).bitwise:
+        if not compare_values(a, b)[0]:
             return k
     return None

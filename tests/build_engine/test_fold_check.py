@@ -3,6 +3,7 @@ or exit 2 naming the op; inputs reach every value class; Loop/If bodies that cha
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -17,6 +18,7 @@ from trtforge.build_engine.passes import fold
 from trtforge.build_engine.passes.base import GraphPass
 from trtforge.build_engine.passes.ir import GraphCtx
 from trtforge.build_engine.verify.bitwise import CannotCheck, check_equivalent
+from trtforge.build_engine.verify.compare import compare_arrays
 from trtforge.build_engine.verify.fold_feeds import control_pins, extreme_inputs
 from trtforge_testing import assert_one_line_error
 
@@ -234,6 +236,49 @@ def test_a_loop_nested_in_a_branch_runs_its_body_and_the_check_ends() -> None:
     assert folded.report.removed == {"Cast": 2}
     chk = check_equivalent(exact, folded.model, seed=4)
     assert chk.passed and chk.runs >= 4
+
+
+def _round_trip_into(mid: int, tail: list[onnx.NodeProto], out: onnx.ValueInfoProto, opsets=(("", 17),),
+                     shape=(5,)) -> onnx.ModelProto:
+    nodes = [h.make_node("Cast", ["x"], ["xm"], to=mid), h.make_node("Cast", ["xm"], ["xf"], to=T.FLOAT), *tail]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, list(shape))], [out],
+                     initializer=[nh.from_array(np.array([2, 3], np.int64), "split")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid(d, v) for d, v in opsets])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_sequence_and_map_outputs_get_the_right_verdict(cli, tmp_path: Path) -> None:
+    # a sequence of tensors of two shapes was made one array: "could not check this model" although both runtimes
+    # run it; a sequence of maps became an object array whose NaN values never equal: "OUTPUTS DIFFER" (exit 1)
+    ragged = ([h.make_node("SplitToSequence", ["xf", "split"], ["y"])],
+              h.make_tensor_sequence_value_info("y", T.FLOAT, ["k"]), (("", 17),), (5,))
+    maps = ([h.make_node("ZipMap", ["xf"], ["y"], domain="ai.onnx.ml", classlabels_int64s=[1, 2, 3])],
+            h.make_value_info("y", h.make_sequence_type_proto(
+                h.make_map_type_proto(T.INT64, h.make_tensor_type_proto(T.FLOAT, [])))),
+            (("", 17), ("ai.onnx.ml", 3)), (2, 3))
+    for k, case in enumerate((ragged, maps)):
+        exact, lossy = _round_trip_into(T.DOUBLE, *case), _round_trip_into(T.FLOAT16, *case)
+        folded = fold(exact)
+        assert folded.report.removed == {"Cast": 2}
+        assert check_equivalent(exact, folded.model).passed
+        assert not check_equivalent(exact, lossy).passed
+        src, out = tmp_path / f"in{k}.onnx", tmp_path / f"out{k}.onnx"
+        onnx.save_model(exact, src)
+        res = cli("fold", src, "-o", out, "--check")
+        assert res.code == 0 and res.err == "", res.err
+        assert "bit-identical" in res.out and out.exists()
+
+
+def test_complex_outputs_are_compared_as_complex_numbers() -> None:
+    # compared as float64, a change of the imaginary part measured 0 and numpy warned on stderr
+    a = np.array([1 + 2j, 3 - 1j], np.complex64)
+    b = np.array([1 + 2j, 3 + 1j], np.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = compare_arrays(a, b)
+    assert not d.bitwise and d.max_abs_unequal == 2.0 and compare_arrays(a, a.copy()).bitwise
 
 
 @pytest.mark.parametrize("kind", ["sequence", "optional"])
