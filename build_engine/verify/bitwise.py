@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from onnx import ModelProto, TensorProto, helper
 
 from ..core import steps
 from ..core.errors import InputError
-from ..core.graph import all_graphs, model_nodes
+from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, pinned
 from .inputs import random_feeds
@@ -65,16 +65,26 @@ def uses_low_precision(model: ModelProto) -> bool:
     return False
 
 
+def _bodies(model: ModelProto) -> Iterator[Any]:
+    """Every node list of the model: the main graph, model-local function bodies, and the graphs nested in both."""
+    yield from all_graphs(model.graph)
+    for fn in model.functions:
+        yield fn
+        for n in fn.node:
+            for sub in subgraphs(n):
+                yield from all_graphs(sub)
+
+
 def _explicit_loop_conditions(model: ModelProto) -> ModelProto:
     """A copy where every Loop without a condition input reads a constant true instead (what the spec says an
-    absent condition means): onnx.reference runs no iteration of such a Loop, hiding any change in its body."""
-    loops = [n for g in all_graphs(model.graph) for n in g.node if n.op_type == "Loop" and len(n.input) > 1
-             and not n.input[1]]
+    absent condition means): onnx.reference runs no iteration of such a Loop, hiding any change in its body. In
+    function bodies too (they run inlined, a Loop there as well)."""
+    loops = [n for g in _bodies(model) for n in g.node if n.op_type == "Loop" and len(n.input) > 1 and not n.input[1]]
     if not loops:
         return model
     copy = ModelProto()
     copy.CopyFrom(model)
-    for g in all_graphs(copy.graph):
+    for g in _bodies(copy):
         for k in range(len(g.node) - 1, -1, -1):
             n = g.node[k]
             if n.op_type == "Loop" and len(n.input) > 1 and not n.input[1]:

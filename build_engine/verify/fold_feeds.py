@@ -12,6 +12,7 @@ the main graph is tried both ways, so a body the fold changed is executed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,13 +118,19 @@ def _main_sources(scopes: list[_Scope], name: str) -> Iterator[str]:
 def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
     """({graph input: value that makes a Loop run its body}, [graph inputs that decide an If]).
 
-    Loops at every depth (If/Loop/Scan bodies) are pinned: one nested in a branch whose trip count is a graph input
-    would otherwise get that input's value classes (2**63 - 1 trips: the check never ends, or 0: the body never
-    runs). Only the main graph's Ifs are tried both ways: one value for every condition would never run a nested
-    If's else branch inside its parent's then branch, which random conditions do."""
+    Loops at every depth (If/Loop/Scan bodies, model-local functions, seen inlined) are pinned: one nested in a
+    branch whose trip count is a graph input would otherwise get that input's value classes (2**63 - 1 trips: the
+    check never ends, or 0: the body never runs). Only the main graph's Ifs are tried both ways: one value for
+    every condition would never run a nested If's else branch inside its parent's then branch, which random
+    conditions do."""
     inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     pins: dict[str, object] = {}
     branches: list[str] = []
+    if model.functions:  # a Loop in a model-local function: its trip count is the caller's value, seen inlined
+        import onnx.inliner
+
+        with contextlib.suppress(Exception):  # onnx cannot inline it: the graphs' own Loops are still pinned
+            model = onnx.inliner.inline_local_functions(model)
 
     def visit(graph: GraphProto, outer: list[_Scope]) -> None:
         scopes = [*outer, _scope(graph)]
