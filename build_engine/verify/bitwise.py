@@ -28,7 +28,7 @@ from ..core import steps
 from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
-from .fold_feeds import control_pins, extreme_inputs, pinned
+from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned
 from .inputs import random_feeds
 from .sessions import make_session
 
@@ -230,13 +230,25 @@ def _check_runnable(model: ModelProto) -> None:
                     "sparse_tensor_type": "a sparse tensor"}.get(kind or "", "not typed")
             raise CannotCheck(f"could not check this model: graph input {vi.name!r} is {what}, not a tensor "
                               "(--check feeds tensors only); fold without --check")
-    for g in all_graphs(model.graph):
-        for n in g.node:
-            if n.op_type == "Loop" and n.input and n.input[0]:
-                trips = _constant_trip_count(g, n.input[0])
-                if trips is not None and trips > MAX_LOOP_TRIPS:
-                    raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "
-                                      f"than {MAX_LOOP_TRIPS} iterations are not run; op Loop); fold without --check")
+    for trips in _constant_trip_counts(inline_functions(model).graph, []):
+        if trips > MAX_LOOP_TRIPS:
+            raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "
+                              f"than {MAX_LOOP_TRIPS} iterations are not run; op Loop); fold without --check")
+
+
+def _constant_trip_counts(graph: Any, outer: list[Any]) -> Iterator[int]:
+    """The constant trip count of each Loop in ``graph`` and the graphs nested in it, its name resolved lexically (a
+    body's Loop may count to a constant of an enclosing graph)."""
+    scopes = [*outer, graph]
+    for n in graph.node:
+        if n.op_type == "Loop" and n.input and n.input[0]:
+            home = next((g for g in reversed(scopes) if n.input[0] in {*(i.name for i in g.input),
+                         *(t.name for t in g.initializer), *(o for m in g.node for o in m.output)}), None)
+            trips = None if home is None else _constant_trip_count(home, n.input[0])
+            if trips is not None:
+                yield trips
+        for sub in subgraphs(n):
+            yield from _constant_trip_counts(sub, scopes)
 
 
 @steps.timed("check")

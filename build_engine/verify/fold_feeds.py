@@ -91,6 +91,19 @@ def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -
     return feeds
 
 
+def inline_functions(model: ModelProto) -> ModelProto:
+    """``model`` with its model-local functions inlined (a copy; ``model`` itself when it has none, or when onnx
+    cannot inline them): what the control-flow questions read, since a function's Loop runs on its caller's
+    values."""
+    if not model.functions:
+        return model
+    import onnx.inliner
+
+    with contextlib.suppress(Exception):
+        return onnx.inliner.inline_local_functions(model)
+    return model
+
+
 _Scope = tuple[dict[str, NodeProto], set[str]]  # one graph's producers, and every name it defines
 
 
@@ -126,11 +139,7 @@ def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
     inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     pins: dict[str, object] = {}
     branches: list[str] = []
-    if model.functions:  # a Loop in a model-local function: its trip count is the caller's value, seen inlined
-        import onnx.inliner
-
-        with contextlib.suppress(Exception):  # onnx cannot inline it: the graphs' own Loops are still pinned
-            model = onnx.inliner.inline_local_functions(model)
+    model = inline_functions(model)  # a Loop in a model-local function: its trip count is the caller's value
 
     def visit(graph: GraphProto, outer: list[_Scope]) -> None:
         scopes = [*outer, _scope(graph)]

@@ -198,6 +198,36 @@ def test_loop_with_a_huge_constant_trip_count_exit_2_promptly(cli, tmp_path: Pat
     assert not out.exists()
 
 
+@pytest.mark.parametrize("where", ["branch", "function", "function argument"])
+def test_a_huge_constant_trip_count_out_of_sight_exit_2_promptly(cli, tmp_path: Path, where: str) -> None:
+    # only a Loop's own graph was searched for its constant trip count: one counting to a main-graph constant from
+    # inside an If, or to a constant in (or passed to) a model-local function, ran 10**12 iterations
+    big = h.make_node("Constant", [], ["M"], value=nh.from_array(np.array(10**12, np.int64)))
+    loop = _counting_loop("M")
+    vi = h.make_tensor_value_info
+    functions = []
+    if where == "branch":
+        then = h.make_graph(loop, "then", [], [vi("y", T.FLOAT, [1])])
+        other = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", T.FLOAT, [1])])
+        nodes = [big, h.make_node("If", ["c"], ["out"], then_branch=then, else_branch=other)]
+    else:
+        body = loop if where == "function" else loop[1:]
+        fn = h.make_function("local", "L", ["x", "M"] if where != "function" else ["x"], ["y"],
+                             [big, *body] if where == "function" else [h.make_node("Identity", ["x"], ["xi"]), *body],
+                             [h.make_opsetid("", 17)])
+        functions = [fn]
+        nodes = ([big] if where != "function" else []) + [
+            h.make_node("L", ["x", "M"] if where != "function" else ["x"], ["out"], domain="local")]
+    g = h.make_graph(nodes, "g", [vi("x", T.FLOAT, [1]), vi("c", T.BOOL, [])], [vi("out", T.FLOAT, [1])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("local", 1)], functions=functions)
+    onnx.checker.check_model(m, full_check=True)
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--check")
+    assert_one_line_error(res, 2, "could not check this model", "op Loop")
+    assert not out.exists()
+
+
 def test_loop_whose_trip_count_is_an_input_is_still_checked() -> None:
     m = _model(_counting_loop("M"), [("x", T.FLOAT, [1]), ("M", T.INT64, [])], [("y", T.FLOAT, [1])])
     res = fold(m)
