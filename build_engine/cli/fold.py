@@ -47,6 +47,8 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
                   f"in {steps.elapsed():.2f} s (load, fold{', check' if 'check' in report else ''} and save; the "
                   f"fold pass {report['seconds']:.3f} s)" + ("" if written else " [red](not written)[/red]"))
     console.print(f"  removed: {removed}")
+    if report["added"]:  # the constants folded Casts became (else before - removed != after)
+        console.print("  added:   " + ", ".join(f"{op} {n}" for op, n in report["added"].items()))
     console.print(f"  rules:   {rules}")
     check = report.get("check")
     if check is not None:
