@@ -6,7 +6,8 @@ thread and no weight pre-packing (``sessions.make_session``: it then evaluates t
 runs it, ``CannotCheck`` (exit 2: "could not check this model: reason (op X)"). Inputs: typical values (the shared
 planner ``inputs.random_feeds``) and every value class of each dtype (``fold_feeds``), with Loop bodies run and If
 conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
-Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor, or with a Loop whose
+Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor or that has more
+than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose
 constant trip count exceeds ``MAX_LOOP_TRIPS`` (a Loop bounded only by its condition is run as the model says, and
 one that never stops would not let the check stop either). Both models run on the same inputs in the same runtime,
 compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
@@ -15,6 +16,7 @@ must match bitwise, including the sign of zero.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +31,7 @@ from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned
-from .inputs import random_feeds
+from .inputs import MAX_SHAPE_ELEMENTS, plan_feeds, random_feeds
 from .sessions import make_session
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
@@ -222,7 +224,9 @@ def _constant_trip_count(graph: Any, name: str) -> int | None:
 
 def _check_runnable(model: ModelProto) -> None:
     """``CannotCheck`` before anything runs, for models no check can run: a graph input that is not a tensor (the
-    feeds are tensors), or a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS`` (it would not finish)."""
+    feeds are tensors) or whose static shape has more than ``inputs.MAX_SHAPE_ELEMENTS`` elements (its feeds would
+    not fit in memory: a MemoryError, exit 3), or a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS`` (it
+    would not finish)."""
     for vi in model.graph.input:
         kind = vi.type.WhichOneof("value")
         if kind != "tensor_type":
@@ -230,6 +234,11 @@ def _check_runnable(model: ModelProto) -> None:
                     "sparse_tensor_type": "a sparse tensor"}.get(kind or "", "not typed")
             raise CannotCheck(f"could not check this model: graph input {vi.name!r} is {what}, not a tensor "
                               "(--check feeds tensors only); fold without --check")
+    for spec in plan_feeds(model):
+        if math.prod(spec.shape) > MAX_SHAPE_ELEMENTS:  # the check would hold several such feeds in memory
+            raise CannotCheck(f"could not check this model: graph input {spec.name!r} has static shape "
+                              f"{list(spec.shape)} ({math.prod(spec.shape)} elements, more than the "
+                              f"{MAX_SHAPE_ELEMENTS} --check draws per input); fold without --check")
     for trips in _constant_trip_counts(inline_functions(model).graph, []):
         if trips > MAX_LOOP_TRIPS:
             raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "

@@ -228,6 +228,18 @@ def test_a_huge_constant_trip_count_out_of_sight_exit_2_promptly(cli, tmp_path: 
     assert not out.exists()
 
 
+def test_an_input_too_big_to_draw_exit_2_naming_it(cli, tmp_path: Path) -> None:
+    # a static [60000, 60000] input: drawing its feeds raised MemoryError ("internal error", exit 3)
+    m = _model([h.make_node("Identity", ["x"], ["a"]), h.make_node("Relu", ["a"], ["y"])],
+               [("x", T.FLOAT, [60000, 60000])], [("y", T.FLOAT, [60000, 60000])])
+    onnx.checker.check_model(m, full_check=True)
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--check")
+    assert_one_line_error(res, 2, "could not check this model", "graph input 'x'", "3600000000 elements")
+    assert not out.exists()
+
+
 def test_loop_whose_trip_count_is_an_input_is_still_checked() -> None:
     m = _model(_counting_loop("M"), [("x", T.FLOAT, [1]), ("M", T.INT64, [])], [("y", T.FLOAT, [1])])
     res = fold(m)
