@@ -7,9 +7,10 @@ runs it, ``CannotCheck`` (exit 2: "could not check this model: reason (op X)"). 
 planner ``inputs.random_feeds``) and every value class of each dtype (``fold_feeds``), with Loop bodies run and If
 conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
 Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor or that has more
-than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose
-constant trip count exceeds ``MAX_LOOP_TRIPS`` (a Loop bounded only by its condition is run as the model says, and
-one that never stops would not let the check stop either). Both models run on the same inputs in the same runtime,
+than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS``.
+A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 12); a Loop bounded
+only by its condition is run as the model says, and one that never stops would not let the check stop either.
+Both models run on the same inputs in the same runtime,
 compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
 must match bitwise, including the sign of zero.
 """
@@ -67,33 +68,52 @@ def uses_low_precision(model: ModelProto) -> bool:
     return False
 
 
-def _bodies(model: ModelProto) -> Iterator[Any]:
-    """Every node list of the model: the main graph, model-local function bodies, and the graphs nested in both."""
-    yield from all_graphs(model.graph)
+def _bodies(model: ModelProto) -> Iterator[tuple[Any, int]]:
+    """Every node list of the model with its default-domain opset: the main graph, model-local function bodies, and
+    the graphs nested in both."""
+    main = _default_opset(model.opset_import, 1)
+    for g in all_graphs(model.graph):
+        yield g, main
     for fn in model.functions:
-        yield fn
+        opset = _default_opset(fn.opset_import, main)
+        yield fn, opset
         for n in fn.node:
             for sub in subgraphs(n):
-                yield from all_graphs(sub)
+                yield from ((g, opset) for g in all_graphs(sub))
 
 
-def _explicit_loop_conditions(model: ModelProto) -> ModelProto:
-    """A copy where every Loop without a condition input reads a constant true instead (what the spec says an
-    absent condition means): onnx.reference runs no iteration of such a Loop, hiding any change in its body. In
-    function bodies too (they run inlined, a Loop there as well)."""
-    loops = [n for g in _bodies(model) for n in g.node if n.op_type == "Loop" and len(n.input) > 1 and not n.input[1]]
-    if not loops:
+def _default_opset(opsets: Any, fallback: int) -> int:
+    return next((int(o.version) for o in opsets if o.domain in ("", "ai.onnx")), fallback)
+
+
+def _runnable_loops(model: ModelProto) -> ModelProto:
+    """A copy in which every Loop, in the graphs and in function bodies, runs as the check needs: one without a
+    condition input reads a constant true (what the spec says an absent condition means: onnx.reference runs no
+    iteration of such a Loop, hiding any change in its body), and from opset 12 on (Min of int64) its trip count is
+    capped at ``MAX_LOOP_TRIPS`` (one computed from the inputs, ``n + 1`` for a value-class ``n`` of 2**62, never
+    ended). Both models of a check get the same change, so a difference in the first ``MAX_LOOP_TRIPS`` iterations
+    still shows."""
+    if not any(n.op_type == "Loop" for g, _ in _bodies(model) for n in g.node):
         return model
     copy = ModelProto()
     copy.CopyFrom(model)
-    for g in _bodies(copy):
+    for g, opset in _bodies(copy):
         for k in range(len(g.node) - 1, -1, -1):
             n = g.node[k]
-            if n.op_type == "Loop" and len(n.input) > 1 and not n.input[1]:
-                name = f"{n.output[0]}__trtforge_check_true"
-                n.input[1] = name
-                g.node.insert(k, helper.make_node("Constant", [], [name],
-                                                  value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
+            if n.op_type != "Loop":
+                continue
+            tag, added = f"{n.output[0] if n.output else n.name}__trtforge_check", []
+            if len(n.input) > 1 and not n.input[1]:
+                n.input[1] = f"{tag}_true"
+                added.append(helper.make_node("Constant", [], [n.input[1]],
+                                              value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
+            if n.input and n.input[0] and opset >= 12:
+                added += [helper.make_node("Constant", [], [f"{tag}_cap"],
+                                           value=helper.make_tensor("", TensorProto.INT64, [], [MAX_LOOP_TRIPS])),
+                          helper.make_node("Min", [n.input[0], f"{tag}_cap"], [f"{tag}_trips"])]
+                n.input[0] = f"{tag}_trips"
+            for a in reversed(added):
+                g.node.insert(k, a)
     return copy
 
 
@@ -135,9 +155,9 @@ def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str,
     if runtime == "onnx.reference":
         from onnx.reference import ReferenceEvaluator
 
-        model = _explicit_loop_conditions(model)
-        return [_as_value(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
-    return [_as_value(o) for o in make_session(path if path is not None else model).run(None, dict(feeds))]
+        return [_as_value(o) for o in ReferenceEvaluator(_runnable_loops(model)).run(None, dict(feeds))]
+    session = make_session(path if path is not None else _runnable_loops(model))
+    return [_as_value(o) for o in session.run(None, dict(feeds))]
 
 
 class CannotCheck(InputError):
