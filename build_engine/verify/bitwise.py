@@ -31,7 +31,7 @@ from ..core import steps
 from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
-from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned
+from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs
 from .inputs import MAX_SHAPE_ELEMENTS, plan_feeds, random_feeds
 from .sessions import make_session
 
@@ -202,15 +202,17 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
 def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
     """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways. A graph
     input with an initializer (IR >= 4: a default the caller may override) keeps its default in those draws and gets
-    every value class in one more draw, so a fold that took such a default for a constant is seen too."""
+    every value class in one more draw, so a fold that took such a default for a constant is seen too. An input that
+    decides a tensor's size (``fold_feeds.sizing_inputs``) keeps its typical values."""
     pins, branch_inputs = control_pins(original)
+    sizing = sizing_inputs(original)  # typical values only: a value class there allocates gigabytes
     inits = {t.name: list(t.dims) for t in original.graph.initializer}
-    defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits}
+    defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits and vi.name not in sizing}
     out = []
     for k in range(trials):
         typical = random_feeds(original, seed + k)
         shapes = {n: list(a.shape) for n, a in typical.items()}
-        extreme = extreme_inputs(original, shapes, seed + k)
+        extreme = {**extreme_inputs(original, shapes, seed + k), **{n: typical[n] for n in sizing if n in typical}}
         # integers of every class often index out of range (token ids): also a draw with typical integers
         floats_only = {n: (a if a.dtype.kind in "iu" else extreme.get(n, a)) for n, a in typical.items()}
         draws = [("typical", typical), ("value classes", extreme), ("value classes", floats_only)]

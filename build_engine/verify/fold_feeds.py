@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from ..core.graph import subgraphs
+from ..core.graph import all_graphs, free_names, subgraphs
 
 _PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
 
@@ -155,6 +155,43 @@ def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
 
     visit(model.graph, [])
     return pins, branches
+
+
+#: Inputs of ops whose values decide how big a tensor gets (Range bounds, a ConstantOfShape/Expand/Reshape shape, Tile
+#: repeats, Resize sizes, Pad pads, OneHot depth, TopK k).
+_SIZE_INPUTS = {"Range": (0, 1, 2), "ConstantOfShape": (0,), "Expand": (1,), "Tile": (1,), "Reshape": (1,),
+                "Resize": (3,), "Pad": (1,), "OneHot": (1,), "TopK": (1,), "CenterCropPad": (1,)}
+_VALUE_FREE = frozenset({"Shape", "Size"})  # their outputs do not depend on their input's values
+
+
+def sizing_inputs(model: ModelProto) -> set[str]:
+    """Graph inputs whose values decide how big a tensor gets (``_SIZE_INPUTS``, reached through any ops but
+    Shape/Size, in any graph or function): a value class there (``Range(0, n)`` with n = 2**31 - 1) would allocate
+    gigabytes per run, so the check keeps their typical values in the value-class draws."""
+    view = inline_functions(model)
+    readers: dict[str, list[tuple[NodeProto, int]]] = {}
+    for g in all_graphs(view.graph):
+        for n in g.node:
+            for k, i in enumerate(n.input):
+                if i:
+                    readers.setdefault(i, []).append((n, k))
+            for sub in subgraphs(n):  # a body reading a value: the node's outputs depend on it
+                for i in free_names(sub):
+                    readers.setdefault(i, []).append((n, -1))
+    out: set[str] = set()
+    for vi in view.graph.input:
+        seen, stack = set(), [vi.name]
+        while stack and vi.name not in out:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            for n, k in readers.get(v, ()):
+                if k in _SIZE_INPUTS.get(n.op_type, ()):
+                    out.add(vi.name)
+                elif n.op_type not in _VALUE_FREE:
+                    stack.extend(o for o in n.output if o)
+    return out
 
 
 def pinned(feeds: dict[str, np.ndarray], pins: dict[str, object], branch_inputs: list[str],
