@@ -31,7 +31,7 @@ from ..core import steps
 from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
-from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs
+from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
 from .inputs import MAX_SHAPE_ELEMENTS, plan_feeds, random_feeds
 from .sessions import make_session
 
@@ -215,12 +215,17 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
     for k in range(trials):
         typical = random_feeds(original, seed + k)
         shapes = {n: list(a.shape) for n, a in typical.items()}
-        extreme = {**extreme_inputs(original, shapes, seed + k), **{n: typical[n] for n in sizing if n in typical}}
+        extreme = {**extreme_inputs(original, shapes, seed + k, k), **{n: typical[n] for n in sizing if n in typical}}
         # integers of every class often index out of range (token ids): also a draw with typical integers
         floats_only = {n: (a if a.dtype.kind in "iu" else extreme.get(n, a)) for n, a in typical.items()}
         draws = [("typical", typical), ("value classes", extreme), ("value classes", floats_only)]
         if defaults:
-            draws.append(("value classes", {**typical, **extreme_inputs(original, defaults, seed + k)}))
+            draws.append(("value classes", {**typical, **extreme_inputs(original, defaults, seed + k, k)}))
+        # inputs with fewer elements than value classes: the windows of the classes draws k < trials did not give
+        free = {n: s for n, s in shapes.items() if n not in sizing}
+        parts = value_class_parts(original, free) if k == trials - 1 else 0
+        draws += [("value classes", {**extreme_inputs(original, shapes, seed + p, p),
+                                     **{n: typical[n] for n in sizing if n in typical}}) for p in range(trials, parts)]
         for kind, feeds in draws:
             for flag in ((True, False) if branch_inputs else (True,)):
                 out.append((kind, pinned(feeds, pins, branch_inputs, flag)))

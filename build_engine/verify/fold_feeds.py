@@ -59,15 +59,42 @@ def _int_classes(d: np.dtype) -> np.ndarray:
     return np.array(sorted(v for v in vals if i.min <= v <= i.max), dtype=carrier).astype(d)
 
 
-def _fill(classes: np.ndarray, shape: list[int], rng: np.random.Generator, wide: np.ndarray) -> np.ndarray:
+def _fill(classes: np.ndarray, shape: list[int], rng: np.random.Generator, wide: np.ndarray,
+          part: int) -> np.ndarray:
+    """Every value of the pool (classes, then wide values), shuffled, when the tensor holds them all; else the
+    ``part``-th window of the pool: parts 0, 1, ... together give a small tensor every class."""
     n = int(np.prod(shape)) if shape else 1
     pool = np.concatenate([classes, wide])
-    picked = pool[rng.permutation(max(n, len(pool)))[:n] % len(pool)] if n else pool[:0]
+    if n >= len(pool):
+        picked = pool[rng.permutation(n) % len(pool)]
+    else:
+        picked = pool[(part * n + rng.permutation(n)) % len(pool)]
     return picked.reshape(shape)
 
 
-def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -> dict[str, np.ndarray]:
-    """Every value class of each input's dtype (see module doc), with the shapes of a typical feed."""
+def _classes(t: int) -> np.ndarray | None:
+    """The value classes of ONNX type ``t`` (None: bool, drawn as a coin; strings and complex: none)."""
+    d = np.dtype(helper.tensor_dtype_to_np_dtype(t))
+    if t == TensorProto.BOOL or t == TensorProto.STRING or d.kind in "cOUS":
+        return None
+    return _int_classes(d) if _int_info(d) is not None else _float_classes(d)
+
+
+def value_class_parts(model: ModelProto, shapes: dict[str, list[int]]) -> int:
+    """How many ``extreme_inputs`` parts give every input every value class of its dtype: 1 when each input holds
+    them all, up to 23 for a scalar float."""
+    parts = 1
+    for vi in model.graph.input:
+        classes = _classes(vi.type.tensor_type.elem_type) if vi.name in shapes else None
+        n = int(np.prod(shapes[vi.name])) if vi.name in shapes else 0
+        if classes is not None and n:
+            parts = max(parts, -(-len(classes) // n))
+    return parts
+
+
+def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int, part: int = 0) -> dict[str, np.ndarray]:
+    """Every value class of each input's dtype (see module doc), with the shapes of a typical feed; an input with
+    fewer elements than classes gets window ``part`` of them (``value_class_parts``)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for vi in model.graph.input:
@@ -81,13 +108,13 @@ def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -
         elif (i := _int_info(d)) is not None:
             wide = rng.integers(int(i.min), int(i.max), size=16, dtype=d if d.kind in "iu" else np.int64,
                                 endpoint=True).astype(d)
-            feeds[vi.name] = _fill(_int_classes(d), shape, rng, wide)
+            feeds[vi.name] = _fill(_int_classes(d), shape, rng, wide, part)
         elif t in (TensorProto.STRING,) or d.kind in "cOUS":
             continue
         else:
             with np.errstate(all="ignore"):
                 wide = (rng.standard_normal(16) * 10.0 ** rng.integers(-8, 9, size=16)).astype(d)
-            feeds[vi.name] = _fill(_float_classes(d), shape, rng, wide)
+            feeds[vi.name] = _fill(_float_classes(d), shape, rng, wide, part)
     return feeds
 
 
@@ -157,17 +184,18 @@ def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
     return pins, branches
 
 
-#: Inputs of ops whose values decide how big a tensor gets (Range bounds, a ConstantOfShape/Expand/Reshape shape, Tile
-#: repeats, Resize sizes, Pad pads, OneHot depth, TopK k).
+#: Inputs of ops whose values decide how big a tensor gets or how long a node runs (Range bounds, a ConstantOfShape/
+#: Expand/Reshape shape, Tile repeats, Resize sizes, Pad pads, OneHot depth, TopK k, a Loop's trip count).
 _SIZE_INPUTS = {"Range": (0, 1, 2), "ConstantOfShape": (0,), "Expand": (1,), "Tile": (1,), "Reshape": (1,),
-                "Resize": (3,), "Pad": (1,), "OneHot": (1,), "TopK": (1,), "CenterCropPad": (1,)}
+                "Resize": (3,), "Pad": (1,), "OneHot": (1,), "TopK": (1,), "CenterCropPad": (1,), "Loop": (0,)}
 _VALUE_FREE = frozenset({"Shape", "Size"})  # their outputs do not depend on their input's values
 
 
 def sizing_inputs(model: ModelProto) -> set[str]:
     """Graph inputs whose values decide how big a tensor gets (``_SIZE_INPUTS``, reached through any ops but
     Shape/Size, in any graph or function): a value class there (``Range(0, n)`` with n = 2**31 - 1) would allocate
-    gigabytes per run, so the check keeps their typical values in the value-class draws."""
+    gigabytes per run (or run a Loop 2**31 - 1 times), so the check keeps their typical values in the value-class
+    draws."""
     view = inline_functions(model)
     readers: dict[str, list[tuple[NodeProto, int]]] = {}
     for g in all_graphs(view.graph):

@@ -16,7 +16,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from trtforge.build_engine.passes import fold
-from trtforge.build_engine.verify.bitwise import _trials, check_equivalent
+from trtforge.build_engine.verify.bitwise import MAX_LOOP_TRIPS, _trials, check_equivalent, run_model
 from trtforge.build_engine.verify.compare import compare_arrays
 from trtforge.build_engine.verify.fold_feeds import control_pins, extreme_inputs, sizing_inputs
 from trtforge_testing import assert_one_line_error
@@ -219,10 +219,15 @@ def _loop_counting_to(mid: int, opset: int) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("opset", [11, 17])  # Less + Where below opset 12, Min from 12
-def test_a_trip_count_computed_from_an_input_is_capped_in_the_check(opset: int) -> None:
+def test_a_trip_count_computed_from_an_input_ends(opset: int) -> None:
     # n + 1 is no graph input to pin: value-class n = 7043612502709639116 (seed 9) made onnx.reference run that many
-    # iterations; both models now run at most MAX_LOOP_TRIPS of them, and a change in the body still shows
+    # iterations. n now keeps typical values (it decides how long the Loop runs), and were it ever huge, both models
+    # run at most MAX_LOOP_TRIPS iterations; a change in the body still shows
     exact, lossy = _loop_counting_to(T.DOUBLE, opset), _loop_counting_to(T.FLOAT16, opset)
+    assert sizing_inputs(exact) == {"n"}
+    assert all(0 <= int(feeds["n"]) <= 7 for _, feeds in _trials(exact, 9, 2))
+    capped = run_model(exact, {"x": np.zeros(1, np.float32), "n": np.array(2**62, np.int64)}, "onnx.reference")
+    assert capped[0].tolist() == [float(MAX_LOOP_TRIPS)]
     folded = fold(exact)
     assert folded.report.removed == {"Cast": 2, "Identity": 1}
     chk = check_equivalent(exact, folded.model, seed=9)
@@ -247,4 +252,29 @@ def test_inputs_that_size_a_tensor_keep_typical_values() -> None:
     folded = fold(m)
     assert folded.report.removed == {"Cast": 2}
     chk = check_equivalent(m, folded.model)
-    assert chk.passed and chk.runs == 6
+    assert chk.passed and chk.runs >= 6
+
+
+@pytest.mark.parametrize("shape", [[], [8]])
+def test_small_inputs_get_every_value_class(shape: list[int]) -> None:
+    # an input with fewer elements than value classes got a random few of them per draw: a change on -0.0 alone
+    # (x + 0) passed for seeds 0-2 with 8 elements, one on NaN alone for seeds 1-2; now windows of the classes
+    # across draws give every input all of them
+    def neg_of(nodes: list[onnx.NodeProto], inits=()) -> onnx.ModelProto:
+        m = _model([*nodes, h.make_node("Neg", ["xx"], ["y"])], [("x", T.FLOAT, shape)], [("y", T.FLOAT, shape)],
+                   inits)
+        onnx.checker.check_model(m, full_check=True)
+        return m
+
+    zero = [nh.from_array(np.array(0, np.float32), "z")]
+    exact = neg_of([h.make_node("Identity", ["x"], ["xx"])])
+    changed = {"-0.0": neg_of([h.make_node("Add", ["x", "z"], ["xx"])], zero),
+               "NaN": neg_of([h.make_node("IsNaN", ["x"], ["n"]), h.make_node("Where", ["n", "z", "x"], ["xx"])],
+                             zero),
+               "inf": neg_of([h.make_node("Clip", ["x", "lo", "hi"], ["xx"])],
+                             [nh.from_array(np.array(-3.4e38, np.float32), "lo"),
+                              nh.from_array(np.array(3.4e38, np.float32), "hi")])}
+    for seed in range(3):
+        assert check_equivalent(exact, fold(exact).model, seed=seed).passed
+        for what, m in changed.items():
+            assert not check_equivalent(exact, m, seed=seed).passed, (what, seed)
