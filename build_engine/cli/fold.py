@@ -32,7 +32,7 @@ def build_parser() -> ArgumentParser:
                         "with onnx.reference, or onnxruntime with optimizations off where onnx.reference cannot run "
                         "the model; fail (exit 1) unless every output is bit-identical; exit 2 'could not check this "
                         "model' naming the op when neither runtime runs it (or naming the input that is not a "
-                        "tensor, or the Loop with a constant trip count over 10,000)")
+                        "tensor or has over 2**28 elements, or the Loop with a constant trip count over 10,000)")
     p.add_argument("--seed", type=int, default=0, help="seed for --check's random inputs (default 0)")
     return p
 
@@ -47,6 +47,8 @@ def _summary(report: dict[str, Any], output: str, written: bool) -> None:
                   f"in {steps.elapsed():.2f} s (load, fold{', check' if 'check' in report else ''} and save; the "
                   f"fold pass {report['seconds']:.3f} s)" + ("" if written else " [red](not written)[/red]"))
     console.print(f"  removed: {removed}")
+    if report["added"]:  # the constants folded Casts became (else before - removed != after)
+        console.print("  added:   " + ", ".join(f"{op} {n}" for op, n in report["added"].items()))
     console.print(f"  rules:   {rules}")
     check = report.get("check")
     if check is not None:

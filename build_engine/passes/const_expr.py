@@ -12,6 +12,7 @@ from .const_cast import SMALL_CONSTANT
 from .exact_cast import exact_cast
 from .ir import GraphCtx
 from .node import Node
+from .schema import constant_holds
 
 #: Ops whose result is specified bit for bit (IEEE-754 correctly rounded elementwise arithmetic in the tensor's own
 #: type, integer arithmetic, comparisons, logic, shape and data movement), so the value onnx.reference computes is
@@ -45,6 +46,7 @@ class FoldConstantExpression(GraphPass):
       ``_MAX_ELEMENTS`` or a shape onnx's inference does not fix from the constants (bounded work: known before
       the node runs, ``_evaluate``);
     - the Cast of the value would not fold (``exact_cast`` refuses: out-of-range float->int, ...): nothing is gained;
+    - the Constant schema at this opset does not hold the value's type (int64 before opset 9);
     - onnx.reference cannot evaluate it.
     """
 
@@ -68,7 +70,7 @@ class FoldConstantExpression(GraphPass):
             if value is None or value.size > SMALL_CONSTANT:
                 continue
             t = ctx.type_of(src) or helper.np_dtype_to_tensor_dtype(value.dtype)
-            if exact_cast(value, t, c.to) is None:
+            if exact_cast(value, t, c.to) is None or not constant_holds(t, ctx.opset):
                 continue
             tensor = numpy_helper.from_array(value, name=src)
             tensor.data_type = t

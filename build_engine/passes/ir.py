@@ -42,6 +42,7 @@ class Scope:
     # shape inference's element types for this graph, asked only when the schema facts leave a value untyped that
     # inference could type (``type_facts.needs_inference``); None: the caller ran it already, or there is none
     infer: Callable[[], dict[str, int]] | None = None
+    may_add_initializers: bool = True  # False below IR 4, where every initializer must also be a graph input
 
 
 class GraphCtx:
@@ -57,6 +58,7 @@ class GraphCtx:
         self.output_set = set(outputs)
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
         self.parent = scope.parent
+        self.may_add_initializers = scope.may_add_initializers and not is_function and graph is not None
         self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
         for name, t in self.initializers.items():  # the dict's own name strings: one string object per name
             self.types[name] = t.data_type

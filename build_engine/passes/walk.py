@@ -88,7 +88,8 @@ def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequenc
         if may_have_subgraphs(n):
             for g in subgraphs(n):
                 stats.nested = True
-                _run_graph(g, passes, Scope(parent.opset, graph_types(g), parent), stats, fixed_point)
+                _run_graph(g, passes, Scope(parent.opset, graph_types(g), parent,
+                                            may_add_initializers=parent.may_add_initializers), stats, fixed_point)
 
 
 def _apply(ctx: GraphCtx, passes: Sequence[GraphPass], stats: WalkStats, fixed_point: bool) -> None:
@@ -129,7 +130,8 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
     """
     stats = WalkStats()
     opset = default_opset(model.opset_import)
-    scope = Scope(opset, graph_types(model.graph) if types is None else types, infer=infer)
+    scope = Scope(opset, graph_types(model.graph) if types is None else types, infer=infer,
+                  may_add_initializers=model.ir_version >= 4)
     _run_graph(model.graph, passes, scope, stats, fixed_point)
     for fn in model.functions:
         stats.nested = True

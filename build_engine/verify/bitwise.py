@@ -6,18 +6,21 @@ thread and no weight pre-packing (``sessions.make_session``: it then evaluates t
 runs it, ``CannotCheck`` (exit 2: "could not check this model: reason (op X)"). Inputs: typical values (the shared
 planner ``inputs.random_feeds``) and every value class of each dtype (``fold_feeds``), with Loop bodies run and If
 conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
-Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor, or with a Loop whose
-constant trip count exceeds ``MAX_LOOP_TRIPS`` (a Loop bounded only by its condition is run as the model says, and
-one that never stops would not let the check stop either). Both models run on the same inputs in the same runtime,
+Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor or that has more
+than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS``.
+A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 9); a Loop bounded
+only by its condition is run as the model says, and one that never stops would not let the check stop either.
+Both models run on the same inputs in the same runtime,
 compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
 must match bitwise, including the sign of zero.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +29,10 @@ from onnx import ModelProto, TensorProto, helper
 
 from ..core import steps
 from ..core.errors import InputError
-from ..core.graph import all_graphs, model_nodes
+from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
-from .fold_feeds import control_pins, extreme_inputs, pinned
-from .inputs import random_feeds
+from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
+from .inputs import MAX_SHAPE_ELEMENTS, plan_feeds, random_feeds
 from .sessions import make_session
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
@@ -65,38 +68,99 @@ def uses_low_precision(model: ModelProto) -> bool:
     return False
 
 
-def _explicit_loop_conditions(model: ModelProto) -> ModelProto:
-    """A copy where every Loop without a condition input reads a constant true instead (what the spec says an
-    absent condition means): onnx.reference runs no iteration of such a Loop, hiding any change in its body."""
-    loops = [n for g in all_graphs(model.graph) for n in g.node if n.op_type == "Loop" and len(n.input) > 1
-             and not n.input[1]]
-    if not loops:
+def _bodies(model: ModelProto) -> Iterator[tuple[Any, int]]:
+    """Every node list of the model with its default-domain opset: the main graph, model-local function bodies, and
+    the graphs nested in both."""
+    main = _default_opset(model.opset_import, 1)
+    for g in all_graphs(model.graph):
+        yield g, main
+    for fn in model.functions:
+        opset = _default_opset(fn.opset_import, main)
+        yield fn, opset
+        for n in fn.node:
+            for sub in subgraphs(n):
+                yield from ((g, opset) for g in all_graphs(sub))
+
+
+def _default_opset(opsets: Any, fallback: int) -> int:
+    return next((int(o.version) for o in opsets if o.domain in ("", "ai.onnx")), fallback)
+
+
+def _runnable_loops(model: ModelProto) -> ModelProto:
+    """A copy in which every Loop, in the graphs and in function bodies, runs as the check needs: one without a
+    condition input reads a constant true (what the spec says an absent condition means: onnx.reference runs no
+    iteration of such a Loop, hiding any change in its body), and from opset 9 on (int64 Constant, Min or Less and
+    Where) its trip count is capped at ``MAX_LOOP_TRIPS`` (one computed from the inputs, ``n + 1`` for a value-class
+    ``n`` of 2**62, never ended). Both models of a check get the same change, so a difference in the first
+    ``MAX_LOOP_TRIPS`` iterations still shows."""
+    if not any(n.op_type == "Loop" for g, _ in _bodies(model) for n in g.node):
         return model
     copy = ModelProto()
     copy.CopyFrom(model)
-    for g in all_graphs(copy.graph):
+    for g, opset in _bodies(copy):
         for k in range(len(g.node) - 1, -1, -1):
             n = g.node[k]
-            if n.op_type == "Loop" and len(n.input) > 1 and not n.input[1]:
-                name = f"{n.output[0]}__trtforge_check_true"
-                n.input[1] = name
-                g.node.insert(k, helper.make_node("Constant", [], [name],
-                                                  value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
+            if n.op_type != "Loop":
+                continue
+            tag, added = f"{n.output[0] if n.output else n.name}__trtforge_check", []
+            if len(n.input) > 1 and not n.input[1]:
+                n.input[1] = f"{tag}_true"
+                added.append(helper.make_node("Constant", [], [n.input[1]],
+                                              value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
+            if n.input and n.input[0] and opset >= 9:  # int64 Constant, Less and Where from 9; Min from 12
+                m, cap, trips = n.input[0], f"{tag}_cap", f"{tag}_trips"
+                added.append(helper.make_node("Constant", [], [cap],
+                                              value=helper.make_tensor("", TensorProto.INT64, [], [MAX_LOOP_TRIPS])))
+                added += ([helper.make_node("Min", [m, cap], [trips])] if opset >= 12 else
+                          [helper.make_node("Less", [m, cap], [f"{tag}_less"]),
+                           helper.make_node("Where", [f"{tag}_less", m, cap], [trips])])
+                n.input[0] = trips
+            for a in reversed(added):
+                g.node.insert(k, a)
     return copy
 
 
+def _as_value(o: Any) -> Any:
+    """One output as the check compares it: an array per tensor, a list per sequence, a dict per map, None for an
+    empty optional (a sequence of tensors of different shapes is no array, and a map no array of numbers)."""
+    if o is None:
+        return None
+    if isinstance(o, dict):
+        return {k: _as_value(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_as_value(v) for v in o]
+    return np.asarray(o)
+
+
+def compare_values(a: Any, b: Any) -> tuple[bool, float]:
+    """(bit-identical, max |diff| over what differs) of two outputs (``_as_value``): tensors by ``compare_arrays``,
+    sequences element by element (same length), maps key by key (same keys), an empty optional equal only to one;
+    anything else is a difference of inf."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        d = compare_arrays(a, b)
+        return d.bitwise, d.max_abs_unequal
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        pairs = list(zip(a, b, strict=True))
+    elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        pairs = [(a[k], b[k]) for k in a]
+    else:
+        return (a is None and b is None), (0.0 if a is None and b is None else float("inf"))
+    results = [compare_values(x, y) for x, y in pairs]
+    return all(ok for ok, _ in results), max((d for _, d in results), default=0.0)
+
+
 def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str,
-              path: str | None = None) -> list[np.ndarray]:
-    """Every output of ``model`` on ``feeds``: ``onnx.reference``, or a deterministic onnxruntime session
-    (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread). ``path``: the same model's
-    file, which onnxruntime then loads itself (with its external data), so a model over protobuf's 2 GiB limit is
-    never serialised in memory."""
+              path: str | None = None) -> list[Any]:
+    """Every output of ``model`` on ``feeds`` (``_as_value``): ``onnx.reference``, or a deterministic onnxruntime
+    session (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread). ``path``: the same
+    model's file, which onnxruntime then loads itself (with its external data), so a model over protobuf's 2 GiB
+    limit is never serialised in memory."""
     if runtime == "onnx.reference":
         from onnx.reference import ReferenceEvaluator
 
-        model = _explicit_loop_conditions(model)
-        return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, dict(feeds))]
-    return [np.asarray(o) for o in make_session(path if path is not None else model).run(None, dict(feeds))]
+        return [_as_value(o) for o in ReferenceEvaluator(_runnable_loops(model)).run(None, dict(feeds))]
+    session = make_session(path if path is not None else _runnable_loops(model))
+    return [_as_value(o) for o in session.run(None, dict(feeds))]
 
 
 class CannotCheck(InputError):
@@ -141,20 +205,27 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
 def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
     """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways. A graph
     input with an initializer (IR >= 4: a default the caller may override) keeps its default in those draws and gets
-    every value class in one more draw, so a fold that took such a default for a constant is seen too."""
+    every value class in one more draw, so a fold that took such a default for a constant is seen too. An input that
+    decides a tensor's size (``fold_feeds.sizing_inputs``) keeps its typical values."""
     pins, branch_inputs = control_pins(original)
+    sizing = sizing_inputs(original)  # typical values only: a value class there allocates gigabytes
     inits = {t.name: list(t.dims) for t in original.graph.initializer}
-    defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits}
+    defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits and vi.name not in sizing}
     out = []
     for k in range(trials):
         typical = random_feeds(original, seed + k)
         shapes = {n: list(a.shape) for n, a in typical.items()}
-        extreme = extreme_inputs(original, shapes, seed + k)
+        extreme = {**extreme_inputs(original, shapes, seed + k, k), **{n: typical[n] for n in sizing if n in typical}}
         # integers of every class often index out of range (token ids): also a draw with typical integers
         floats_only = {n: (a if a.dtype.kind in "iu" else extreme.get(n, a)) for n, a in typical.items()}
         draws = [("typical", typical), ("value classes", extreme), ("value classes", floats_only)]
         if defaults:
-            draws.append(("value classes", {**typical, **extreme_inputs(original, defaults, seed + k)}))
+            draws.append(("value classes", {**typical, **extreme_inputs(original, defaults, seed + k, k)}))
+        # inputs with fewer elements than value classes: the windows of the classes draws k < trials did not give
+        free = {n: s for n, s in shapes.items() if n not in sizing}
+        parts = value_class_parts(original, free) if k == trials - 1 else 0
+        draws += [("value classes", {**extreme_inputs(original, shapes, seed + p, p),
+                                     **{n: typical[n] for n in sizing if n in typical}}) for p in range(trials, parts)]
         for kind, feeds in draws:
             for flag in ((True, False) if branch_inputs else (True,)):
                 out.append((kind, pinned(feeds, pins, branch_inputs, flag)))
@@ -183,7 +254,9 @@ def _constant_trip_count(graph: Any, name: str) -> int | None:
 
 def _check_runnable(model: ModelProto) -> None:
     """``CannotCheck`` before anything runs, for models no check can run: a graph input that is not a tensor (the
-    feeds are tensors), or a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS`` (it would not finish)."""
+    feeds are tensors) or whose static shape has more than ``inputs.MAX_SHAPE_ELEMENTS`` elements (its feeds would
+    not fit in memory: a MemoryError, exit 3), or a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS`` (it
+    would not finish)."""
     for vi in model.graph.input:
         kind = vi.type.WhichOneof("value")
         if kind != "tensor_type":
@@ -191,13 +264,30 @@ def _check_runnable(model: ModelProto) -> None:
                     "sparse_tensor_type": "a sparse tensor"}.get(kind or "", "not typed")
             raise CannotCheck(f"could not check this model: graph input {vi.name!r} is {what}, not a tensor "
                               "(--check feeds tensors only); fold without --check")
-    for g in all_graphs(model.graph):
-        for n in g.node:
-            if n.op_type == "Loop" and n.input and n.input[0]:
-                trips = _constant_trip_count(g, n.input[0])
-                if trips is not None and trips > MAX_LOOP_TRIPS:
-                    raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "
-                                      f"than {MAX_LOOP_TRIPS} iterations are not run; op Loop); fold without --check")
+    for spec in plan_feeds(model):
+        if math.prod(spec.shape) > MAX_SHAPE_ELEMENTS:  # the check would hold several such feeds in memory
+            raise CannotCheck(f"could not check this model: graph input {spec.name!r} has static shape "
+                              f"{list(spec.shape)} ({math.prod(spec.shape)} elements, more than the "
+                              f"{MAX_SHAPE_ELEMENTS} --check draws per input); fold without --check")
+    for trips in _constant_trip_counts(inline_functions(model).graph, []):
+        if trips > MAX_LOOP_TRIPS:
+            raise CannotCheck(f"could not check this model: a Loop's constant trip count is {trips} (more "
+                              f"than {MAX_LOOP_TRIPS} iterations are not run; op Loop); fold without --check")
+
+
+def _constant_trip_counts(graph: Any, outer: list[Any]) -> Iterator[int]:
+    """The constant trip count of each Loop in ``graph`` and the graphs nested in it, its name resolved lexically (a
+    body's Loop may count to a constant of an enclosing graph)."""
+    scopes = [*outer, graph]
+    for n in graph.node:
+        if n.op_type == "Loop" and n.input and n.input[0]:
+            home = next((g for g in reversed(scopes) if n.input[0] in {*(i.name for i in g.input),
+                         *(t.name for t in g.initializer), *(o for m in g.node for o in m.output)}), None)
+            trips = None if home is None else _constant_trip_count(home, n.input[0])
+            if trips is not None:
+                yield trips
+        for sub in subgraphs(n):
+            yield from _constant_trip_counts(sub, scopes)
 
 
 @steps.timed("check")
@@ -236,8 +326,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
             worst = float("inf")
             continue
         for name, a, b in zip(names, outs_a, outs_b, strict=True):
-            d = compare_arrays(a, b)
-            ok, diff = d.bitwise, d.max_abs_unequal
+            ok, diff = compare_values(a, b)
             if not ok:
                 passed = False
                 bad.append(name)
@@ -245,8 +334,8 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)), ran)
 
 
-def first_mismatch(outs_a: Sequence[np.ndarray], outs_b: Sequence[np.ndarray]) -> int | None:
+def first_mismatch(outs_a: Sequence[Any], outs_b: Sequence[Any]) -> int | None:
     for k, (a, b) in enumerate(zip(outs_a, outs_b, strict=True)):
-        if not compare_arrays(a, b).bitwise:
+        if not compare_values(a, b)[0]:
             return k
     return None

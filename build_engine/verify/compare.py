@@ -63,7 +63,8 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
         absd = (a != b).astype(np.float64)
         denom = np.ones_like(absd)
     else:
-        fa, fb = a.astype(np.float64), b.astype(np.float64)
+        wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64  # complex: |a - b| is a modulus
+        fa, fb = a.astype(wide), b.astype(wide)
         with np.errstate(invalid="ignore", over="ignore"):
             absd = np.where(fa == fb, 0.0, np.abs(fa - fb))  # inf - inf is NaN: equal infinities differ by 0
         denom = np.abs(fb)

@@ -6,27 +6,30 @@ dtype has, shuffled: for floats +-0.0, +-inf, NaN, the largest and smallest fini
 subnormal values of both signs, halves (rounding ties) and wide-range random values; for integers the minimum, the
 maximum, 0, +-1 and random values over the whole range (so out-of-range narrowing and float conversions are hit);
 for bool both values. ``control_pins`` finds graph inputs that decide control flow: a Loop's trip count and
-condition are pinned so the body runs (trip count 3, condition true), and each If condition is tried both ways, so
-a body the fold changed is executed.
+condition are pinned so the body runs (trip count 3, condition true; Loops at any depth), and each If condition of
+the main graph is tried both ways, so a body the fold changed is executed.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
+
+from ..core.graph import all_graphs, free_names, subgraphs
 
 _PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
 
 
 def _float_classes(d: np.dtype) -> np.ndarray:
-    f = np.finfo(d) if d.kind == "f" else None
-    if f is None:  # ml_dtypes types: finfo lives in ml_dtypes
-        import ml_dtypes
+    # ml_dtypes' finfo answers for numpy's float types too; numpy's rejects every ml_dtypes type, float8_e5m2
+    # included, although that one reports numpy kind "f"
+    import ml_dtypes
 
-        f = ml_dtypes.finfo(d)
+    f = ml_dtypes.finfo(d)
     vals = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5, 2.5, -1.5, float(f.max), float(f.min),
             float(f.tiny), -float(f.tiny), float(f.smallest_subnormal), -float(f.smallest_subnormal),
             65504.0, 65520.0, 2.0**31, -2.0**31 - 1, 2.0**32, 2.0**63, 1e-30]
@@ -56,15 +59,42 @@ def _int_classes(d: np.dtype) -> np.ndarray:
     return np.array(sorted(v for v in vals if i.min <= v <= i.max), dtype=carrier).astype(d)
 
 
-def _fill(classes: np.ndarray, shape: list[int], rng: np.random.Generator, wide: np.ndarray) -> np.ndarray:
+def _fill(classes: np.ndarray, shape: list[int], rng: np.random.Generator, wide: np.ndarray,
+          part: int) -> np.ndarray:
+    """Every value of the pool (classes, then wide values), shuffled, when the tensor holds them all; else the
+    ``part``-th window of the pool: parts 0, 1, ... together give a small tensor every class."""
     n = int(np.prod(shape)) if shape else 1
     pool = np.concatenate([classes, wide])
-    picked = pool[rng.permutation(max(n, len(pool)))[:n] % len(pool)] if n else pool[:0]
+    if n >= len(pool):
+        picked = pool[rng.permutation(n) % len(pool)]
+    else:
+        picked = pool[(part * n + rng.permutation(n)) % len(pool)]
     return picked.reshape(shape)
 
 
-def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -> dict[str, np.ndarray]:
-    """Every value class of each input's dtype (see module doc), with the shapes of a typical feed."""
+def _classes(t: int) -> np.ndarray | None:
+    """The value classes of ONNX type ``t`` (None: bool, drawn as a coin; strings and complex: none)."""
+    d = np.dtype(helper.tensor_dtype_to_np_dtype(t))
+    if t == TensorProto.BOOL or t == TensorProto.STRING or d.kind in "cOUS":
+        return None
+    return _int_classes(d) if _int_info(d) is not None else _float_classes(d)
+
+
+def value_class_parts(model: ModelProto, shapes: dict[str, list[int]]) -> int:
+    """How many ``extreme_inputs`` parts give every input every value class of its dtype: 1 when each input holds
+    them all, up to 23 for a scalar float."""
+    parts = 1
+    for vi in model.graph.input:
+        classes = _classes(vi.type.tensor_type.elem_type) if vi.name in shapes else None
+        n = int(np.prod(shapes[vi.name])) if vi.name in shapes else 0
+        if classes is not None and n:
+            parts = max(parts, -(-len(classes) // n))
+    return parts
+
+
+def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int, part: int = 0) -> dict[str, np.ndarray]:
+    """Every value class of each input's dtype (see module doc), with the shapes of a typical feed; an input with
+    fewer elements than classes gets window ``part`` of them (``value_class_parts``)."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for vi in model.graph.input:
@@ -78,43 +108,118 @@ def extreme_inputs(model: ModelProto, shapes: dict[str, list[int]], seed: int) -
         elif (i := _int_info(d)) is not None:
             wide = rng.integers(int(i.min), int(i.max), size=16, dtype=d if d.kind in "iu" else np.int64,
                                 endpoint=True).astype(d)
-            feeds[vi.name] = _fill(_int_classes(d), shape, rng, wide)
+            feeds[vi.name] = _fill(_int_classes(d), shape, rng, wide, part)
         elif t in (TensorProto.STRING,) or d.kind in "cOUS":
             continue
         else:
             with np.errstate(all="ignore"):
                 wide = (rng.standard_normal(16) * 10.0 ** rng.integers(-8, 9, size=16)).astype(d)
-            feeds[vi.name] = _fill(_float_classes(d), shape, rng, wide)
+            feeds[vi.name] = _fill(_float_classes(d), shape, rng, wide, part)
     return feeds
 
 
-def _sources(model: ModelProto, name: str) -> Iterator[str]:
-    """``name`` and the graph values it is computed from through Identity/Cast/(Un)Squeeze/Reshape."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    cur = name
+def inline_functions(model: ModelProto) -> ModelProto:
+    """``model`` with its model-local functions inlined (a copy; ``model`` itself when it has none, or when onnx
+    cannot inline them): what the control-flow questions read, since a function's Loop runs on its caller's
+    values."""
+    if not model.functions:
+        return model
+    import onnx.inliner
+
+    with contextlib.suppress(Exception):
+        return onnx.inliner.inline_local_functions(model)
+    return model
+
+
+_Scope = tuple[dict[str, NodeProto], set[str]]  # one graph's producers, and every name it defines
+
+
+def _scope(graph: GraphProto) -> _Scope:
+    producers = {o: n for n in graph.node for o in n.output}
+    return producers, set(producers) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+
+
+def _main_sources(scopes: list[_Scope], name: str) -> Iterator[str]:
+    """The main-graph values that ``name``, read in the innermost of ``scopes`` (main graph first), is computed from
+    through Identity/Cast/(Un)Squeeze/Reshape, ``name`` included; each name resolved lexically (a body's own input
+    or value shadows the main graph's)."""
+    level, cur = len(scopes) - 1, name
     for _ in range(16):
-        yield cur
-        p = producers.get(cur)
+        while level > 0 and cur not in scopes[level][1]:
+            level -= 1
+        if level == 0:
+            yield cur
+        p = scopes[level][0].get(cur)
         if p is None or p.op_type not in _PASS or not p.input:
             return
         cur = p.input[0]
 
 
 def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
-    """({graph input: value that makes a Loop run its body}, [graph inputs that decide an If])."""
+    """({graph input: value that makes a Loop run its body}, [graph inputs that decide an If]).
+
+    Loops at every depth (If/Loop/Scan bodies, model-local functions, seen inlined) are pinned: one nested in a
+    branch whose trip count is a graph input would otherwise get that input's value classes (2**63 - 1 trips: the
+    check never ends, or 0: the body never runs). Only the main graph's Ifs are tried both ways: one value for
+    every condition would never run a nested If's else branch inside its parent's then branch, which random
+    conditions do."""
     inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     pins: dict[str, object] = {}
     branches: list[str] = []
-    for n in model.graph.node:
-        if n.op_type == "Loop":
-            for k, value in ((0, 3), (1, True)):
-                if len(n.input) > k and n.input[k]:
-                    for s in _sources(model, n.input[k]):
-                        if s in inputs:
-                            pins[s] = value
-        elif n.op_type == "If" and n.input:
-            branches += [s for s in _sources(model, n.input[0]) if s in inputs and s not in branches]
+    model = inline_functions(model)  # a Loop in a model-local function: its trip count is the caller's value
+
+    def visit(graph: GraphProto, outer: list[_Scope]) -> None:
+        scopes = [*outer, _scope(graph)]
+        for n in graph.node:
+            if n.op_type == "Loop":
+                for k, value in ((0, 3), (1, True)):
+                    if len(n.input) > k and n.input[k]:
+                        pins.update((s, value) for s in _main_sources(scopes, n.input[k]) if s in inputs)
+            elif n.op_type == "If" and n.input and not outer:
+                branches.extend(s for s in _main_sources(scopes, n.input[0]) if s in inputs and s not in branches)
+            for g in subgraphs(n):
+                visit(g, scopes)
+
+    visit(model.graph, [])
     return pins, branches
+
+
+#: Inputs of ops whose values decide how big a tensor gets or how long a node runs (Range bounds, a ConstantOfShape/
+#: Expand/Reshape shape, Tile repeats, Resize sizes, Pad pads, OneHot depth, TopK k, a Loop's trip count).
+_SIZE_INPUTS = {"Range": (0, 1, 2), "ConstantOfShape": (0,), "Expand": (1,), "Tile": (1,), "Reshape": (1,),
+                "Resize": (3,), "Pad": (1,), "OneHot": (1,), "TopK": (1,), "CenterCropPad": (1,), "Loop": (0,)}
+_VALUE_FREE = frozenset({"Shape", "Size"})  # their outputs do not depend on their input's values
+
+
+def sizing_inputs(model: ModelProto) -> set[str]:
+    """Graph inputs whose values decide how big a tensor gets (``_SIZE_INPUTS``, reached through any ops but
+    Shape/Size, in any graph or function): a value class there (``Range(0, n)`` with n = 2**31 - 1) would allocate
+    gigabytes per run (or run a Loop 2**31 - 1 times), so the check keeps their typical values in the value-class
+    draws."""
+    view = inline_functions(model)
+    readers: dict[str, list[tuple[NodeProto, int]]] = {}
+    for g in all_graphs(view.graph):
+        for n in g.node:
+            for k, i in enumerate(n.input):
+                if i:
+                    readers.setdefault(i, []).append((n, k))
+            for sub in subgraphs(n):  # a body reading a value: the node's outputs depend on it
+                for i in free_names(sub):
+                    readers.setdefault(i, []).append((n, -1))
+    out: set[str] = set()
+    for vi in view.graph.input:
+        seen, stack = set(), [vi.name]
+        while stack and vi.name not in out:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            for n, k in readers.get(v, ()):
+                if k in _SIZE_INPUTS.get(n.op_type, ()):
+                    out.add(vi.name)
+                elif n.op_type not in _VALUE_FREE:
+                    stack.extend(o for o in n.output if o)
+    return out
 
 
 def pinned(feeds: dict[str, np.ndarray], pins: dict[str, object], branch_inputs: list[str],

@@ -208,3 +208,31 @@ def test_low_precision_inside_a_function_picks_the_exact_judge() -> None:
 
     assert uses_low_precision(model(T.FLOAT16))
     assert not uses_low_precision(model(T.DOUBLE))
+
+
+def test_summary_adds_up_when_casts_become_constants(cli, tmp_path: Path) -> None:
+    # Cast(ConstantOfShape) and Cast(Range) fold to Constant nodes (graph outputs): the summary printed
+    # "8 -> 3 nodes" and "removed: Cast 4, ConstantOfShape 2, Range 1" without the 2 Constants it added
+    i64 = lambda v, name: nh.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [h.make_node("ConstantOfShape", ["shp"], ["c"], value=nh.from_array(np.array([65504.0], np.float16))),
+             h.make_node("Cast", ["c"], ["cf"], to=T.FLOAT), h.make_node("Add", ["x", "cf"], ["y"]),
+             h.make_node("Range", ["st", "lim", "dl"], ["r"]), h.make_node("Cast", ["r"], ["rf"], to=T.FLOAT),
+             h.make_node("Cast", ["rf"], ["z"], to=T.INT32), h.make_node("ConstantOfShape", ["shp"], ["c0"]),
+             h.make_node("Cast", ["c0"], ["w"], to=T.BOOL)]
+    vi = h.make_tensor_value_info
+    g = h.make_graph(nodes, "g", [vi("x", T.FLOAT, [4])], [vi("y", T.FLOAT, [4]), vi("z", T.INT32, [5]),
+                                                           vi("w", T.BOOL, [4])],
+                     initializer=[i64([4], "shp"), i64(10, "st"), i64(-3, "lim"), i64(-3, "dl")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    onnx.checker.check_model(m, full_check=True)
+    src, out, rep = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--report", rep, "--check")
+    assert res.code == 0, res.err
+    report = json.loads(rep.read_text())
+    after = [n.op_type for n in onnx.load(out).graph.node]
+    assert report["removed"] == {"Cast": 4, "ConstantOfShape": 2, "Range": 1} and report["added"] == {"Constant": 2}
+    assert sorted(after) == ["Add", "Constant", "Constant"] and report["nodes_after"] == len(after) == 3
+    text = " ".join(res.out.split())
+    assert "8 -> 3 nodes" in text and "removed: Cast 4, ConstantOfShape 2, Range 1" in text
+    assert "added: Constant 2" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -126,3 +127,40 @@ def test_gather_index_narrowing_cast_kept(kit, folded) -> None:
                        [data, ten])
     out, rep = folded(m)
     assert "Cast" in kit.ops(out) and not rep["rules"]
+
+
+def _old_model(nodes, inputs, outputs, inits, opset: int, ir: int) -> onnx.ModelProto:
+    vi = h.make_tensor_value_info
+    g = h.make_graph(nodes, "g", [vi(*i) for i in inputs], [vi(*o) for o in outputs], initializer=inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = ir
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_constant_cast_below_ir_4_stays_a_constant_node(folded) -> None:
+    # IR 3: every initializer must also be a graph input; the folded Cast became one that was not ("kf in initializer
+    # but not in graph input": fold failed, exit 1, "this is a trtforge bug")
+    k = nh.from_array(np.array([1.0, 2.5, -0.0, 1e300], np.float64))
+    for opset in (7, 8):
+        m = _old_model([h.make_node("Constant", [], ["k"], value=k), cast("k", "kf", F),
+                        h.make_node("Add", ["x", "kf"], ["y"])], [("x", F, [4])], [("y", F, [4])], [], opset, 3)
+        out, rep = folded(m)
+        onnx.checker.check_model(out, full_check=True)
+        assert [n.op_type for n in out.graph.node] == ["Constant", "Add"] and not out.graph.initializer
+        assert rep["rules"]["constant_cast"] == 1
+
+
+def test_no_constant_node_of_a_type_its_opset_does_not_hold(folded) -> None:
+    # Constant-1 (opsets 1-8) holds float16/float/double only: an int64 Cast result into a graph output, or an int64
+    # constant expression kept for another reader, was written as an int64 Constant that inference rejects
+    k = nh.from_array(np.array([1.0, 2.0, 3.0, 4.0], np.float64), "k")
+    i = nh.from_array(np.array([1, 2, 3, 4], np.int64), "i")
+    nodes = [cast("k", "y", I64), h.make_node("Add", ["i", "i"], ["i2"]), cast("i2", "f", F),
+             h.make_node("Add", ["x", "f"], ["z"]), h.make_node("Mul", ["i2", "i"], ["w"])]
+    for opset in (7, 8, 9):
+        m = _old_model(nodes, [("x", F, [4])], [("y", I64, [4]), ("z", F, [4]), ("w", I64, [4])], [k, i], opset, 4)
+        out, _ = folded(m)
+        onnx.checker.check_model(out, full_check=True)
+        consts = [n for n in out.graph.node if n.op_type == "Constant"]
+        assert all(c.attribute[0].t.data_type != I64 for c in consts) if opset < 9 else len(consts) == 2
