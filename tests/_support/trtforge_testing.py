@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,3 +59,43 @@ def assert_one_line_error(res: CliResult, code: int = 2, *needles: str) -> None:
     assert "Traceback" not in res.err
     for n in needles:
         assert n in lines[0], (n, lines[0])
+
+
+def counting_loop(trips_name: str) -> list[Any]:
+    """Nodes ``xi = Identity(x); y = Loop(trips_name, "", xi)`` whose body adds 1.0 to a float [1] value each trip and
+    passes the condition through (a Loop that runs exactly ``trips_name`` times: the fold ``--check`` tests)."""
+    import numpy as np
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    body = h.make_graph([h.make_node("Add", ["v", "one"], ["v2"]), h.make_node("Identity", ["c"], ["c2"])], "body",
+                        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+                         h.make_tensor_value_info("v", T.FLOAT, [1])],
+                        [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("v2", T.FLOAT, [1])],
+                        initializer=[nh.from_array(np.array([1.0], np.float32), "one")])
+    return [h.make_node("Identity", ["x"], ["xi"]), h.make_node("Loop", [trips_name, "", "xi"], ["y"], body=body)]
+
+
+def graph_model(nodes: Sequence[Any], inputs: Sequence[tuple[Any, ...]], outputs: Sequence[tuple[Any, ...]],
+                inits: Sequence[Any] = (), opsets: Sequence[tuple[str, int]] = (("", 17),)) -> Any:
+    """A one-graph model (IR 8) of ``nodes``; ``inputs`` / ``outputs`` are ``make_tensor_value_info`` argument
+    tuples (name, elem type, shape)."""
+    from onnx import helper as h
+
+    g = h.make_graph(list(nodes), "g", [h.make_tensor_value_info(*i) for i in inputs],
+                     [h.make_tensor_value_info(*o) for o in outputs], initializer=list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid(d, v) for d, v in opsets])
+    m.ir_version = 8
+    return m
+
+
+def assert_fold_check_refused(cli: Any, tmp_path: Path, model: Any, *needles: str) -> None:
+    """``trtforge fold --check`` of ``model`` (saved under ``tmp_path``) exits 2 with one line holding ``needles``
+    and writes no output."""
+    import onnx
+
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(model, src)
+    assert_one_line_error(cli("fold", src, "-o", out, "--check"), 2, *needles)
+    assert not out.exists()

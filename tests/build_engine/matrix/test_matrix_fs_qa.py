@@ -29,6 +29,17 @@ def _other_filesystem(than: Path) -> Path | None:
     return Path(tempfile.mkdtemp(prefix="trtforge-qa-", dir=shm))
 
 
+def _write_matrix(tmp_path: Path, rng: np.random.Generator) -> None:
+    """``tmp_path/m.onnx`` (one MatMul, dynamic batch and sequence) and ``tmp_path/mx.toml`` building it for a100."""
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 16])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "m.onnx"\nname = "m"\n')
+
+
 def test_outroot_on_another_filesystem_than_tmpdir(tmp_path: Path, rng: np.random.Generator,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     other = _other_filesystem(tmp_path)
@@ -36,13 +47,7 @@ def test_outroot_on_another_filesystem_than_tmpdir(tmp_path: Path, rng: np.rando
         pytest.skip("no second writable filesystem (/dev/shm) to put $TMPDIR on")
     try:
         monkeypatch.setenv("TMPDIR", str(other))  # the spawned workers build there; OUTROOT is under tmp_path
-        w = rng.standard_normal((32, 16)).astype(np.float32)
-        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 32])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 16])],
-                                  [numpy_helper.from_array(w, "w")])
-        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-        (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "m.onnx"\nname = "m"\n')
+        _write_matrix(tmp_path, rng)
         report = run_matrix(load_matrix(tmp_path / "mx.toml"), tmp_path / "out", jobs=1)
         assert [(c.status, c.reason) for c in report.cells] == [("built", "")]
         manifest = json.loads((tmp_path / "out" / "m" / "a100" / "manifest.json").read_text())
@@ -59,13 +64,7 @@ def test_interrupted_run_leaves_no_staging(tmp_path: Path, rng: np.random.Genera
     .trtforge-matrix-staging folder until the next run."""
     from trtforge.build_engine.matrix.driver import STAGING
 
-    w = rng.standard_normal((32, 16)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 16])],
-                              [numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "m.onnx"\nname = "m"\n')
+    _write_matrix(tmp_path, rng)
 
     def interrupt(st: object) -> None:  # the user presses Ctrl-C as the build starts
         if getattr(st, "status", "") == "running":
