@@ -113,6 +113,10 @@ def drop_use(uses: dict[str, Uses], name: str, node: Node, every: bool = False) 
     elif isinstance(d, dict) and node in d:
         if every or d[node] == 1:
             del d[node]
+            if len(d) == 1:  # one reader left: back to the compact entry when it reads the value once
+                (only, reads), = d.items()
+                if reads == 1:
+                    uses[name] = only
         else:
             d[node] -= 1
 
