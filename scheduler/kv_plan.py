@@ -107,19 +107,30 @@ class ModelSpec:
         _refuse_unmodeled(cfg, source)
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
-        head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
-                                           and heads > 0 else 0)
+        def given(key: str, default: Any) -> Any:  # absent or null: the default; 0 is refused, never defaulted
+            return default if cfg.get(key) is None else cfg[key]
+
+        head_dim = given("head_dim", hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                         and heads > 0 else 0)
         name = str(cfg.get("_name_or_path") or name)
         try:
             return cls(name=name, num_layers=need("num_hidden_layers"),
-                       num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+                       num_heads=heads, num_kv_heads=given("num_key_value_heads", heads), head_dim=head_dim,
                        hidden_size=hidden, intermediate_size=need("intermediate_size"),
                        vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
-                       max_position_embeddings=cfg.get("max_position_embeddings") or 131072,
+                       max_position_embeddings=given("max_position_embeddings", 131072),
                        num_experts=cfg.get("num_local_experts") or 1)
-        except InputError as exc:  # name the file once (the spec's own message starts with the model's name)
-            raise InputError(f"{source}: {exc.message.removeprefix(f'model {name}: ')}") from exc
+        except InputError as exc:  # name the file once, and the config's key, not ours
+            text = exc.message.removeprefix(f"model {name}: ")
+            for ours, key in _HF_KEYS.items():
+                text = text.replace(f"{ours} ", f"{key} ", 1) if text.startswith(ours + " ") else text
+            raise InputError(f"{source}: {text}") from exc
+
+
+#: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads", "num_experts": "num_local_experts"}
 
 
 def _refuse_unmodeled(cfg: dict[str, Any], source: str) -> None:
@@ -209,6 +220,18 @@ def activation_bytes(spec: ModelSpec, dtype_bytes: float, max_num_tokens: int, m
     return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
 
 
+def _check_tp(spec: ModelSpec, tp: int) -> None:
+    """Tensor parallelism splits the attention heads evenly (TensorRT-LLM, vLLM): ``tp`` must divide the query
+    heads, and divide the KV heads or, past them, be a multiple of them (each KV head then replicated); else no
+    engine shards the model that way and a plan would describe a deployment that cannot exist."""
+    q, kv = spec.num_heads, spec.num_kv_heads
+    if q % tp or (kv % tp if tp <= kv else tp % kv):
+        valid = [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
+        raise InputError(f"--tp {tp}: model {spec.name} has {q} attention heads and {kv} KV heads "
+                         f"(num_attention_heads, num_key_value_heads), which {tp} GPUs cannot split evenly; use "
+                         f"--tp {' / '.join(map(str, valid))}")
+
+
 def fp8_allowed(profile: Any) -> bool:
     """FP8 needs Ada/Hopper (compute capability >= 8.9) and a profile that allows it."""
     major, _, minor = str(profile.hardware.compute_capability).partition(".")
@@ -225,6 +248,7 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     """
     if tp < 1:
         raise InputError(f"--tp must be >= 1, got {tp}")
+    _check_tp(model_spec, tp)
     if request_tokens < 1:
         raise InputError(f"--request-tokens must be >= 1, got {request_tokens}")
     if max_num_tokens < 1:

@@ -1,5 +1,6 @@
 """Held-out QA (session 25): traces written here in forms the project's tests never used (a byte-order mark,
-CRLF line ends, timestamps across a daylight-saving change), replayed through the real readers and simulator."""
+CRLF line ends, timestamps across a daylight-saving change) through the real readers; kv-plan on configs with
+zero fields and on tensor-parallel sizes that cannot split the heads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import time
 
 import pytest
 
+from trtforge.build_engine.core.errors import InputError
+from trtforge.profiles.loader import load_profile
+from trtforge.scheduler.kv_plan import ModelSpec, plan_kv
 from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 
 AZURE_ROWS = ["2023-11-16 18:15:46.5,374,44", "2023-11-16 18:15:47.0,10,0", "2023-11-16 18:15:48.25,20,5"]
@@ -52,3 +56,37 @@ def test_azure_arrivals_do_not_depend_on_the_machines_time_zone(tmp_path, monkey
         monkeypatch.undo()
         time.tzset()
     assert arrivals == [0.0, 3601.0, 14 * 86400 + 5401.5]
+
+
+SMALL = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512, "intermediate_size": 1024,
+         "vocab_size": 1000}
+
+
+@pytest.mark.parametrize("key", ["num_key_value_heads", "head_dim", "max_position_embeddings", "num_hidden_layers"])
+def test_kv_plan_refuses_a_zero_field_naming_the_configs_key(tmp_path, key: str) -> None:
+    # num_key_value_heads 0 was read as "absent" (so MHA, 8 heads: 4x the bytes per token of the GQA it may be
+    # meant to be) and head_dim 0 as "derive it": a plan from a broken config, without a word
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(SMALL | {key: 0}))
+    with pytest.raises(InputError, match=rf"config\.json: {key} must be a positive integer, got 0"):
+        ModelSpec.from_hf_config(p)
+    p.write_text(json.dumps(SMALL | {"num_key_value_heads": None, "head_dim": None}))  # null: HF's "absent"
+    spec = ModelSpec.from_hf_config(p)
+    assert (spec.num_kv_heads, spec.head_dim) == (8, 64)
+    assert spec.kv_bytes_per_token("bf16") == 2 * 4 * 8 * 64 * 2
+
+
+@pytest.mark.parametrize(("heads", "kv", "tp", "ok"), [(32, 8, 3, False), (32, 8, 64, False), (32, 8, 16, True),
+                                                       (32, 8, 4, True), (12, 4, 8, False), (12, 4, 6, False),
+                                                       (12, 1, 4, True), (12, 4, 12, True)])
+def test_kv_plan_refuses_a_tp_that_cannot_split_the_heads(heads: int, kv: int, tp: int, ok: bool) -> None:
+    # --tp 3 on Llama-3.1-8B (32 heads, 8 KV heads) gave a plan (ceil(8/3) = 3 KV heads a GPU) for a sharding no
+    # engine can build; each KV head is replicated only when tp is a multiple of the KV heads
+    spec = ModelSpec("m", 4, heads, kv, 128, heads * 128, 4096, 32000)
+    profile = load_profile("h100")
+    if not ok:
+        with pytest.raises(InputError, match=rf"--tp {tp}: model m has {heads} attention heads and {kv} KV heads"):
+            plan_kv(profile, spec, tp=tp)
+        return
+    plan = plan_kv(profile, spec, tp=tp)
+    assert plan.kv_bytes_per_token == 2 * 4 * max(1, kv // tp) * 128 * 2
