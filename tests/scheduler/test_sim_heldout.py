@@ -90,3 +90,33 @@ def test_kv_plan_refuses_a_tp_that_cannot_split_the_heads(heads: int, kv: int, t
         return
     plan = plan_kv(profile, spec, tp=tp)
     assert plan.kv_bytes_per_token == 2 * 4 * max(1, kv // tp) * 128 * 2
+
+
+def test_a_response_cache_miss_pays_its_lookup_before_the_scheduler() -> None:
+    # README: "a miss pays the measured miss time"; the replay submitted a miss at its arrival, so with a cache in
+    # front every TTFT (and the goodput) was exactly the uncached run's
+    from trtforge.scheduler.kv_plan import PRESETS
+    from trtforge.scheduler.request import Request
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+    from trtforge.scheduler.sim.cache_costs import TierCosts
+    from trtforge.scheduler.sim.response_cache import CacheFront
+    from trtforge.scheduler.sim.simulator import simulate
+    from trtforge.scheduler.sim.step_time import StepTimeModel
+
+    miss = 0.25
+    costs = TierCosts(hit={"l1": 1e-4, "l2": 3e-4}, miss=miss)
+    # three distinct prompts far apart (each finds an idle replica), then a repeat of the first: an L1 hit
+    reqs = [Request(f"r{i}", 100.0 * i, 700, 8, block_hashes=(i, 50 + i), hash_block_tokens=512) for i in range(3)]
+    reqs.append(Request("again", 400.0, 700, 8, block_hashes=(0, 50), hash_block_tokens=512))
+    cfg = SchedulerConfig(num_blocks=400, tokens_per_block=64, policy="cache-aware", max_running=8)
+    model = StepTimeModel.from_profile(load_profile("h100"), PRESETS["llama-3.1-8b"])
+
+    def ttfts(front: CacheFront | None) -> list[float]:
+        return simulate(reqs, lambda: Scheduler(cfg), model, front=front, horizon_s=60).ttfts
+
+    bare, cached = ttfts(None), ttfts(CacheFront(("l1", "l2"), costs, ttl_s=1000.0))
+    assert len(bare) == len(cached) == 4
+    # r0..r2 take the same time each (same prompt length on an idle replica; uncached, "again" is quicker: it
+    # hits r0's prefix blocks); cached, each of them pays the miss first and "again" is an L1 hit
+    assert bare[1] == pytest.approx(bare[3]) and bare[0] < bare[1]
+    assert cached == pytest.approx([1e-4] + [bare[3] + miss] * 3)
