@@ -120,3 +120,22 @@ def test_a_response_cache_miss_pays_its_lookup_before_the_scheduler() -> None:
     # hits r0's prefix blocks); cached, each of them pays the miss first and "again" is an L1 hit
     assert bare[1] == pytest.approx(bare[3]) and bare[0] < bare[1]
     assert cached == pytest.approx([1e-4] + [bare[3] + miss] * 3)
+
+
+def test_what_the_last_step_finishes_past_the_window_is_unserved() -> None:
+    # the window's last step began inside it and ended past it: its completions counted as completed (and their
+    # tokens in the throughput) though the summary says unserved = "still running at the window's end"
+    from trtforge.scheduler.kv_plan import PRESETS
+    from trtforge.scheduler.request import Request
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+    from trtforge.scheduler.sim.simulator import simulate
+    from trtforge.scheduler.sim.step_time import StepTimeModel
+
+    model = StepTimeModel.from_profile(load_profile("h100"), PRESETS["llama-3.1-8b"])
+    cfg = SchedulerConfig(num_blocks=400, tokens_per_block=64, policy="cache-aware", max_running=8)
+    reqs = [Request("a", 0.0, 4000, 1)]  # one prefill step of ~0.1 s, which also produces its only token
+    inside = simulate(reqs, lambda: Scheduler(cfg), model, horizon_s=10.0).summary
+    assert inside.completed == 1 and 0.01 < inside.ttft_p50_s < 10.0
+    late = simulate(reqs, lambda: Scheduler(cfg), model, horizon_s=inside.ttft_p50_s / 2).summary
+    assert (late.completed, late.unserved, late.throughput_tok_s, late.goodput_req_s) == (0, 1, 0.0, 0.0)
+    assert late.ttft_p50_s == pytest.approx(inside.ttft_p50_s / 2)  # an unserved TTFT: window end - arrival
