@@ -70,6 +70,21 @@ def _timestamp(text: str, path: Path, line: int) -> float:
         raise InputError(f"{path}:{line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'") from exc
 
 
+def _undecodable_line(path: Path) -> int | None:
+    """The number of the first line of ``path`` that is not UTF-8 (read again, one line at a time, on that error
+    only: the text reader's error gives a position inside its buffer, not a line)."""
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return number
+    except OSError:
+        return None
+    return None
+
+
 @contextmanager
 def _reading(path: Path, kind: str) -> Iterator[None]:
     """Turn a failure to open or decode ``path`` into one ``InputError`` line naming the file."""
@@ -78,7 +93,10 @@ def _reading(path: Path, kind: str) -> Iterator[None]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read trace ({exc.strerror or exc}); check the path") from exc
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a text {kind} file ({exc.reason})") from exc
+        line = _undecodable_line(path)
+        where = f"{path}:{line}" if line else str(path)
+        raise InputError(f"{where}: not UTF-8 text ({exc.reason}); a {kind} trace is UTF-8: re-save it as UTF-8 or "
+                         "fix the row") from exc
     except csv.Error as exc:  # a NUL byte, an over-long field
         raise InputError(f"{path}: not a readable {kind} file ({exc})") from exc
 

@@ -139,3 +139,19 @@ def test_what_the_last_step_finishes_past_the_window_is_unserved() -> None:
     late = simulate(reqs, lambda: Scheduler(cfg), model, horizon_s=inside.ttft_p50_s / 2).summary
     assert (late.completed, late.unserved, late.throughput_tok_s, late.goodput_req_s) == (0, 1, 0.0, 0.0)
     assert late.ttft_p50_s == pytest.approx(inside.ttft_p50_s / 2)  # an unserved TTFT: window end - arrival
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path, suffix: str) -> None:
+    # a Latin-1 adapter name on line 3: the error named the file only ("not a text CSV file")
+    good = (b"TIMESTAMP,ContextTokens,GeneratedTokens,adapter\n2023-11-16 18:15:40.0,5,3,\n"
+            if suffix == "csv" else b'{"timestamp": 0, "input_length": 5, "output_length": 3}\n' * 2)
+    bad = (b"2023-11-16 18:15:41.0,5,3,caf\xe9\n" if suffix == "csv"
+           else b'{"timestamp": 9, "input_length": 5, "output_length": 3, "adapter": "caf\xe9"}\n')
+    p = tmp_path / f"t.{suffix}"
+    p.write_bytes(good + bad)
+    reader = read_azure_csv if suffix == "csv" else read_mooncake_jsonl
+    with pytest.raises(InputError, match=rf"t\.{suffix}:3: not UTF-8 text .*re-save it as UTF-8"):
+        reader(p)
+    p.write_bytes(good + bad.replace(b"\xe9", "\u00e9".encode()))
+    assert reader(p)[-1].adapter == "caf\u00e9"
