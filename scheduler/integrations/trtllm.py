@@ -157,14 +157,19 @@ class CacheAwareCapacityScheduler:
         self._rejected.intersection_update(present)
 
     def _submit(self, rid: str, req: Any) -> None:
-        r = self.to_request(req)
-        if r.adapter is not None:
-            self.sched.lora.register(r.adapter)  # the executor's PEFT cache validated the task id already
-        res = self.sched.submit(r)
-        if res.status == "rejected":
+        try:
+            r = self.to_request(req)
+        except InputError as exc:  # an empty prompt or max_tokens 0: refuse that request, never fail the executor
+            message: str | None = f"{exc.message}; the scheduler runs prompts of >= 1 token with max_tokens >= 1"
+        else:
+            if r.adapter is not None:
+                self.sched.lora.register(r.adapter)  # the executor's PEFT cache validated the task id already
+            res = self.sched.submit(r)
+            message = None if res.status != "rejected" else (
+                res.reason.message if res.reason else f"request {rid} rejected")
+        if message is not None:
             self._rejected.add(rid)  # until it leaves active_requests: rejected once, not every iteration
             self.sched.seqs.pop(rid, None)
-            message = res.reason.message if res.reason else f"request {rid} rejected"
             if self.reject is not None:
                 self.reject(req, message)
             return

@@ -182,6 +182,20 @@ def test_prompt_of_a_request_ended_at_its_first_token_is_credited() -> None:
     assert fitting == [b] and cap.sched.seqs["2"].hits == 4  # a's computed prompt blocks were kept for reuse
 
 
+def test_empty_prompt_or_zero_max_tokens_is_rejected_not_raised() -> None:
+    # the scheduler's Request refuses them (InputError): raised out of schedule_request, that failed the
+    # executor's whole iteration (every active request) instead of the one request
+    rejected: list[tuple[int, str]] = []
+    cap = CacheAwareCapacityScheduler(Scheduler(_config("cache-aware")), KVCacheManager(48), LlmRequestState,
+                                      lambda req, msg: rejected.append((req.request_id, msg)) or True)
+    ok, empty, zero = LlmRequest(1, 6, 4, list(range(6))), LlmRequest(2, 0, 4, []), LlmRequest(3, 6, 0, [1] * 6)
+    for _ in range(2):  # rejected once, not every iteration
+        fitting, _, _ = cap.schedule_request([ok, empty, zero])
+        assert fitting == [ok]
+    assert [r[0] for r in rejected] == [2, 3]
+    assert "prompt_tokens must be >= 1" in rejected[0][1] and "max_new_tokens must be >= 1" in rejected[1][1]
+
+
 def test_adapter_keeps_blocks_held_elsewhere_out_of_admission() -> None:
     kv = KVCacheManager(20, held_elsewhere=12)  # live free blocks: 8, though the static maximum is 20
     cap = CacheAwareCapacityScheduler(Scheduler(_config("cache-aware").__class__(
