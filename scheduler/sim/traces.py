@@ -85,6 +85,14 @@ def _undecodable_line(path: Path) -> int | None:
     return None
 
 
+def _is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
 @contextmanager
 def _reading(path: Path, kind: str) -> Iterator[None]:
     """Turn a failure to open or decode ``path`` into one ``InputError`` line naming the file."""
@@ -94,6 +102,8 @@ def _reading(path: Path, kind: str) -> Iterator[None]:
         raise InputError(f"{path}: cannot read trace ({exc.strerror or exc}); check the path") from exc
     except UnicodeDecodeError as exc:
         line = _undecodable_line(path)
+        if line == 1 and _is_gzip(path):
+            raise InputError(f"{path}: gzip-compressed; traces are read uncompressed: gunzip it first") from exc
         where = f"{path}:{line}" if line else str(path)
         raise InputError(f"{where}: not UTF-8 text ({exc.reason}); a {kind} trace is UTF-8: re-save it as UTF-8 or "
                          "fix the row") from exc
@@ -248,4 +258,6 @@ def load_trace(spec: str, max_requests: int | None = None, seed: int = 0) -> lis
         return read_azure_csv(p, max_requests)
     if p.suffix.lower() in (".jsonl", ".json"):
         return read_mooncake_jsonl(p, max_requests)
+    if p.suffix.lower() == ".gz":
+        raise InputError(f"--trace {spec}: gzip-compressed; traces are read uncompressed: gunzip it first")
     raise InputError(f"--trace {spec}: unknown trace format; give an Azure .csv, a Mooncake .jsonl or 'synthetic'")

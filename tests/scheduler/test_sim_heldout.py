@@ -155,3 +155,16 @@ def test_a_row_that_is_not_utf8_is_named_by_its_line(tmp_path, suffix: str) -> N
         reader(p)
     p.write_bytes(good + bad.replace(b"\xe9", "\u00e9".encode()))
     assert reader(p)[-1].adapter == "caf\u00e9"
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.csv", "t.jsonl.gz"])
+def test_a_gzip_trace_is_named_as_such(tmp_path, name: str) -> None:
+    # gzip is not a documented trace form; a compressed file was refused as "not a text file" / "unknown format"
+    import gzip
+
+    from trtforge.scheduler.sim.traces import load_trace
+
+    p = tmp_path / name
+    p.write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in MOONCAKE_ROWS)))
+    with pytest.raises(InputError, match="gzip-compressed; traces are read uncompressed: gunzip it first"):
+        load_trace(str(p))
