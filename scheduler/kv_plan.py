@@ -147,6 +147,31 @@ def _refuse_unmodeled(cfg: dict[str, Any], source: str) -> None:
             raise InputError(f"{source}: {key} {cfg[key]!r}: this MoE layout is not modeled (only Mixtral-style "
                              "num_local_experts with intermediate_size per expert); its weights would be sized as a "
                              "dense model's, so the plan would overstate the KV cache")
+    _refuse_hybrid(cfg, source)
+
+
+#: ``layer_types`` entries planned as attention layers (sliding ones as full: a lower bound, module docstring)
+_ATTENTION_LAYERS = {"full_attention", "attention", "sliding_attention", "chunked_attention"}
+#: Keys of hybrid attention/state-space layouts (Jamba, Nemotron-H, Zamba, Falcon-H1): only some layers hold KV
+_HYBRID_KEYS = ("hybrid_override_pattern", "attn_layer_period", "layers_block_type", "mamba_d_state", "ssm_state_size")
+
+
+def _refuse_hybrid(cfg: dict[str, Any], source: str) -> None:
+    """Refuse layouts in which some layers hold no K/V (linear attention, Mamba/SSM blocks): the formula gives
+    every one of ``num_hidden_layers`` layers K and V (and attention and MLP weights), so it would overstate the
+    bytes per token and understate the blocks, by the ratio of all layers to attention layers."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({str(t) for t in types} - _ATTENTION_LAYERS)
+        if other:
+            raise InputError(f"{source}: layer_types has {', '.join(other)} layers, which hold no K/V per token: "
+                             "this hybrid layout is not modeled (every layer would be sized as attention); plan it "
+                             "with its serving engine's own estimator")
+    for key in _HYBRID_KEYS:
+        if cfg.get(key) is not None:
+            raise InputError(f"{source}: {key} {cfg[key]!r}: a hybrid attention/state-space layout is not modeled "
+                             "(only some layers hold K/V; every layer would be sized as attention); plan it with its "
+                             "serving engine's own estimator")
 
 
 #: Public architectures (from each model's HF config.json).

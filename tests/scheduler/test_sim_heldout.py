@@ -168,3 +168,22 @@ def test_a_gzip_trace_is_named_as_such(tmp_path, name: str) -> None:
     p.write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in MOONCAKE_ROWS)))
     with pytest.raises(InputError, match="gzip-compressed; traces are read uncompressed: gunzip it first"):
         load_trace(str(p))
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]},
+     "layer_types has linear_attention layers"),
+    ({"hybrid_override_pattern": "M-M*"}, "hybrid_override_pattern 'M-M\\*': a hybrid attention/state-space"),
+    ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period 8: a hybrid"),
+    ({"layer_types": ["mamba", "attention", "mamba", "mamba"]}, "layer_types has mamba layers"),
+])
+def test_kv_plan_refuses_hybrid_layouts_naming_the_field(tmp_path, extra: dict[str, object], match: str) -> None:
+    # 1 attention layer in 4 was planned as 4 attention layers: 4x the bytes per token, a quarter of the blocks
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(SMALL | extra))
+    with pytest.raises(InputError, match=f"config.json: {match}"):
+        ModelSpec.from_hf_config(p)
+    # sliding-window layers are attention layers: planned as full attention (the documented lower bound)
+    p.write_text(json.dumps(SMALL | {"layer_types": ["sliding_attention", "full_attention"] * 2,
+                                     "sliding_window": 512}))
+    assert ModelSpec.from_hf_config(p).kv_bytes_per_token("fp8") == 2 * 4 * 8 * 64
