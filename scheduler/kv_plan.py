@@ -245,13 +245,19 @@ def activation_bytes(spec: ModelSpec, dtype_bytes: float, max_num_tokens: int, m
     return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
 
 
+def valid_tps(spec: ModelSpec) -> list[int]:
+    """The tensor-parallel sizes that split ``spec``'s heads evenly (``_check_tp``), ascending."""
+    q, kv = spec.num_heads, spec.num_kv_heads
+    return [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
+
+
 def _check_tp(spec: ModelSpec, tp: int) -> None:
     """Tensor parallelism splits the attention heads evenly (TensorRT-LLM, vLLM): ``tp`` must divide the query
     heads, and divide the KV heads or, past them, be a multiple of them (each KV head then replicated); else no
     engine shards the model that way and a plan would describe a deployment that cannot exist."""
-    q, kv = spec.num_heads, spec.num_kv_heads
-    if q % tp or (kv % tp if tp <= kv else tp % kv):
-        valid = [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
+    valid = valid_tps(spec)
+    if tp not in valid:
+        q, kv = spec.num_heads, spec.num_kv_heads
         raise InputError(f"--tp {tp}: model {spec.name} has {q} attention heads and {kv} KV heads "
                          f"(num_attention_heads, num_key_value_heads), which {tp} GPUs cannot split evenly; use "
                          f"--tp {' / '.join(map(str, valid))}")
@@ -302,15 +308,15 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     num_blocks = kv_bytes // block_bytes
     g = GIB
     if free <= 0 or num_blocks < 1:
-        need_tp = tp
-        while need_tp < 64 and (gpu - params * DTYPE_BYTES[wdt] / need_tp - act - RUNTIME_RESERVE_BYTES) * fraction \
-                < model_spec.kv_bytes_per_token(kdt, need_tp) * tpb * max(1, math.ceil(request_tokens / tpb)):
-            need_tp *= 2
+        larger = [t for t in valid_tps(model_spec) if t > tp] or [tp]  # only sizes that split the heads
+        fits = [t for t in larger if (gpu - params * DTYPE_BYTES[wdt] / t - act - RUNTIME_RESERVE_BYTES) * fraction
+                >= model_spec.kv_bytes_per_token(kdt, t) * tpb * max(1, -(-request_tokens // tpb))]
+        hint = f"--tp {fits[0]} fits" if fits else f"not even --tp {larger[-1]} fits"
         raise InputError(
             f"model {model_spec.name} does not fit profile {profile.name}: weights {weights / g:.1f} GiB + "
             f"activations {act / g:.1f} GiB + reserve {RUNTIME_RESERVE_BYTES / g:.1f} GiB per GPU vs "
             f"{gpu / g:.1f} GiB of GPU memory at --tp {tp}; use a GPU with more memory, a larger --tp "
-            f"(--tp {max(need_tp, tp * 2)} fits one {request_tokens}-token request), or fp8 weights")
+            f"({hint} one {request_tokens}-token request), or fp8 weights")
     per_req = math.ceil(request_tokens / tpb)
     return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
                   gpu_memory_bytes=gpu, num_params=params, weights_bytes=weights, activation_bytes=act,

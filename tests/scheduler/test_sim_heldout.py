@@ -187,3 +187,12 @@ def test_kv_plan_refuses_hybrid_layouts_naming_the_field(tmp_path, extra: dict[s
     p.write_text(json.dumps(SMALL | {"layer_types": ["sliding_attention", "full_attention"] * 2,
                                      "sliding_window": 512}))
     assert ModelSpec.from_hf_config(p).kv_bytes_per_token("fp8") == 2 * 4 * 8 * 64
+
+
+def test_kv_plan_does_not_fit_suggests_a_tp_that_splits_the_heads() -> None:
+    # 40 heads, 8 KV heads: --tp 1/2/4/8/40 split them. Doubling suggested --tp 16, which no engine builds
+    spec = ModelSpec("m", 80, 40, 8, 256, 10240, 28672, 32000)  # ~91 B parameters: 22.6 GiB a GPU at tp 8
+    with pytest.raises(InputError, match=r"does not fit profile a10.*\(--tp 40 fits one 4096-token request\)"):
+        plan_kv(load_profile("a10"), spec)
+    with pytest.raises(InputError, match=r"\(not even --tp 1 fits one"):
+        plan_kv(load_profile("a10"), ModelSpec("one", 80, 1, 1, 256, 10240, 28672, 32000))
