@@ -196,3 +196,27 @@ def test_kv_plan_does_not_fit_suggests_a_tp_that_splits_the_heads() -> None:
         plan_kv(load_profile("a10"), spec)
     with pytest.raises(InputError, match=r"\(not even --tp 1 fits one"):
         plan_kv(load_profile("a10"), ModelSpec("one", 80, 1, 1, 256, 10240, 28672, 32000))
+
+
+def test_plot_of_a_replay_where_nothing_got_a_first_token_is_quiet(tmp_path) -> None:
+    # every request rejected: the TTFT panel had no line, and matplotlib warned "No artists with labels found to
+    # put in legend" on stderr of a successful run
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    from trtforge.scheduler.kv_plan import PRESETS
+    from trtforge.scheduler.request import Request
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+    from trtforge.scheduler.sim.plots import plot_results
+    from trtforge.scheduler.sim.simulator import simulate
+    from trtforge.scheduler.sim.step_time import StepTimeModel
+
+    model = StepTimeModel.from_profile(load_profile("h100"), PRESETS["llama-3.1-8b"])
+    cfg = SchedulerConfig(num_blocks=10, tokens_per_block=64, policy="cache-aware", max_running=8)
+    res = simulate([Request("big", 0.0, 5000, 8)], lambda: Scheduler(cfg), model, horizon_s=10)
+    assert res.summary.rejected == 1 and not res.ttfts
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_results([("cache-aware", res)], tmp_path / "p.png")
+    assert not [str(w.message) for w in caught]
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
