@@ -107,19 +107,30 @@ class ModelSpec:
         _refuse_unmodeled(cfg, source)
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
-        head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
-                                           and heads > 0 else 0)
+        def given(key: str, default: Any) -> Any:  # absent or null: the default; 0 is refused, never defaulted
+            return default if cfg.get(key) is None else cfg[key]
+
+        head_dim = given("head_dim", hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                         and heads > 0 else 0)
         name = str(cfg.get("_name_or_path") or name)
         try:
             return cls(name=name, num_layers=need("num_hidden_layers"),
-                       num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+                       num_heads=heads, num_kv_heads=given("num_key_value_heads", heads), head_dim=head_dim,
                        hidden_size=hidden, intermediate_size=need("intermediate_size"),
                        vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
-                       max_position_embeddings=cfg.get("max_position_embeddings") or 131072,
+                       max_position_embeddings=given("max_position_embeddings", 131072),
                        num_experts=cfg.get("num_local_experts") or 1)
-        except InputError as exc:  # name the file once (the spec's own message starts with the model's name)
-            raise InputError(f"{source}: {exc.message.removeprefix(f'model {name}: ')}") from exc
+        except InputError as exc:  # name the file once, and the config's key, not ours
+            text = exc.message.removeprefix(f"model {name}: ")
+            for ours, key in _HF_KEYS.items():
+                text = text.replace(f"{ours} ", f"{key} ", 1) if text.startswith(ours + " ") else text
+            raise InputError(f"{source}: {text}") from exc
+
+
+#: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads", "num_experts": "num_local_experts"}
 
 
 def _refuse_unmodeled(cfg: dict[str, Any], source: str) -> None:
@@ -136,6 +147,31 @@ def _refuse_unmodeled(cfg: dict[str, Any], source: str) -> None:
             raise InputError(f"{source}: {key} {cfg[key]!r}: this MoE layout is not modeled (only Mixtral-style "
                              "num_local_experts with intermediate_size per expert); its weights would be sized as a "
                              "dense model's, so the plan would overstate the KV cache")
+    _refuse_hybrid(cfg, source)
+
+
+#: ``layer_types`` entries planned as attention layers (sliding ones as full: a lower bound, module docstring)
+_ATTENTION_LAYERS = {"full_attention", "attention", "sliding_attention", "chunked_attention"}
+#: Keys of hybrid attention/state-space layouts (Jamba, Nemotron-H, Zamba, Falcon-H1): only some layers hold KV
+_HYBRID_KEYS = ("hybrid_override_pattern", "attn_layer_period", "layers_block_type", "mamba_d_state", "ssm_state_size")
+
+
+def _refuse_hybrid(cfg: dict[str, Any], source: str) -> None:
+    """Refuse layouts in which some layers hold no K/V (linear attention, Mamba/SSM blocks): the formula gives
+    every one of ``num_hidden_layers`` layers K and V (and attention and MLP weights), so it would overstate the
+    bytes per token and understate the blocks, by the ratio of all layers to attention layers."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({str(t) for t in types} - _ATTENTION_LAYERS)
+        if other:
+            raise InputError(f"{source}: layer_types has {', '.join(other)} layers, which hold no K/V per token: "
+                             "this hybrid layout is not modeled (every layer would be sized as attention); plan it "
+                             "with its serving engine's own estimator")
+    for key in _HYBRID_KEYS:
+        if cfg.get(key) is not None:
+            raise InputError(f"{source}: {key} {cfg[key]!r}: a hybrid attention/state-space layout is not modeled "
+                             "(only some layers hold K/V; every layer would be sized as attention); plan it with its "
+                             "serving engine's own estimator")
 
 
 #: Public architectures (from each model's HF config.json).
@@ -209,6 +245,24 @@ def activation_bytes(spec: ModelSpec, dtype_bytes: float, max_num_tokens: int, m
     return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
 
 
+def valid_tps(spec: ModelSpec) -> list[int]:
+    """The tensor-parallel sizes that split ``spec``'s heads evenly (``_check_tp``), ascending."""
+    q, kv = spec.num_heads, spec.num_kv_heads
+    return [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
+
+
+def _check_tp(spec: ModelSpec, tp: int) -> None:
+    """Tensor parallelism splits the attention heads evenly (TensorRT-LLM, vLLM): ``tp`` must divide the query
+    heads, and divide the KV heads or, past them, be a multiple of them (each KV head then replicated); else no
+    engine shards the model that way and a plan would describe a deployment that cannot exist."""
+    valid = valid_tps(spec)
+    if tp not in valid:
+        q, kv = spec.num_heads, spec.num_kv_heads
+        raise InputError(f"--tp {tp}: model {spec.name} has {q} attention heads and {kv} KV heads "
+                         f"(num_attention_heads, num_key_value_heads), which {tp} GPUs cannot split evenly; use "
+                         f"--tp {' / '.join(map(str, valid))}")
+
+
 def fp8_allowed(profile: Any) -> bool:
     """FP8 needs Ada/Hopper (compute capability >= 8.9) and a profile that allows it."""
     major, _, minor = str(profile.hardware.compute_capability).partition(".")
@@ -225,6 +279,7 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     """
     if tp < 1:
         raise InputError(f"--tp must be >= 1, got {tp}")
+    _check_tp(model_spec, tp)
     if request_tokens < 1:
         raise InputError(f"--request-tokens must be >= 1, got {request_tokens}")
     if max_num_tokens < 1:
@@ -253,15 +308,15 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     num_blocks = kv_bytes // block_bytes
     g = GIB
     if free <= 0 or num_blocks < 1:
-        need_tp = tp
-        while need_tp < 64 and (gpu - params * DTYPE_BYTES[wdt] / need_tp - act - RUNTIME_RESERVE_BYTES) * fraction \
-                < model_spec.kv_bytes_per_token(kdt, need_tp) * tpb * max(1, math.ceil(request_tokens / tpb)):
-            need_tp *= 2
+        larger = [t for t in valid_tps(model_spec) if t > tp] or [tp]  # only sizes that split the heads
+        fits = [t for t in larger if (gpu - params * DTYPE_BYTES[wdt] / t - act - RUNTIME_RESERVE_BYTES) * fraction
+                >= model_spec.kv_bytes_per_token(kdt, t) * tpb * max(1, -(-request_tokens // tpb))]
+        hint = f"--tp {fits[0]} fits" if fits else f"not even --tp {larger[-1]} fits"
         raise InputError(
             f"model {model_spec.name} does not fit profile {profile.name}: weights {weights / g:.1f} GiB + "
             f"activations {act / g:.1f} GiB + reserve {RUNTIME_RESERVE_BYTES / g:.1f} GiB per GPU vs "
             f"{gpu / g:.1f} GiB of GPU memory at --tp {tp}; use a GPU with more memory, a larger --tp "
-            f"(--tp {max(need_tp, tp * 2)} fits one {request_tokens}-token request), or fp8 weights")
+            f"({hint} one {request_tokens}-token request), or fp8 weights")
     per_req = math.ceil(request_tokens / tpb)
     return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
                   gpu_memory_bytes=gpu, num_params=params, weights_bytes=weights, activation_bytes=act,

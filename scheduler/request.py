@@ -72,7 +72,7 @@ class Seq:
 
     __slots__ = ("req", "state", "blocks", "keys", "num_keys", "prompt_len", "computed", "gen_base", "dec_base",
                  "skips", "epoch", "registered", "slot", "queued_step", "queued_at", "decoding", "hits",
-                 "slot_wait_since")
+                 "slot_wait_since", "order")
 
     def __init__(self, req: Request, num_keys: int, keys: tuple[int, ...] | None = None) -> None:
         """``keys``: the prefix-cache keys of the prompt's full blocks, hashed when first needed (``None`` until
@@ -95,6 +95,7 @@ class Seq:
         self.decoding = False
         self.hits = 0
         self.slot_wait_since = -1.0
+        self.order = 0  # admission number (1, 2, ...: the scheduler's running order; re-admission renumbers)
 
     def generated(self, step: int) -> int:
         """Tokens generated after step ``step`` completed."""

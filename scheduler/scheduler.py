@@ -49,7 +49,7 @@ class Scheduler:
         self.running: OrderedDict[str, Seq] = OrderedDict()  # admission order: newest last
         self.prefilling: OrderedDict[str, Seq] = OrderedDict()
         self.decoding: dict[str, Seq] = {}
-        self._finish_heap: list[tuple[int, int, str]] = []
+        self._finish_heap: list[tuple[int, int, int, str]] = []  # (step, admission no., epoch, id)
         self._grow_heap: list[tuple[int, int, str]] = []  # max-utilization: step at which a block is needed
         self.counts = {"admitted": 0, "rejected": 0, "preempted": 0, "finished": 0, "cancelled": 0}
         # blocks the executor holds outside this scheduler's accounting (the TensorRT-LLM adapter sets it from
@@ -138,7 +138,7 @@ class Scheduler:
                 self._start_decode(seq, plan, t)
         heap = self._finish_heap
         while heap and heap[0][0] <= t:
-            _, epoch, rid = heapq.heappop(heap)
+            _, _, epoch, rid = heapq.heappop(heap)
             seq = self.seqs[rid]
             if seq.epoch == epoch and seq.decoding:
                 self._end(seq, "finished")
@@ -162,7 +162,8 @@ class Scheduler:
         self.decoding[seq.req.id] = seq
         self._decode_ctx += seq.req.prompt_tokens + seq.gen_base - 1 - seq.dec_base
         plan.started_decode.append(seq.req.id)
-        heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.epoch, seq.req.id))
+        # ties end in admission order, as the TensorRT-LLM adapter ends them (the free order is the LRU order)
+        heapq.heappush(self._finish_heap, (t + seq.req.max_new_tokens - seq.gen_base, seq.order, seq.epoch, seq.req.id))
         if self.policy.preempts:
             self._push_grow(seq)
 
@@ -300,6 +301,7 @@ class Scheduler:
         self.running[seq.req.id] = seq
         self.prefilling[seq.req.id] = seq
         self.counts["admitted"] += 1
+        seq.order = self.counts["admitted"]
         if self.metrics:
             self.metrics.admitted.inc()
             self.metrics.queue_wait_steps.observe(self.step_no - seq.queued_step)

@@ -65,7 +65,7 @@ class CacheAwareCapacityScheduler:
         self.kv = kv_cache_manager
         self.s = states
         self.reject = reject
-        self._live: dict[str, None] = {}  # submitted, not ended, in arrival order
+        self._live: dict[str, Any] = {}  # submitted, not ended, in arrival order: id -> its LlmRequest
         self._rejected: set[str] = set()
         self._schedulable = {x for x in (getattr(states, n, None) for n in (
             "CONTEXT_INIT", "GENERATION_IN_PROGRESS", "GENERATION_TO_COMPLETE", "DISAGG_GENERATION_INIT"))
@@ -93,13 +93,11 @@ class CacheAwareCapacityScheduler:
         for req in active_requests:
             if req.state in self._schedulable:
                 present[self.request_id(req)] = req
+        self._contexts_done(present)
         self._end_missing(present)
         self._bound_by_live_blocks()  # before submit, which may admit at once
         for rid, req in present.items():
-            if rid in self._live:
-                if req.state in self._past_context:
-                    self.sched.context_done(rid)
-            elif rid not in self._rejected:
+            if rid not in self._live and rid not in self._rejected:
                 self._submit(rid, req)
         self.sched.admit()
         fitting: list[Any] = []
@@ -110,33 +108,72 @@ class CacheAwareCapacityScheduler:
                 (disagg if req.state == gen_init else fitting).append(req)
         return fitting, disagg, []
 
+    @staticmethod
+    def _generated(req: Any) -> int:
+        """Tokens ``req`` has produced (``get_tokens(0)`` is the prompt, then the output)."""
+        return len(req.get_tokens(0)) - int(req.prompt_len)
+
+    def _contexts_done(self, present: dict[str, Any]) -> None:
+        """Make the prompt blocks of every request whose context ran findable, in admission order, before any
+        request ends: what ``Scheduler.update`` does after a simulated step. That includes a request that ended
+        in its first iteration (end-of-sequence or a cap of one token at its first token): it left
+        ``active_requests`` without ever being seen past its context, yet its prompt was computed (and
+        TensorRT-LLM keeps those blocks for reuse)."""
+        ran = []
+        for rid, req in self._live.items():
+            now = present.get(rid)
+            if now is not None:
+                self._live[rid] = now  # the executor's current object (the same one, upstream)
+            if now.state in self._past_context if now is not None else self._generated(req) > 0:
+                ran.append(self.sched.seqs[rid])
+        for seq in sorted(ran, key=lambda q: q.order):
+            self.sched.context_done(seq.req.id)
+
     def _end_missing(self, present: dict[str, Any]) -> None:
         """End what left ``active_requests`` and forget it: a server runs for days, so an ended request's state
         (its ``Seq``, ``Request`` and block hashes; a rejected id) must not stay in memory. Only the simulator
-        reads ended requests (its heaps, its metrics); this adapter never asks about them again."""
-        for rid in [r for r in self._live if r not in present]:
+        reads ended requests (its heaps, its metrics); this adapter never asks about them again.
+
+        The order they free their blocks in is the prefix cache's LRU order, so it is the simulator's: requests
+        that reached their cap first, in admission order (``Scheduler.update`` ends those), then the others
+        (end-of-sequence, cancel) in arrival order."""
+        gone = [rid for rid in self._live if rid not in present]
+        seqs = self.sched.seqs
+
+        def capped(rid: str) -> tuple[int, int]:
+            seq, req = seqs[rid], self._live[rid]
+            if seq.state == "running" and self._generated(req) >= seq.req.max_new_tokens:
+                return 0 if seq.req.max_new_tokens == 1 else 1, seq.order  # update ends cap-1 requests first
+            return 2, 0
+
+        for rid in sorted(gone, key=capped):  # stable: arrival order within the last group
             del self._live[rid]
             state = self.sched.state(rid)
             if state == "running":
                 self.sched.finish(rid)
             elif state == "queued":
                 self.sched.cancel(rid)
-            self.sched.seqs.pop(rid, None)
+            seqs.pop(rid, None)
         self._rejected.intersection_update(present)
 
     def _submit(self, rid: str, req: Any) -> None:
-        r = self.to_request(req)
-        if r.adapter is not None:
-            self.sched.lora.register(r.adapter)  # the executor's PEFT cache validated the task id already
-        res = self.sched.submit(r)
-        if res.status == "rejected":
+        try:
+            r = self.to_request(req)
+        except InputError as exc:  # an empty prompt or max_tokens 0: refuse that request, never fail the executor
+            message: str | None = f"{exc.message}; the scheduler runs prompts of >= 1 token with max_tokens >= 1"
+        else:
+            if r.adapter is not None:
+                self.sched.lora.register(r.adapter)  # the executor's PEFT cache validated the task id already
+            res = self.sched.submit(r)
+            message = None if res.status != "rejected" else (
+                res.reason.message if res.reason else f"request {rid} rejected")
+        if message is not None:
             self._rejected.add(rid)  # until it leaves active_requests: rejected once, not every iteration
             self.sched.seqs.pop(rid, None)
-            message = res.reason.message if res.reason else f"request {rid} rejected"
             if self.reject is not None:
                 self.reject(req, message)
             return
-        self._live[rid] = None
+        self._live[rid] = req
 
     def _bound_by_live_blocks(self) -> None:
         """Blocks the KV cache manager holds beyond this scheduler's reservations (requests it does not see,

@@ -30,10 +30,14 @@ def plot_results(results: Sequence[tuple[str, object]], out: str | Path) -> None
     for ax in (ax_kv, ax_q):
         ax.set_xlabel("time (s)")
         ax.legend(loc="upper right", fontsize=8)
-    ax_cdf.set_xscale("log")
     ax_cdf.set_xlabel("time to first token (s, completed requests)")
     ax_cdf.set_ylabel("CDF")
-    ax_cdf.legend(loc="lower right", fontsize=8)
+    if any(res.ttfts for _, res in results):  # type: ignore[attr-defined]
+        ax_cdf.set_xscale("log")
+        ax_cdf.legend(loc="lower right", fontsize=8)
+    else:  # every request rejected or unserved: say so (an empty legend made matplotlib warn on stderr)
+        ax_cdf.text(0.5, 0.5, "no request produced a first token", ha="center", va="center",
+                    transform=ax_cdf.transAxes)
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=90)

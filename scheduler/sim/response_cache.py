@@ -3,7 +3,8 @@
 The simulator calls ``CacheFront.serve(request, replica, now)`` after routing and before submitting: a hit returns
 the tier's *measured* lookup time (``cache_costs.measure``: the real cachetools L1, the redis-server at
 ``--redis-url``, a FAISS index) and the request is answered at ``now`` + that time, never reaching the scheduler;
-a miss returns None and pays the measured all-tiers-miss time before its first token. ``done`` records an answer
+a miss returns None and pays the measured all-tiers-miss time before its first token (the simulator submits it
+to the scheduler that much after its arrival; ``miss_seconds``). ``done`` records an answer
 when the scheduler finishes it: from then on, for the TTL, the same key is a hit.
 
 Where answers live (as ``scheduler/cache`` keeps them): L1 is in-process, one LRU of ``l1_entries`` per replica
@@ -119,6 +120,10 @@ class CacheFront:
         del self._pending[req.id]
         return latency
 
+    def miss_seconds(self, rid: str) -> float:
+        """The lookup time ``rid`` paid before it went on to the scheduler (0 without tiers)."""
+        return self._overhead.get(rid, 0.0)
+
     def first_token(self, rid: str, now: float) -> None:
         self._first.setdefault(rid, now)
 
@@ -176,7 +181,7 @@ class CacheFront:
             first, done = self._first.get(rid), self._done.get(rid)
             if first is None or done is None:
                 continue  # unserved: an SLO miss
-            ttft = first - t_arr + self._overhead.get(rid, 0.0)
+            ttft = first - t_arr  # a miss's lookup time is in ``first``: the simulator submits it after the lookup
             n = self._tokens[rid]
             tpot = (done - first) / (n - 1) if n > 1 else 0.0
             if ttft <= self.ttft_slo_s and tpot <= self.tpot_slo_s:

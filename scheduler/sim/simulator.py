@@ -97,10 +97,12 @@ def cap_requests(requests: Sequence[Request], max_tokens: str, max_seq_len: int)
     return out, truth
 
 
-def submit(rep: _Replica, req: Request, rejected: dict[str, str]) -> None:
-    """Hand one arrival to a replica (the one place requests enter a scheduler; a response cache hooks here)."""
+def submit(rep: _Replica, req: Request, rejected: dict[str, str], delay: float = 0.0) -> None:
+    """Hand one arrival to a replica (the one place requests enter a scheduler; a response cache hooks here).
+    ``delay``: seconds after its arrival that it reaches the scheduler (a response-cache miss's lookup time; a
+    busy replica takes it at its next step, as before)."""
     if not rep.has_work():
-        rep.clock = max(rep.clock, req.arrival)
+        rep.clock = max(rep.clock, req.arrival + delay)
     rep.stalled = False
     res = rep.sched.submit(req)
     if res.status == "rejected" and res.reason is not None:
@@ -173,8 +175,8 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             served = front.serve(reqs[i], k, t_arr) if front is not None else None
             if served is not None:  # a response-cache hit (response_cache.py) never reaches the scheduler
                 first[reqs[i].id] = done[reqs[i].id] = t_arr + served
-            else:
-                submit(reps[k], reqs[i], rejected)
+            else:  # a miss reaches the scheduler after the lookup that missed
+                submit(reps[k], reqs[i], rejected, front.miss_seconds(reqs[i].id) if front is not None else 0.0)
             i += 1
             continue
         s = rep.sched

@@ -83,7 +83,9 @@ class Outcome:
 def summarize(reqs: Sequence[Any], sched_stats: Mapping[str, Any], out: Outcome, t_start: float,
               window_end: float, slo: tuple[float, float]) -> dict[str, Any]:
     """The measured fields of ``SimSummary`` (the caller adds the run's configuration)."""
-    first, done = out.first, out.done
+    # the window's last step may end past it: what it finished (or started) then is outside the window, unserved
+    first = {rid: t for rid, t in out.first.items() if t <= window_end}
+    done = {rid: t for rid, t in out.done.items() if t <= window_end}
     stuck = [r.id for r in reqs if r.id not in done and r.id not in out.rejected]
     ttft = [first[r.id] - r.arrival if r.id in first else window_end - r.arrival for r in reqs
             if r.id not in out.rejected]

@@ -11,6 +11,8 @@ A JSONL line may carry ``"adapter": NAME`` and a CSV an ``adapter`` column (empt
 adapter the request runs under. ``assign_adapters`` gives a trace without adapters K synthetic ones with a Zipf
 popularity (S-LoRA's workload: a few adapters take most requests).
 
+Both are read as UTF-8 (a leading byte-order mark, as spreadsheet exports write, is skipped; CRLF or LF line
+ends). Azure timestamps carry no zone and are read as UTC, so arrivals never depend on the machine's time zone.
 A malformed file raises ``InputError`` with one line naming the file, the line number and what is wrong.
 Arrival times are seconds from the first request. A zero ``GeneratedTokens`` is read as 1 (the request still
 produces its first token).
@@ -26,7 +28,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from trtforge.build_engine.core.errors import InputError
@@ -61,10 +63,34 @@ def _timestamp(text: str, path: Path, line: int) -> float:
         head, _, frac = text.strip().partition(".")
         if frac and not _DIGITS.fullmatch(frac):  # float() would read '46.1e5' as 10,046 s, '46.1_5' as 46.15 s
             raise ValueError(frac)
-        base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+        # read as UTC, never the machine's zone: a local zone's DST change would shift arrivals by an hour
+        base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
         return base.timestamp() + (float("0." + frac) if frac else 0.0)
     except ValueError as exc:
         raise InputError(f"{path}:{line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'") from exc
+
+
+def _undecodable_line(path: Path) -> int | None:
+    """The number of the first line of ``path`` that is not UTF-8 (read again, one line at a time, on that error
+    only: the text reader's error gives a position inside its buffer, not a line)."""
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return number
+    except OSError:
+        return None
+    return None
+
+
+def _is_gzip(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -75,7 +101,12 @@ def _reading(path: Path, kind: str) -> Iterator[None]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read trace ({exc.strerror or exc}); check the path") from exc
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a text {kind} file ({exc.reason})") from exc
+        line = _undecodable_line(path)
+        if line == 1 and _is_gzip(path):
+            raise InputError(f"{path}: gzip-compressed; traces are read uncompressed: gunzip it first") from exc
+        where = f"{path}:{line}" if line else str(path)
+        raise InputError(f"{where}: not UTF-8 text ({exc.reason}); a {kind} trace is UTF-8: re-save it as UTF-8 or "
+                         "fix the row") from exc
     except csv.Error as exc:  # a NUL byte, an over-long field
         raise InputError(f"{path}: not a readable {kind} file ({exc})") from exc
 
@@ -83,7 +114,7 @@ def _reading(path: Path, kind: str) -> Iterator[None]:
 def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Request]:
     p = Path(path)
     out: list[Request] = []
-    with _reading(p, "CSV"), open(p, newline="") as fh:
+    with _reading(p, "CSV"), open(p, newline="", encoding="utf-8-sig") as fh:  # -sig: a BOM is not the header
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
         need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
@@ -113,7 +144,7 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
     p = Path(path)
     out: list[Request] = []
     t0: float | None = None
-    with _reading(p, "JSONL"), open(p) as fh:
+    with _reading(p, "JSONL"), open(p, encoding="utf-8-sig") as fh:  # UTF-8, an optional BOM skipped
         for line_no, text in enumerate(fh, 1):
             if not text.strip():
                 continue
@@ -227,4 +258,6 @@ def load_trace(spec: str, max_requests: int | None = None, seed: int = 0) -> lis
         return read_azure_csv(p, max_requests)
     if p.suffix.lower() in (".jsonl", ".json"):
         return read_mooncake_jsonl(p, max_requests)
+    if p.suffix.lower() == ".gz":
+        raise InputError(f"--trace {spec}: gzip-compressed; traces are read uncompressed: gunzip it first")
     raise InputError(f"--trace {spec}: unknown trace format; give an Azure .csv, a Mooncake .jsonl or 'synthetic'")
