@@ -11,7 +11,9 @@ and scale 0, which adds exactly nothing.
 is a regular expression the whole module path must match (``re.fullmatch``), ``"all-linear"`` every module. A
 config without ``lora_alpha`` gets PEFT's ``LoraConfig`` default, 8.
 
-Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a rank
+Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a
+weight whose dtype is not F16/BF16/F32/F64 or whose data does not match its header shape, two weights of one module
+(two adapter names in one file), a rank
 above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
 not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), ``rank_pattern`` /
 ``alpha_pattern`` configs (per-module ranks are not supported yet), and every adapter feature whose effect is more
@@ -73,18 +75,24 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         if not isinstance(header, dict):
             raise TypeError(f"the header is a JSON {type(header).__name__}, not an object")
         body = memoryview(data)[8 + n:]
-        out = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dt = _ST_DTYPES[info["dtype"]]
-            dt = ml_dtypes.bfloat16 if dt == "bfloat16" else dt
-            lo, hi = info["data_offsets"]
-            out[name] = np.frombuffer(body[lo:hi], dtype=dt).reshape(info["shape"]).copy()
-        return out
+        items = [(name, info) for name, info in header.items() if name != "__metadata__"]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}); re-save it "
                          "with safetensors") from exc
+    out = {}
+    for name, info in items:
+        kind = info.get("dtype") if isinstance(info, dict) else None
+        if kind not in _ST_DTYPES:  # an integer or fp8 LoRA weight is not a float adapter this pool can hold
+            raise InputError(f"{path}: tensor {name} has dtype {kind!r}; LoRA weights must be one of "
+                             f"{', '.join(_ST_DTYPES)} (re-save the adapter in a float dtype)")
+        dt = ml_dtypes.bfloat16 if _ST_DTYPES[kind] == "bfloat16" else _ST_DTYPES[kind]
+        try:
+            lo, hi = info["data_offsets"]
+            out[name] = np.frombuffer(body[lo:hi], dtype=dt).reshape(info["shape"]).copy()
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{path}: tensor {name}'s data does not match its header ({type(exc).__name__}: "
+                             f"{exc}); re-save it with safetensors") from exc
+    return out
 
 
 def load_adapter(folder: Path) -> Adapter:
@@ -98,6 +106,7 @@ def load_adapter(folder: Path) -> Adapter:
     scale = alpha / math.sqrt(r) if rslora else alpha / r
     a: dict[str, np.ndarray] = {}
     b: dict[str, np.ndarray] = {}
+    keys: dict[tuple[str, str], str] = {}  # (module path, "A" or "B") -> the key it came from
     for key, t in read_safetensors(w_path).items():
         m = _KEY.match(key)
         if not m:
@@ -108,7 +117,12 @@ def load_adapter(folder: Path) -> Adapter:
         if targets and not _targeted(path, targets):
             raise InputError(f"{folder}: tensor {key} adapts module {path!r}, which is not in target_modules "
                              f"{list(targets)}; fix adapter_config.json")
-        (a if m["ab"] == "A" else b)[path] = t
+        weights = a if m["ab"] == "A" else b
+        if path in weights:  # two adapter names (lora_A.default / lora_A.other), or a plain and a named key
+            raise InputError(f"{w_path}: tensors {keys[(path, m['ab'])]} and {key} are both the lora_{m['ab']} "
+                             f"weight of module {path!r}; save one adapter per folder")
+        weights[path] = t
+        keys[(path, m["ab"])] = key
     if not a:
         raise InputError(f"{w_path}: no base_model.model.<module>.lora_A.weight tensors found")
     for path in sorted(set(a) | set(b)):

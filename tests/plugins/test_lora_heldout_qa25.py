@@ -1,0 +1,157 @@
+"""Held-out LoRA inputs (QA session 25): one module applied twice (two MatMuls of one weight), inject run a second
+time with other targets, and PEFT weight files with two adapter names, integer/fp8 weights or data that does not
+match its header. Each was wrong before: "inject once" for a model never injected, a model with two
+``lora_slot_ids`` graph inputs (onnx's checker refuses it), one of two adapters packed silently, and "not a readable
+safetensors file" without the tensor's name."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
+
+from trtforge.build_engine.core.errors import InputError
+from trtforge.plugins.lora import spec
+from trtforge.plugins.lora.decompose import decompose
+from trtforge.plugins.lora.inject import inject
+from trtforge_testing import assert_one_line_error
+
+H, OUT_F, R, N = 8, 6, 3, 3
+Q = "m.q_proj"
+
+
+def _model(rng: np.random.Generator, shared: bool) -> onnx.ModelProto:
+    """q_proj applied to x and x2 (shared=True: one weight, two MatMuls), or q_proj on x and v_proj on x."""
+    vi = h.make_tensor_value_info
+    inits = [nh.from_array(rng.standard_normal((H, OUT_F)).astype(np.float32), f"{Q}.weight"),
+             nh.from_array(rng.standard_normal((H, OUT_F)).astype(np.float32), "m.v_proj.weight")]
+    second = ("x2", f"{Q}.weight") if shared else ("x", "m.v_proj.weight")
+    nodes = [h.make_node("MatMul", ["x", f"{Q}.weight"], ["q"], name="/m/q_proj/MatMul"),
+             h.make_node("MatMul", list(second), ["q2"], name="/m/q_proj/MatMul_1" if shared else "/m/v_proj/MatMul")]
+    graph = h.make_graph(nodes, "g", [vi("x", T.FLOAT, ["b", "s", H]), vi("x2", T.FLOAT, ["b", "s", H])],
+                         [vi("q", T.FLOAT, ["b", "s", OUT_F]), vi("q2", T.FLOAT, ["b", "s", OUT_F])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _pool(rng: np.random.Generator, path: str) -> dict[str, np.ndarray]:
+    return {f"lora_a.{path}": rng.standard_normal((N, H, R)).astype(np.float32),
+            f"lora_b.{path}": rng.standard_normal((N, R, OUT_F)).astype(np.float32),
+            f"lora_scales.{path}": rng.uniform(0.5, 2.0, N).astype(np.float32)}
+
+
+def test_module_applied_twice_shares_one_pool(rng: np.random.Generator) -> None:
+    src = _model(rng, shared=True)
+    lora = inject(src, ["q_proj"], R, N)
+    onnx.checker.check_model(lora, full_check=True)
+    nodes = [n for n in lora.graph.node if spec.is_lora_node(n)]
+    assert len(nodes) == 2 and len({n.name for n in nodes}) == 2
+    assert {n.input[spec.LORA_A] for n in nodes} == {f"lora_a.{Q}"}  # one module, one pool
+    assert sum(i.name.startswith("lora_a.") for i in lora.graph.input) == 1
+    x, x2 = (rng.standard_normal((2, 4, H)).astype(np.float32) for _ in range(2))
+    ids = rng.integers(-1, N, size=(2, 4)).astype(np.int32)
+    ids[0, 0], ids[1, 3] = -1, N - 1
+    feeds = {"x": x, "x2": x2, spec.SLOT_IDS_INPUT: ids, **_pool(rng, Q)}
+    dec = ReferenceEvaluator(decompose(lora))
+    got = dec.run(None, feeds)
+    w = nh.to_array(src.graph.initializer[0]).astype(np.float64)
+    a, b, sc = (feeds[f"{k}.{Q}"].astype(np.float64) for k in ("lora_a", "lora_b", "lora_scales"))
+    for xin, out in zip((x, x2), got, strict=True):
+        want = xin.astype(np.float64) @ w
+        for idx in np.ndindex(2, 4):
+            if ids[idx] >= 0:
+                want[idx] += sc[ids[idx]] * (xin[idx].astype(np.float64) @ a[ids[idx]] @ b[ids[idx]])
+        assert np.max(np.abs(out - want)) <= 1e-4 * max(1.0, float(np.max(np.abs(want))))
+    off = dec.run(None, {**feeds, spec.SLOT_IDS_INPUT: np.full((2, 4), -1, np.int32)})
+    base = ReferenceEvaluator(src).run(None, {"x": x, "x2": x2})
+    assert all(o.tobytes() == s.tobytes() for o, s in zip(off, base, strict=True))
+
+
+def test_inject_again_with_other_targets_shares_slot_ids(rng: np.random.Generator) -> None:
+    src = _model(rng, shared=False)
+    once = inject(src, ["q_proj"], R, N)
+    twice = inject(once, ["v_proj"], R, N)
+    onnx.checker.check_model(twice, full_check=True)
+    at_once = inject(src, ["q_proj", "v_proj"], R, N)
+    assert [i.name for i in twice.graph.input] == [i.name for i in at_once.graph.input]
+    assert [i.name for i in twice.graph.input].count(spec.SLOT_IDS_INPUT) == 1
+    feeds = {"x": rng.standard_normal((2, 3, H)).astype(np.float32), "x2": np.zeros((2, 3, H), np.float32),
+             spec.SLOT_IDS_INPUT: rng.integers(-1, N, size=(2, 3)).astype(np.int32),
+             **_pool(rng, Q), **_pool(rng, "m.v_proj")}
+    got = ReferenceEvaluator(decompose(twice)).run(None, feeds)
+    want = ReferenceEvaluator(decompose(at_once)).run(None, feeds)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    for args, kw, needle in ((("v_proj", R + 1, N), {}, "--max-rank 3 --slots 3"),
+                             (("v_proj", R, N + 1), {}, "--max-rank 3 --slots 3"),
+                             (("v_proj", R, N), {"per_sequence": True}, "slot layout")):
+        with pytest.raises(InputError, match=needle):
+            inject(once, [args[0]], args[1], args[2], **kw)
+    with pytest.raises(InputError, match="already has a"):
+        inject(once, ["q_proj"], R, N)
+    stray = onnx.ModelProto()
+    stray.CopyFrom(src)
+    stray.graph.input.append(h.make_tensor_value_info(spec.SLOT_IDS_INPUT, T.INT32, ["b", "s"]))
+    with pytest.raises(InputError, match="no LoRAOpPluginDynamic nodes"):
+        inject(stray, ["q_proj"], R, N)
+
+
+def _raw_safetensors(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+    header, body = {}, b""
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(body), len(body) + len(data)]}
+        body += data
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + body
+
+
+def _adapter(folder: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> Path:
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(_raw_safetensors(tensors))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}))
+    return folder
+
+
+def _f32(rng: np.random.Generator, shape: list[int]) -> tuple[str, list[int], bytes]:
+    return "F32", shape, rng.standard_normal(shape).astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("names", [("default", "other"), ("", "default")])
+def test_pack_refuses_two_weights_of_one_module(cli, tmp_path: Path, rng: np.random.Generator,
+                                                names: tuple[str, str]) -> None:
+    keys = {}
+    for name in names:
+        mid = f".{name}" if name else ""
+        keys[f"base_model.model.{Q}.lora_A{mid}.weight"] = _f32(rng, [4, H])
+        keys[f"base_model.model.{Q}.lora_B{mid}.weight"] = _f32(rng, [OUT_F, 4])
+    folder = _adapter(tmp_path / "ad", keys)
+    res = cli("lora", "pack", folder, "--targets", "q_proj", "-o", tmp_path / "pool.st")
+    a_keys = [k for k in keys if ".lora_A" in k]
+    assert_one_line_error(res, 2, str(folder / "adapter_model.safetensors"), *a_keys, "one adapter per folder")
+    assert not (tmp_path / "pool.st").exists()
+
+
+@pytest.mark.parametrize("kind", ["I32", "F8_E4M3", "short"])
+def test_pack_names_the_tensor_it_cannot_read(cli, tmp_path: Path, rng: np.random.Generator, kind: str) -> None:
+    a_key, b_key = f"base_model.model.{Q}.lora_A.weight", f"base_model.model.{Q}.lora_B.weight"
+    if kind == "I32":
+        a = ("I32", [4, H], np.ones((4, H), np.int32).tobytes())
+    elif kind == "F8_E4M3":
+        a = ("F8_E4M3", [4, H], np.ones((4, H)).astype(ml_dtypes.float8_e4m3fn).tobytes())
+    else:  # the header says [4, H] floats; the data holds one row fewer
+        a = ("F32", [4, H], np.ones((3, H), np.float32).tobytes())
+    folder = _adapter(tmp_path / "ad", {a_key: a, b_key: _f32(rng, [OUT_F, 4])})
+    res = cli("lora", "pack", folder, "--targets", "q_proj", "-o", tmp_path / "pool.st")
+    needle = "does not match its header" if kind == "short" else f"dtype '{kind}'"
+    assert_one_line_error(res, 2, str(folder / "adapter_model.safetensors"), a_key, needle)
+    assert not (tmp_path / "pool.st").exists()
