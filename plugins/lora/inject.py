@@ -15,7 +15,9 @@ shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or 
 
 Must not fire (refused with InputError): a Gemm with ``transA``; a projection whose input is not 2-D or 3-D; a
 projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
-``slot_ids`` could not fit them all). Only the main graph is searched (not If/Loop bodies).
+``slot_ids`` could not fit them all): different ranks, an unknown dim, or two different static sizes at one position
+(the batch position only with ``per_sequence``; dim_params are not compared, since shape inference names equal
+runtime dims differently). Only the main graph is searched (not If/Loop bodies).
 
 One module applied twice (two MatMuls of one weight, a shared or tied projection) is one module path: both
 projections get a plugin node and share its ``lora_a/lora_b/lora_scales`` inputs (PEFT adapts the module, so every
@@ -218,6 +220,18 @@ def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits
     return Site(i, path, x, y, h, o, elem, tuple(xt.shape[:-1]))
 
 
+def _check_static_leads(sites: Sequence[Site], per_sequence: bool) -> None:
+    """Two static sizes at one slot_ids position (batch, or batch and sequence per token) cannot share one
+    lora_slot_ids: the plugin would refuse the shapes at run time and the decomposed graph would broadcast."""
+    for k in range(1 if per_sequence else len(sites[0].lead_dims)):
+        sizes = {s.path: s.lead_dims[k] for s in sites if isinstance(s.lead_dims[k], int)}
+        if len(set(sizes.values())) > 1:
+            raise InputError(f"target projections have inputs of different static sizes at dim {k} "
+                             f"({', '.join(f'{p}: {d}' for p, d in sizes.items())}); one shared lora_slot_ids "
+                             "cannot serve them; choose targets with the same input layout"
+                             + ("" if per_sequence or k == 0 else " or pass --per-sequence"))
+
+
 def _check_same_module(first: Site, site: Site) -> None:
     """A second projection of one module path shares the first's pool, so it must have the same shapes and dtype."""
     if (first.in_features, first.out_features, first.elem_type) != (site.in_features, site.out_features,
@@ -261,6 +275,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     lead = sites[0].lead_dims
     if per_sequence and len(lead) != 2:
         raise InputError("--per-sequence needs 3-D projection inputs [batch, sequence, hidden]; these are 2-D")
+    _check_static_leads(sites, per_sequence)
     if inplace:
         out = model
     else:

@@ -155,3 +155,27 @@ def test_pack_names_the_tensor_it_cannot_read(cli, tmp_path: Path, rng: np.rando
     needle = "does not match its header" if kind == "short" else f"dtype '{kind}'"
     assert_one_line_error(res, 2, str(folder / "adapter_model.safetensors"), a_key, needle)
     assert not (tmp_path / "pool.st").exists()
+
+
+@pytest.mark.parametrize("enc_seq", [7, 1])
+def test_targets_of_different_static_sequence_lengths_are_refused(rng: np.random.Generator, enc_seq: int) -> None:
+    """q_proj on decoder states [2, 5, H], v_proj on encoder states [2, enc_seq, H]: one per-token lora_slot_ids
+    [2, 5] cannot serve both (with enc_seq 1 the decomposed graph broadcast v's output to [2, 5, O]); per sequence,
+    slot_ids [2] can."""
+    vi = h.make_tensor_value_info
+    inits = [nh.from_array(rng.standard_normal((H, OUT_F)).astype(np.float32), f"d.{p}.weight")
+             for p in ("q_proj", "v_proj")]
+    nodes = [h.make_node("MatMul", ["dec", "d.q_proj.weight"], ["q"]),
+             h.make_node("MatMul", ["enc", "d.v_proj.weight"], ["v"])]
+    graph = h.make_graph(nodes, "g", [vi("dec", T.FLOAT, [2, 5, H]), vi("enc", T.FLOAT, [2, enc_seq, H])],
+                         [vi("q", T.FLOAT, [2, 5, OUT_F]), vi("v", T.FLOAT, [2, enc_seq, OUT_F])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(InputError, match=f"different static sizes at dim 1 .*d.v_proj: {enc_seq}.*--per-sequence"):
+        inject(model, ["q_proj", "v_proj"], R, N)
+    per_seq = inject(model, ["q_proj", "v_proj"], R, N, per_sequence=True)
+    onnx.checker.check_model(per_seq, full_check=True)
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    wide.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 3
+    with pytest.raises(InputError, match="dim 0"):
+        inject(wide, ["q_proj", "v_proj"], R, N, per_sequence=True)
