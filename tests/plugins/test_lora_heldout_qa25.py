@@ -179,3 +179,23 @@ def test_targets_of_different_static_sequence_lengths_are_refused(rng: np.random
     wide.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 3
     with pytest.raises(InputError, match="dim 0"):
         inject(wide, ["q_proj", "v_proj"], R, N, per_sequence=True)
+
+
+def test_decompose_refuses_a_plugin_node_it_cannot_lower(cli, tmp_path: Path) -> None:
+    """A plugin node inside an If branch: decompose lowers the main graph only, so it must refuse (exit 2, no output)
+    rather than write a model it says holds only standard ops (onnxruntime then failed to load it)."""
+    vi = h.make_tensor_value_info
+    node = h.make_node(spec.PLUGIN_NAME, ["x", "y", "a", "b", "ids", "sc"], ["t_out"], domain=spec.ONNX_DOMAIN,
+                       max_rank=R, num_slots=N, in_features=H, out_features=OUT_F)
+    then_g = h.make_graph([node], "then", [], [vi("t_out", T.FLOAT, [5, OUT_F])])
+    else_g = h.make_graph([h.make_node("Identity", ["y"], ["e_out"])], "else", [], [vi("e_out", T.FLOAT, [5, OUT_F])])
+    inputs = [vi("c", T.BOOL, []), vi("x", T.FLOAT, [5, H]), vi("y", T.FLOAT, [5, OUT_F]),
+              vi("a", T.FLOAT, [N, H, R]), vi("b", T.FLOAT, [N, R, OUT_F]), vi("ids", T.INT32, [5]),
+              vi("sc", T.FLOAT, [N])]
+    graph = h.make_graph([h.make_node("If", ["c"], ["out"], then_branch=then_g, else_branch=else_g)], "g", inputs,
+                         [vi("out", T.FLOAT, [5, OUT_F])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(spec.ONNX_DOMAIN, 1)])
+    onnx.save(model, tmp_path / "if.onnx")
+    res = cli("lora", "decompose", tmp_path / "if.onnx", "-o", tmp_path / "d.onnx")
+    assert_one_line_error(res, 2, str(tmp_path / "if.onnx"), "If/Loop/Scan body", "main graph")
+    assert not (tmp_path / "d.onnx").exists()
