@@ -56,12 +56,19 @@ class Adapter:
 
 @dataclass(frozen=True)
 class PoolLayout:
-    """What the pool must look like: module path -> (H, O), plus slots and max rank (from a model or the adapters)."""
+    """What the pool must look like: module path -> (H, O), plus slots and max rank (from a model or the adapters).
+
+    ``dtype`` is the pool dtype; a model whose targets differ in dtype (an fp16 projection beside an fp32 one)
+    gives each module its own in ``module_dtypes``, and ``dtype`` then names them all (``float16,float32``)."""
 
     modules: Mapping[str, tuple[int, int]]
     num_slots: int
     max_rank: int
     dtype: str
+    module_dtypes: Mapping[str, str] | None = None
+
+    def dtype_of(self, path: str) -> str:
+        return (self.module_dtypes or {}).get(path, self.dtype)
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -192,7 +199,8 @@ def _targeted(path: str, targets: Targets) -> bool:
 
 
 def layout_from_model(model_path: Path) -> PoolLayout:
-    """Read the pool layout from an injected ONNX model's ``lora_a.*``/``lora_b.*`` graph inputs."""
+    """Read the pool layout from an injected ONNX model's ``lora_a.*``/``lora_b.*`` graph inputs: names, [N, H, R] /
+    [N, R, O] and each module's dtype (the projection's: targets of one model may differ)."""
     import onnx
 
     from trtforge.build_engine.core.onnx_io import load_model
@@ -201,20 +209,29 @@ def layout_from_model(model_path: Path) -> PoolLayout:
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     dtypes = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
     modules: dict[str, tuple[int, int]] = {}
-    n = r = 0
-    dtype = "float32"
+    module_dtypes: dict[str, str] = {}
+    sizes: dict[tuple[int, int], str] = {}  # (N, R) -> the first input that has them
     for name, shape in shapes.items():
         if name.startswith("lora_a."):
             path = name[len("lora_a."):]
             b = shapes.get(spec.input_name("lora_b", path))
             if b is None or len(shape) != 3:
                 continue
-            n, _, r = shape
+            if min(shape) < 1 or len(b) != 3 or b[:2] != [shape[0], shape[2]]:
+                raise InputError(f"{model_path}: inputs {name} {shape} and lora_b.{path} {b} are not static [N, H, R] "
+                                 "and [N, R, O]; re-inject the model with trtforge lora inject")
+            sizes.setdefault((shape[0], shape[2]), name)
             modules[path] = (shape[1], b[2])
-            dtype = str(onnx.helper.tensor_dtype_to_np_dtype(dtypes[name]))
+            module_dtypes[path] = str(onnx.helper.tensor_dtype_to_np_dtype(dtypes[name]))
     if not modules:
         raise InputError(f"{model_path}: has no lora_a.* inputs; run 'trtforge lora inject' first or pass --targets")
-    return PoolLayout(modules, n, r, dtype)
+    if len(sizes) > 1:
+        found = ", ".join(f"{name}: {list(nr)}" for nr, name in sizes.items())
+        raise InputError(f"{model_path}: LoRA inputs differ in [slots, rank] ({found}); one pool has one layout: "
+                         "re-inject with one --max-rank and --slots")
+    (n, r), = sizes
+    kinds = sorted(set(module_dtypes.values()))
+    return PoolLayout(modules, n, r, ",".join(kinds), module_dtypes if len(kinds) > 1 else None)
 
 
 def layout_from_adapters(adapters: Sequence[Adapter], targets: Sequence[str] | None, max_rank: int | None,
@@ -237,13 +254,16 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
     """The pool tensors (pure: no files). Adapter i fills slot i."""
     import ml_dtypes
 
-    dt = ml_dtypes.bfloat16 if layout.dtype == "bfloat16" else np.dtype(layout.dtype)
+    def np_dtype(path: str) -> Any:
+        kind = layout.dtype_of(path)
+        return ml_dtypes.bfloat16 if kind == "bfloat16" else np.dtype(kind)
+
     n, r = layout.num_slots, layout.max_rank
     if not 1 <= r <= spec.MAX_RANK:
         raise InputError(f"max rank {r} is outside 1..{spec.MAX_RANK}")
     if not 1 <= n <= spec.MAX_SLOTS:  # checked before allocating n x H x R per module
         raise InputError(f"--slots {n}: give a whole number from 1 to {spec.MAX_SLOTS} (the kernel's slot limit)")
-    per_slot = sum((h * r + r * o) * np.dtype(dt).itemsize + 4 for h, o in layout.modules.values())
+    per_slot = sum((h * r + r * o) * np.dtype(np_dtype(p)).itemsize + 4 for p, (h, o) in layout.modules.items())
     if n * per_slot > _memory_limit():
         raise InputError(f"--slots {n}: the pool would take {n * per_slot / 2**30:.1f} GiB, more than this "
                          f"machine's {_memory_limit() / 2**30:.1f} GiB of free memory; pass fewer --slots")
@@ -251,8 +271,8 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
         raise InputError(f"{len(adapters)} adapters do not fit in {n} slots; pass fewer adapters or more --slots")
     out: dict[str, np.ndarray] = {}
     for path, (h, o) in layout.modules.items():
-        out[spec.input_name("lora_a", path)] = np.zeros((n, h, r), dt)
-        out[spec.input_name("lora_b", path)] = np.zeros((n, r, o), dt)
+        out[spec.input_name("lora_a", path)] = np.zeros((n, h, r), np_dtype(path))
+        out[spec.input_name("lora_b", path)] = np.zeros((n, r, o), np_dtype(path))
         out[spec.input_name("lora_scales", path)] = np.zeros((n,), np.float32)
     for slot, ad in enumerate(adapters):
         if ad.rank > r:
@@ -267,8 +287,8 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
             if a.shape != (ad.rank, h) or b.shape != (o, ad.rank):
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a.shape)}/"
                                  f"{list(b.shape)} do not match the pool's [r, {h}] / [{o}, r]")
-            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = a.T.astype(dt)
-            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = b.T.astype(dt)
+            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = a.T.astype(np_dtype(path))
+            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = b.T.astype(np_dtype(path))
             out[spec.input_name("lora_scales", path)][slot] = ad.scale
     return out
 

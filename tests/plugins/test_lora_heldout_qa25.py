@@ -199,3 +199,54 @@ def test_decompose_refuses_a_plugin_node_it_cannot_lower(cli, tmp_path: Path) ->
     res = cli("lora", "decompose", tmp_path / "if.onnx", "-o", tmp_path / "d.onnx")
     assert_one_line_error(res, 2, str(tmp_path / "if.onnx"), "If/Loop/Scan body", "main graph")
     assert not (tmp_path / "d.onnx").exists()
+
+
+def test_pack_with_model_keeps_each_modules_dtype(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    """An fp16 q_proj beside an fp32 v_proj (an autocast export): the injected model declares fp16 and fp32 pools,
+    and pack --model must write each in its module's dtype (it wrote all of them float32, which onnxruntime refused
+    for q_proj); a model whose LoRA inputs differ in [slots, rank] is refused by name."""
+    import onnxruntime as ort
+    from safetensors.numpy import save_file
+
+    from trtforge.plugins.lora.pack import read_safetensors
+
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Cast", ["x"], ["x16"], to=T.FLOAT16),
+             h.make_node("MatMul", ["x16", "m.q_proj.weight"], ["q"], name="/m/q_proj/MatMul"),
+             h.make_node("Cast", ["q"], ["q32"], to=T.FLOAT),
+             h.make_node("MatMul", ["q32", "m.v_proj.weight"], ["v"], name="/m/v_proj/MatMul")]
+    inits = [nh.from_array(rng.standard_normal((H, H)).astype(np.float16), "m.q_proj.weight"),
+             nh.from_array(rng.standard_normal((H, OUT_F)).astype(np.float32), "m.v_proj.weight")]
+    graph = h.make_graph(nodes, "g", [vi("x", T.FLOAT, ["t", H])], [vi("v", T.FLOAT, ["t", OUT_F])], inits)
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "q_proj,v_proj",
+               "--max-rank", str(R), "--slots", str(N)).code == 0
+    folder = tmp_path / "ad"
+    folder.mkdir()
+    save_file({f"base_model.model.m.{p}.lora_{ab}.weight": rng.standard_normal(shape).astype(np.float32)
+               for p, o in (("q_proj", H), ("v_proj", OUT_F)) for ab, shape in (("A", (R, H)), ("B", (o, R)))},
+              str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": R, "lora_alpha": 8, "target_modules": ["q_proj",
+                                                                                                          "v_proj"]}))
+    res = cli("lora", "pack", folder, "--model", tmp_path / "l.onnx", "-o", tmp_path / "pool.st")
+    assert res.code == 0, res.err
+    pool = read_safetensors(tmp_path / "pool.st")
+    assert {k: str(v.dtype) for k, v in pool.items() if not k.startswith("lora_scales")} == {
+        "lora_a.m.q_proj": "float16", "lora_b.m.q_proj": "float16",
+        "lora_a.m.v_proj": "float32", "lora_b.m.v_proj": "float32"}
+    assert cli("lora", "decompose", tmp_path / "l.onnx", "-o", tmp_path / "d.onnx").code == 0
+    feeds = {"x": rng.standard_normal((5, H)).astype(np.float32), spec.SLOT_IDS_INPUT: np.array([0, -1, 0, 1, 2],
+                                                                                                 np.int32), **pool}
+    (out,) = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert out.shape == (5, OUT_F) and np.isfinite(out).all()
+    res = cli("lora", "pack", folder, "--model", tmp_path / "l.onnx", "--dtype", "float16", "-o", tmp_path / "p2.st")
+    assert_one_line_error(res, 2, "float16,float32")
+
+    lora = onnx.load(tmp_path / "l.onnx")  # one module re-declared with other slots: not one pool layout
+    for vi_ in lora.graph.input:
+        if vi_.name in ("lora_a.m.v_proj", "lora_b.m.v_proj"):
+            vi_.type.tensor_type.shape.dim[0].dim_value = N + 1
+    onnx.save(lora, tmp_path / "odd.onnx")
+    res = cli("lora", "pack", folder, "--model", tmp_path / "odd.onnx", "-o", tmp_path / "p3.st")
+    assert_one_line_error(res, 2, str(tmp_path / "odd.onnx"), "lora_a.m.v_proj", "[slots, rank]")
+    assert not (tmp_path / "p2.st").exists() and not (tmp_path / "p3.st").exists()
