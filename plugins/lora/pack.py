@@ -13,7 +13,7 @@ config without ``lora_alpha`` gets PEFT's ``LoraConfig`` default, 8.
 
 Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a
 weight whose dtype is not F16/BF16/F32/F64 or whose data does not match its header shape, two weights of one module
-(two adapter names in one file), a rank
+(two adapter names in one file), a NaN/inf weight or one beyond the pool dtype's range (fp16: 65504), a rank
 above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
 not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), ``rank_pattern`` /
 ``alpha_pattern`` configs (per-module ranks are not supported yet), and every adapter feature whose effect is more
@@ -287,10 +287,21 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
             if a.shape != (ad.rank, h) or b.shape != (o, ad.rank):
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a.shape)}/"
                                  f"{list(b.shape)} do not match the pool's [r, {h}] / [{o}, r]")
-            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = a.T.astype(np_dtype(path))
-            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = b.T.astype(np_dtype(path))
+            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = _finite(ad, path, "A", a.T, np_dtype(path))
+            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = _finite(ad, path, "B", b.T, np_dtype(path))
             out[spec.input_name("lora_scales", path)][slot] = ad.scale
     return out
+
+
+def _finite(ad: Adapter, path: str, half: str, weights: np.ndarray, dt: Any) -> np.ndarray:
+    """``weights`` in the pool dtype; a NaN/inf, or a value beyond the dtype's range (fp16: 65504), is refused: it
+    would turn every output of the tokens using this slot into NaN/inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = weights.astype(dt)
+    if not np.isfinite(converted.astype(np.float32)).all():
+        raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_{half}.weight has NaN/inf values, or "
+                         f"values beyond {np.dtype(dt).name}'s range; fix the adapter (or pack into a wider dtype)")
+    return converted
 
 
 def _memory_limit() -> int:

@@ -250,3 +250,24 @@ def test_pack_with_model_keeps_each_modules_dtype(cli, tmp_path: Path, rng: np.r
     res = cli("lora", "pack", folder, "--model", tmp_path / "odd.onnx", "-o", tmp_path / "p3.st")
     assert_one_line_error(res, 2, str(tmp_path / "odd.onnx"), "lora_a.m.v_proj", "[slots, rank]")
     assert not (tmp_path / "p2.st").exists() and not (tmp_path / "p3.st").exists()
+
+
+@pytest.mark.parametrize(("value", "dtype", "ok"), [(np.nan, "float32", False), (np.inf, "bfloat16", False),
+                                                    (1e5, "float16", False), (1e5, "bfloat16", True)])
+def test_pack_refuses_weights_that_are_not_finite_in_the_pool(cli, tmp_path: Path, rng: np.random.Generator,
+                                                              value: float, dtype: str, ok: bool) -> None:
+    """A NaN/inf adapter weight, or one fp16 cannot hold (it became inf), made every output of its slot NaN/inf."""
+    a = rng.standard_normal((4, H)).astype(np.float32)
+    a[1, 2] = value
+    a_key = f"base_model.model.{Q}.lora_A.weight"
+    folder = _adapter(tmp_path / "ad", {a_key: ("F32", [4, H], a.tobytes()),
+                                        f"base_model.model.{Q}.lora_B.weight": _f32(rng, [OUT_F, 4])})
+    res = cli("lora", "pack", folder, "--targets", "q_proj", "--dtype", dtype, "-o", tmp_path / "pool.st")
+    if ok:
+        assert res.code == 0, res.err
+        from trtforge.plugins.lora.pack import read_safetensors
+
+        assert np.isfinite(read_safetensors(tmp_path / "pool.st")[f"lora_a.{Q}"].astype(np.float32)).all()
+    else:
+        assert_one_line_error(res, 2, str(folder), a_key, "NaN/inf")
+        assert not (tmp_path / "pool.st").exists()
