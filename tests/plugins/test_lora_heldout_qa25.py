@@ -271,3 +271,64 @@ def test_pack_refuses_weights_that_are_not_finite_in_the_pool(cli, tmp_path: Pat
     else:
         assert_one_line_error(res, 2, str(folder), a_key, "NaN/inf")
         assert not (tmp_path / "pool.st").exists()
+
+
+def _chain(dtype: int = T.FLOAT) -> onnx.ModelProto:
+    """q_proj applied to x and x2 (one weight), their sum into v_proj: v_proj's input lies downstream of q_proj's
+    plugin nodes once q_proj is injected; no value_info, so only shape inference can tell its rank."""
+    g = np.random.default_rng(25)
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    vi = h.make_tensor_value_info
+    inits = [nh.from_array(g.standard_normal((H, OUT_F)).astype(np_type), f"{Q}.weight"),
+             nh.from_array(g.standard_normal((OUT_F, OUT_F)).astype(np_type), "m.v_proj.weight")]
+    nodes = [h.make_node("MatMul", ["x", f"{Q}.weight"], ["q1"], name="/m/q_proj/MatMul"),
+             h.make_node("MatMul", ["x2", f"{Q}.weight"], ["q2"], name="/m/q_proj/MatMul_1"),
+             h.make_node("Add", ["q1", "q2"], ["s"]),
+             h.make_node("MatMul", ["s", "m.v_proj.weight"], ["v"], name="/m/v_proj/MatMul")]
+    graph = h.make_graph(nodes, "g", [vi("x", dtype, ["b", "s", H]), vi("x2", dtype, ["b", "s", H])],
+                         [vi("v", dtype, ["b", "s", OUT_F])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_inject_again_downstream_of_a_plugin_node() -> None:
+    """Shape inference stopped at plugin nodes: the second inject said v_proj's input 's' had an unknown rank."""
+    src = _chain()
+    twice = inject(inject(src, ["q_proj"], R, N), ["v_proj"], R, N)
+    onnx.checker.check_model(twice, full_check=True)
+    at_once = inject(src, ["q_proj", "v_proj"], R, N)
+    assert [i.name for i in twice.graph.input] == [i.name for i in at_once.graph.input]
+    assert sum(spec.is_lora_node(n) for n in twice.graph.node) == 3
+
+
+def test_engine_builds_bf16_shared_pool_per_sequence(tmp_path: Path) -> None:
+    """One TensorRT-RTX build (SM 8.0): a bf16 model injected twice, per sequence, with a module applied twice."""
+    pytest.importorskip("tensorrt_rtx")
+    from trtforge.build_engine.engine.backend import prepare_plugin_loading, rtx_compute_capability_enum, select_backend
+    from trtforge.plugins import register_all
+
+    model = inject(inject(_chain(T.BFLOAT16), ["q_proj"], R, N, per_sequence=True), ["v_proj"], R, N,
+                   per_sequence=True)
+    backend = select_backend("tensorrt-rtx")
+    prepare_plugin_loading(backend)
+    rtx = backend.module
+    register_all(rtx)
+    logger = rtx.Logger(rtx.Logger.ERROR)
+    builder = rtx.Builder(logger)
+    network = builder.create_network(0)
+    parser = rtx.OnnxParser(network, logger)
+    onnx.save(model, tmp_path / "m.onnx")
+    assert parser.parse_from_file(str(tmp_path / "m.onnx")), [parser.get_error(i).desc()
+                                                              for i in range(parser.num_errors)]
+    plugins = [network.get_layer(i) for i in range(network.num_layers)
+               if network.get_layer(i).type == rtx.LayerType.PLUGIN_V3]
+    assert len(plugins) == 3 and all(p.get_output(0).dtype == rtx.bfloat16 for p in plugins)
+    config = builder.create_builder_config()
+    config.num_compute_capabilities = 1
+    config.set_compute_capability(rtx_compute_capability_enum(rtx, "8.0"), 0)
+    profile = builder.create_optimization_profile()
+    for name in ("x", "x2"):
+        profile.set_shape(name, (1, 1, H), (2, 4, H), (4, 16, H))
+    profile.set_shape(spec.SLOT_IDS_INPUT, (1,), (2,), (4,))
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    assert plan is not None and spec.PLUGIN_NAME.encode() in bytes(plan)
