@@ -40,7 +40,7 @@ def _const(name: str, values: list[int]) -> NodeProto:
 def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[NodeProto]:
     x, y, a, b, ids, scales = node.input
     out = node.output[0]
-    p = f"{node.name or out}/decomposed"
+    p = f"{out}/decomposed"  # the output name is unique (SSA); node names need not be
     if ids_rank == x_rank - 1 and x_rank in (2, 3):
         mode = "token"
     elif x_rank == 3 and ids_rank == 1:

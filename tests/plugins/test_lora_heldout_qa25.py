@@ -332,3 +332,27 @@ def test_engine_builds_bf16_shared_pool_per_sequence(tmp_path: Path) -> None:
     config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     assert plan is not None and spec.PLUGIN_NAME.encode() in bytes(plan)
+
+
+def test_decompose_plugin_nodes_that_share_a_node_name(rng: np.random.Generator) -> None:
+    """ONNX node names need not be unique; two plugin nodes both named 'lora' made decompose write one value name
+    twice (onnx's checker: not SSA; the CLI exited 3, 'internal error')."""
+    vi = h.make_tensor_value_info
+    inputs = [vi("x", T.FLOAT, [5, H]), vi("y", T.FLOAT, [5, H]), vi("a", T.FLOAT, [N, H, R]),
+              vi("b", T.FLOAT, [N, R, H]), vi("ids", T.INT32, [5]), vi("sc", T.FLOAT, [N])]
+    nodes = [h.make_node(spec.PLUGIN_NAME, [x, "y", "a", "b", "ids", "sc"], [o], name="lora", domain=spec.ONNX_DOMAIN,
+                         max_rank=R, num_slots=N, in_features=H, out_features=H)
+             for x, o in (("x", "o1"), ("o1", "o2"))]
+    graph = h.make_graph(nodes, "g", inputs, [vi("o2", T.FLOAT, [5, H])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(spec.ONNX_DOMAIN, 1)])
+    dec = decompose(model)
+    onnx.checker.check_model(dec, full_check=True)
+    f = {"x": rng.standard_normal((5, H)).astype(np.float32), "y": rng.standard_normal((5, H)).astype(np.float32),
+         "a": rng.standard_normal((N, H, R)).astype(np.float32), "b": rng.standard_normal((N, R, H)).astype(np.float32),
+         "ids": np.array([0, -1, 1, 2, 0], np.int32), "sc": rng.uniform(0.5, 2.0, N).astype(np.float32)}
+    from trtforge.plugins.lora.reference import lora_op
+
+    want = lora_op(lora_op(f["x"], f["y"], f["a"], f["b"], f["ids"], f["sc"]), f["y"], f["a"], f["b"], f["ids"],
+                   f["sc"])
+    (got,) = ReferenceEvaluator(dec).run(None, f)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
