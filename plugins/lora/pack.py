@@ -164,6 +164,9 @@ def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
         raise InputError(f"{cfg_path}: rank_pattern/alpha_pattern are not supported; use one r and lora_alpha")
     if not 1 <= r <= spec.MAX_RANK:
         raise InputError(f"{cfg_path}: 'r' is {r}; it must be from 1 to {spec.MAX_RANK}")
+    rslora = cfg.get("use_rslora", False)
+    if rslora is not None and not isinstance(rslora, bool):  # the string "false" would have meant rsLoRA's scale
+        raise InputError(f"{cfg_path}: 'use_rslora' is {rslora!r}; it must be true or false")
     tm = cfg.get("target_modules") or []
     if isinstance(tm, str):
         try:
@@ -171,11 +174,11 @@ def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
         except re.error as exc:
             raise InputError(f"{cfg_path}: 'target_modules' {tm!r} is not a regular expression ({exc}); give a "
                              "list of module names or a valid pattern") from exc
-        return r, float(alpha), tm, bool(cfg.get("use_rslora"))
+        return r, float(alpha), tm, bool(rslora)
     if not isinstance(tm, list) or not all(isinstance(t, str) for t in tm):
         raise InputError(f"{cfg_path}: 'target_modules' is {tm!r}; it must be a list of module names or a regular "
                          "expression")
-    return r, float(alpha), tuple(tm), bool(cfg.get("use_rslora"))
+    return r, float(alpha), tuple(tm), bool(rslora)
 
 
 def _refuse_features(cfg: Mapping[str, Any], cfg_path: Path) -> None:

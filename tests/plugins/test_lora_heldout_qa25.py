@@ -356,3 +356,16 @@ def test_decompose_plugin_nodes_that_share_a_node_name(rng: np.random.Generator)
                    f["sc"])
     (got,) = ReferenceEvaluator(dec).run(None, f)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["false", 0, "true"])
+def test_pack_refuses_a_use_rslora_that_is_not_a_boolean(cli, tmp_path: Path, rng: np.random.Generator,
+                                                          flag: object) -> None:
+    """bool("false") is True: a string use_rslora silently switched the scale to alpha / sqrt(r)."""
+    folder = _adapter(tmp_path / "ad", {f"base_model.model.{Q}.lora_A.weight": _f32(rng, [4, H]),
+                                        f"base_model.model.{Q}.lora_B.weight": _f32(rng, [OUT_F, 4])})
+    cfg = folder / "adapter_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "use_rslora": flag}))
+    res = cli("lora", "pack", folder, "-o", tmp_path / "pool.st")
+    assert_one_line_error(res, 2, str(cfg), "use_rslora")
+    assert not (tmp_path / "pool.st").exists()
