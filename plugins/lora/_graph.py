@@ -11,6 +11,8 @@ from onnx import ModelProto, TensorProto, ValueInfoProto
 from trtforge.build_engine.core.graph import Dim, tensor_dims
 from trtforge.build_engine.core.shape_inference import infer_shapes
 
+from .precision import stand_in
+
 DimT: TypeAlias = Dim  # a dim_value, a dim_param, or unknown
 
 
@@ -25,12 +27,13 @@ def _from_value_info(vi: ValueInfoProto) -> ValueType:
 
 
 def value_types(model: ModelProto) -> dict[str, ValueType]:
-    """Types and shapes of every named value that ONNX shape inference can tell (plugin outputs excepted).
+    """Types and shapes of every named value that ONNX shape inference can tell.
 
-    Runs non-strict inference on a copy, so models holding custom-domain nodes still get what is knowable.
+    Runs non-strict inference on a copy in which every plugin node stands in as ``Identity(y)`` (its output has y's
+    type and shape), so values downstream of a plugin node (a second inject's targets) are known too.
     """
     try:
-        inferred = infer_shapes(model, data_prop=True)
+        inferred = infer_shapes(model, data_prop=True, edit=stand_in)
     except Exception:  # inference is a best-effort hint; callers fall back to initializer shapes
         inferred = model
     g = inferred.graph

@@ -14,6 +14,9 @@ model computed. Per token vs per sequence comes from the ranks of x and slot_ids
 rank inference cannot see, because it lies downstream of another plugin node, takes the rank of a node sharing its
 slot_ids input); a node whose layout stays unknown is refused. The gathered per-token pools are [tokens, H, R]
 tensors: fine for a reference, not fast.
+
+Only main-graph nodes are lowered (what ``lora inject`` writes); a plugin node inside an If/Loop/Scan body or a
+model-local function is refused (InputError), never left behind in a model said to hold only standard ops.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.graph import model_nodes
 from trtforge.build_engine.core.onnx_skeleton import check_model
 
 from . import spec
@@ -36,7 +40,7 @@ def _const(name: str, values: list[int]) -> NodeProto:
 def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[NodeProto]:
     x, y, a, b, ids, scales = node.input
     out = node.output[0]
-    p = f"{node.name or out}/decomposed"
+    p = f"{out}/decomposed"  # the output name is unique (SSA); node names need not be
     if ids_rank == x_rank - 1 and x_rank in (2, 3):
         mode = "token"
     elif x_rank == 3 and ids_rank == 1:
@@ -84,7 +88,13 @@ def _lower(node: NodeProto, x_rank: int, ids_rank: int, dtype: int) -> list[Node
 def decompose(model: ModelProto, *, inplace: bool = False) -> ModelProto:
     """A new model with every plugin node of the main graph replaced by standard ops (input not mutated unless
     ``inplace``: then it is the model changed and returned, with no copy of its weights)."""
-    if not any(spec.is_lora_node(n) for n in model.graph.node):
+    main = sum(1 for n in model.graph.node if spec.is_lora_node(n))
+    nested = sum(1 for n in model_nodes(model) if spec.is_lora_node(n)) - main
+    if nested:
+        raise InputError(f"{nested} {spec.PLUGIN_NAME} node(s) sit inside an If/Loop/Scan body or a model-local "
+                         "function, which decompose does not lower (main graph only); inline the function or move "
+                         "the LoRA nodes to the main graph (lora inject puts them there)")
+    if not main:
         out = ModelProto()
         out.CopyFrom(model)
         return out

@@ -15,7 +15,16 @@ shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or 
 
 Must not fire (refused with InputError): a Gemm with ``transA``; a projection whose input is not 2-D or 3-D; a
 projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
-``slot_ids`` could not fit them all). Only the main graph is searched (not If/Loop bodies).
+``slot_ids`` could not fit them all): different ranks, an unknown dim, or two different static sizes at one position
+(the batch position only with ``per_sequence``; dim_params are not compared, since shape inference names equal
+runtime dims differently). Only the main graph is searched (not If/Loop bodies).
+
+One module applied twice (two MatMuls of one weight, a shared or tied projection) is one module path: both
+projections get a plugin node and share its ``lora_a/lora_b/lora_scales`` inputs (PEFT adapts the module, so every
+call of it), unless their in/out features or dtypes differ (refused). A model that already holds plugin nodes
+(inject run again with other targets) keeps its one ``lora_slot_ids`` input, so the new nodes must use the same
+``max_rank``, ``num_slots`` and slot layout (what ``trtforge lora pack --model`` reads as one pool layout); a
+``lora_slot_ids`` input in a model without plugin nodes is refused.
 
 A quantized projection (``trtforge quantize``: ``x -> [Mul(1/s)] -> [QuantizeLinear -> DequantizeLinear] ->
 MatMul``) is adapted on its float input: the plugin's ``x`` is the value before the migration Mul (marked with
@@ -36,6 +45,7 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.graph import tensor_dims
 from trtforge.build_engine.core.onnx_io import MIGRATION_DOC
 
 from . import spec
@@ -210,6 +220,51 @@ def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits
     return Site(i, path, x, y, h, o, elem, tuple(xt.shape[:-1]))
 
 
+def _check_static_leads(sites: Sequence[Site], per_sequence: bool) -> None:
+    """Two static sizes at one slot_ids position (batch, or batch and sequence per token) cannot share one
+    lora_slot_ids: the plugin would refuse the shapes at run time and the decomposed graph would broadcast."""
+    for k in range(1 if per_sequence else len(sites[0].lead_dims)):
+        sizes = {s.path: s.lead_dims[k] for s in sites if isinstance(s.lead_dims[k], int)}
+        if len(set(sizes.values())) > 1:
+            raise InputError(f"target projections have inputs of different static sizes at dim {k} "
+                             f"({', '.join(f'{p}: {d}' for p, d in sizes.items())}); one shared lora_slot_ids "
+                             "cannot serve them; choose targets with the same input layout"
+                             + ("" if per_sequence or k == 0 else " or pass --per-sequence"))
+
+
+def _check_same_module(first: Site, site: Site) -> None:
+    """A second projection of one module path shares the first's pool, so it must have the same shapes and dtype."""
+    if (first.in_features, first.out_features, first.elem_type) != (site.in_features, site.out_features,
+                                                                     site.elem_type):
+        raise InputError(f"two projections share module path {site.path!r} but differ in [in, out] features or dtype "
+                         f"([{first.in_features}, {first.out_features}] vs [{site.in_features}, {site.out_features}])"
+                         "; one LoRA pool per module cannot serve both: name their weights apart")
+
+
+def _reuse_slot_ids(model: ModelProto, slot_dims: tuple[DimT, ...], max_rank: int, slots: int) -> bool:
+    """True when the model already has the shared ``lora_slot_ids`` input of earlier plugin nodes that the new ones
+    can share (same rank, slots and slot layout); InputError otherwise (module doc)."""
+    existing = next((i for i in model.graph.input if i.name == spec.SLOT_IDS_INPUT), None)
+    if existing is None:
+        return False
+    prior = [n for n in model.graph.node if spec.is_lora_node(n)]
+    if not prior:
+        raise InputError(f"the model already has an input named {spec.SLOT_IDS_INPUT!r} but no {spec.PLUGIN_NAME} "
+                         "nodes; rename that input before injecting")
+    attrs = {a.name: a.i for a in prior[0].attribute}
+    if (attrs.get("max_rank"), attrs.get("num_slots")) != (max_rank, slots):
+        raise InputError(f"the model already has {spec.PLUGIN_NAME} nodes with --max-rank {attrs.get('max_rank')} "
+                         f"--slots {attrs.get('num_slots')}; inject again with the same values (one pool layout per "
+                         "model) or inject all targets into the original model at once")
+    dims = tensor_dims(existing)
+    if dims is None or len(dims) != len(slot_dims) or any(
+            isinstance(d, int) and isinstance(e, int) and d != e for d, e in zip(dims, slot_dims, strict=True)):
+        raise InputError(f"the model's {spec.SLOT_IDS_INPUT} input has dims {list(dims or [])}, but these targets "
+                         f"need {list(slot_dims)} (per token or --per-sequence as before); inject with the same "
+                         "slot layout")
+    return True
+
+
 @steps.timed("inject")
 def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int, *, per_sequence: bool = False,
            tile: int = spec.DEFAULT_TILE, inplace: bool = False) -> ModelProto:
@@ -220,6 +275,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     lead = sites[0].lead_dims
     if per_sequence and len(lead) != 2:
         raise InputError("--per-sequence needs 3-D projection inputs [batch, sequence, hidden]; these are 2-D")
+    _check_static_leads(sites, per_sequence)
     if inplace:
         out = model
     else:
@@ -229,24 +285,31 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     taken = {i.name for i in g.input} | {t.name for t in g.initializer}
     slot_dims = (lead[0],) if per_sequence else lead
     slot_dims = tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(slot_dims))
-    new_inputs = [make_input(spec.SLOT_IDS_INPUT, spec.SLOT_ELEM_TYPE, slot_dims)]
+    new_inputs = [] if _reuse_slot_ids(model, slot_dims, max_rank, slots) else [
+        make_input(spec.SLOT_IDS_INPUT, spec.SLOT_ELEM_TYPE, slot_dims)]
     new_nodes: dict[int, NodeProto] = {}
+    pools: dict[str, Site] = {}  # module path -> its first site: a module applied twice shares one pool
     for site in sites:
         fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features, tile)
         a, b, sc = (spec.input_name(k, site.path) for k in ("lora_a", "lora_b", "lora_scales"))
-        for name in (a, b, sc):
-            if name in taken:
-                raise InputError(f"the model already has an input or initializer named {name!r}; inject once")
-            taken.add(name)
-        new_inputs += [make_input(a, site.elem_type, (slots, site.in_features, max_rank)),
-                       make_input(b, site.elem_type, (slots, max_rank, site.out_features)),
-                       make_input(sc, spec.SCALE_ELEM_TYPE, (slots,))]
+        first = pools.setdefault(site.path, site)
+        if first is not site:
+            _check_same_module(first, site)
+        else:
+            for name in (a, b, sc):
+                if name in taken:
+                    raise InputError(f"the model already has an input or initializer named {name!r}; inject once")
+                taken.add(name)
+            new_inputs += [make_input(a, site.elem_type, (slots, site.in_features, max_rank)),
+                           make_input(b, site.elem_type, (slots, max_rank, site.out_features)),
+                           make_input(sc, spec.SCALE_ELEM_TYPE, (slots,))]
         base = f"{site.y}.lora_base"
         g.node[site.node_index].output[0] = base
         attrs: dict[str, Any] = dict(fields.as_dict())  # onnx's make_node types **kwargs loosely
+        suffix = "" if first is site else f"_{site.node_index}"  # node names stay unique
         new_nodes[site.node_index] = onnx.helper.make_node(
             spec.PLUGIN_NAME, [site.x, base, a, b, spec.SLOT_IDS_INPUT, sc], [site.y],
-            name=f"{site.path}/{spec.PLUGIN_NAME}", domain=spec.ONNX_DOMAIN, **attrs)
+            name=f"{site.path}/{spec.PLUGIN_NAME}{suffix}", domain=spec.ONNX_DOMAIN, **attrs)
     nodes = []
     for i, node in enumerate(g.node):
         nodes.append(node)

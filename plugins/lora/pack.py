@@ -11,7 +11,9 @@ and scale 0, which adds exactly nothing.
 is a regular expression the whole module path must match (``re.fullmatch``), ``"all-linear"`` every module. A
 config without ``lora_alpha`` gets PEFT's ``LoraConfig`` default, 8.
 
-Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a rank
+Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a
+weight whose dtype is not F16/BF16/F32/F64 or whose data does not match its header shape, two weights of one module
+(two adapter names in one file), a NaN/inf weight or one beyond the pool dtype's range (fp16: 65504), a rank
 above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
 not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), ``rank_pattern`` /
 ``alpha_pattern`` configs (per-module ranks are not supported yet), and every adapter feature whose effect is more
@@ -54,12 +56,19 @@ class Adapter:
 
 @dataclass(frozen=True)
 class PoolLayout:
-    """What the pool must look like: module path -> (H, O), plus slots and max rank (from a model or the adapters)."""
+    """What the pool must look like: module path -> (H, O), plus slots and max rank (from a model or the adapters).
+
+    ``dtype`` is the pool dtype; a model whose targets differ in dtype (an fp16 projection beside an fp32 one)
+    gives each module its own in ``module_dtypes``, and ``dtype`` then names them all (``float16,float32``)."""
 
     modules: Mapping[str, tuple[int, int]]
     num_slots: int
     max_rank: int
     dtype: str
+    module_dtypes: Mapping[str, str] | None = None
+
+    def dtype_of(self, path: str) -> str:
+        return (self.module_dtypes or {}).get(path, self.dtype)
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -73,18 +82,24 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         if not isinstance(header, dict):
             raise TypeError(f"the header is a JSON {type(header).__name__}, not an object")
         body = memoryview(data)[8 + n:]
-        out = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dt = _ST_DTYPES[info["dtype"]]
-            dt = ml_dtypes.bfloat16 if dt == "bfloat16" else dt
-            lo, hi = info["data_offsets"]
-            out[name] = np.frombuffer(body[lo:hi], dtype=dt).reshape(info["shape"]).copy()
-        return out
+        items = [(name, info) for name, info in header.items() if name != "__metadata__"]
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}); re-save it "
                          "with safetensors") from exc
+    out = {}
+    for name, info in items:
+        kind = info.get("dtype") if isinstance(info, dict) else None
+        if kind not in _ST_DTYPES:  # an integer or fp8 LoRA weight is not a float adapter this pool can hold
+            raise InputError(f"{path}: tensor {name} has dtype {kind!r}; LoRA weights must be one of "
+                             f"{', '.join(_ST_DTYPES)} (re-save the adapter in a float dtype)")
+        dt = ml_dtypes.bfloat16 if _ST_DTYPES[kind] == "bfloat16" else _ST_DTYPES[kind]
+        try:
+            lo, hi = info["data_offsets"]
+            out[name] = np.frombuffer(body[lo:hi], dtype=dt).reshape(info["shape"]).copy()
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{path}: tensor {name}'s data does not match its header ({type(exc).__name__}: "
+                             f"{exc}); re-save it with safetensors") from exc
+    return out
 
 
 def load_adapter(folder: Path) -> Adapter:
@@ -98,6 +113,7 @@ def load_adapter(folder: Path) -> Adapter:
     scale = alpha / math.sqrt(r) if rslora else alpha / r
     a: dict[str, np.ndarray] = {}
     b: dict[str, np.ndarray] = {}
+    keys: dict[tuple[str, str], str] = {}  # (module path, "A" or "B") -> the key it came from
     for key, t in read_safetensors(w_path).items():
         m = _KEY.match(key)
         if not m:
@@ -108,7 +124,12 @@ def load_adapter(folder: Path) -> Adapter:
         if targets and not _targeted(path, targets):
             raise InputError(f"{folder}: tensor {key} adapts module {path!r}, which is not in target_modules "
                              f"{list(targets)}; fix adapter_config.json")
-        (a if m["ab"] == "A" else b)[path] = t
+        weights = a if m["ab"] == "A" else b
+        if path in weights:  # two adapter names (lora_A.default / lora_A.other), or a plain and a named key
+            raise InputError(f"{w_path}: tensors {keys[(path, m['ab'])]} and {key} are both the lora_{m['ab']} "
+                             f"weight of module {path!r}; save one adapter per folder")
+        weights[path] = t
+        keys[(path, m["ab"])] = key
     if not a:
         raise InputError(f"{w_path}: no base_model.model.<module>.lora_A.weight tensors found")
     for path in sorted(set(a) | set(b)):
@@ -143,6 +164,9 @@ def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
         raise InputError(f"{cfg_path}: rank_pattern/alpha_pattern are not supported; use one r and lora_alpha")
     if not 1 <= r <= spec.MAX_RANK:
         raise InputError(f"{cfg_path}: 'r' is {r}; it must be from 1 to {spec.MAX_RANK}")
+    rslora = cfg.get("use_rslora", False)
+    if rslora is not None and not isinstance(rslora, bool):  # the string "false" would have meant rsLoRA's scale
+        raise InputError(f"{cfg_path}: 'use_rslora' is {rslora!r}; it must be true or false")
     tm = cfg.get("target_modules") or []
     if isinstance(tm, str):
         try:
@@ -150,11 +174,11 @@ def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
         except re.error as exc:
             raise InputError(f"{cfg_path}: 'target_modules' {tm!r} is not a regular expression ({exc}); give a "
                              "list of module names or a valid pattern") from exc
-        return r, float(alpha), tm, bool(cfg.get("use_rslora"))
+        return r, float(alpha), tm, bool(rslora)
     if not isinstance(tm, list) or not all(isinstance(t, str) for t in tm):
         raise InputError(f"{cfg_path}: 'target_modules' is {tm!r}; it must be a list of module names or a regular "
                          "expression")
-    return r, float(alpha), tuple(tm), bool(cfg.get("use_rslora"))
+    return r, float(alpha), tuple(tm), bool(rslora)
 
 
 def _refuse_features(cfg: Mapping[str, Any], cfg_path: Path) -> None:
@@ -178,7 +202,8 @@ def _targeted(path: str, targets: Targets) -> bool:
 
 
 def layout_from_model(model_path: Path) -> PoolLayout:
-    """Read the pool layout from an injected ONNX model's ``lora_a.*``/``lora_b.*`` graph inputs."""
+    """Read the pool layout from an injected ONNX model's ``lora_a.*``/``lora_b.*`` graph inputs: names, [N, H, R] /
+    [N, R, O] and each module's dtype (the projection's: targets of one model may differ)."""
     import onnx
 
     from trtforge.build_engine.core.onnx_io import load_model
@@ -187,20 +212,29 @@ def layout_from_model(model_path: Path) -> PoolLayout:
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     dtypes = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
     modules: dict[str, tuple[int, int]] = {}
-    n = r = 0
-    dtype = "float32"
+    module_dtypes: dict[str, str] = {}
+    sizes: dict[tuple[int, int], str] = {}  # (N, R) -> the first input that has them
     for name, shape in shapes.items():
         if name.startswith("lora_a."):
             path = name[len("lora_a."):]
             b = shapes.get(spec.input_name("lora_b", path))
             if b is None or len(shape) != 3:
                 continue
-            n, _, r = shape
+            if min(shape) < 1 or len(b) != 3 or b[:2] != [shape[0], shape[2]]:
+                raise InputError(f"{model_path}: inputs {name} {shape} and lora_b.{path} {b} are not static [N, H, R] "
+                                 "and [N, R, O]; re-inject the model with trtforge lora inject")
+            sizes.setdefault((shape[0], shape[2]), name)
             modules[path] = (shape[1], b[2])
-            dtype = str(onnx.helper.tensor_dtype_to_np_dtype(dtypes[name]))
+            module_dtypes[path] = str(onnx.helper.tensor_dtype_to_np_dtype(dtypes[name]))
     if not modules:
         raise InputError(f"{model_path}: has no lora_a.* inputs; run 'trtforge lora inject' first or pass --targets")
-    return PoolLayout(modules, n, r, dtype)
+    if len(sizes) > 1:
+        found = ", ".join(f"{name}: {list(nr)}" for nr, name in sizes.items())
+        raise InputError(f"{model_path}: LoRA inputs differ in [slots, rank] ({found}); one pool has one layout: "
+                         "re-inject with one --max-rank and --slots")
+    (n, r), = sizes
+    kinds = sorted(set(module_dtypes.values()))
+    return PoolLayout(modules, n, r, ",".join(kinds), module_dtypes if len(kinds) > 1 else None)
 
 
 def layout_from_adapters(adapters: Sequence[Adapter], targets: Sequence[str] | None, max_rank: int | None,
@@ -223,13 +257,16 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
     """The pool tensors (pure: no files). Adapter i fills slot i."""
     import ml_dtypes
 
-    dt = ml_dtypes.bfloat16 if layout.dtype == "bfloat16" else np.dtype(layout.dtype)
+    def np_dtype(path: str) -> Any:
+        kind = layout.dtype_of(path)
+        return ml_dtypes.bfloat16 if kind == "bfloat16" else np.dtype(kind)
+
     n, r = layout.num_slots, layout.max_rank
     if not 1 <= r <= spec.MAX_RANK:
         raise InputError(f"max rank {r} is outside 1..{spec.MAX_RANK}")
     if not 1 <= n <= spec.MAX_SLOTS:  # checked before allocating n x H x R per module
         raise InputError(f"--slots {n}: give a whole number from 1 to {spec.MAX_SLOTS} (the kernel's slot limit)")
-    per_slot = sum((h * r + r * o) * np.dtype(dt).itemsize + 4 for h, o in layout.modules.values())
+    per_slot = sum((h * r + r * o) * np.dtype(np_dtype(p)).itemsize + 4 for p, (h, o) in layout.modules.items())
     if n * per_slot > _memory_limit():
         raise InputError(f"--slots {n}: the pool would take {n * per_slot / 2**30:.1f} GiB, more than this "
                          f"machine's {_memory_limit() / 2**30:.1f} GiB of free memory; pass fewer --slots")
@@ -237,8 +274,8 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
         raise InputError(f"{len(adapters)} adapters do not fit in {n} slots; pass fewer adapters or more --slots")
     out: dict[str, np.ndarray] = {}
     for path, (h, o) in layout.modules.items():
-        out[spec.input_name("lora_a", path)] = np.zeros((n, h, r), dt)
-        out[spec.input_name("lora_b", path)] = np.zeros((n, r, o), dt)
+        out[spec.input_name("lora_a", path)] = np.zeros((n, h, r), np_dtype(path))
+        out[spec.input_name("lora_b", path)] = np.zeros((n, r, o), np_dtype(path))
         out[spec.input_name("lora_scales", path)] = np.zeros((n,), np.float32)
     for slot, ad in enumerate(adapters):
         if ad.rank > r:
@@ -253,10 +290,21 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
             if a.shape != (ad.rank, h) or b.shape != (o, ad.rank):
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a.shape)}/"
                                  f"{list(b.shape)} do not match the pool's [r, {h}] / [{o}, r]")
-            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = a.T.astype(dt)
-            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = b.T.astype(dt)
+            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = _finite(ad, path, "A", a.T, np_dtype(path))
+            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = _finite(ad, path, "B", b.T, np_dtype(path))
             out[spec.input_name("lora_scales", path)][slot] = ad.scale
     return out
+
+
+def _finite(ad: Adapter, path: str, half: str, weights: np.ndarray, dt: Any) -> np.ndarray:
+    """``weights`` in the pool dtype; a NaN/inf, or a value beyond the dtype's range (fp16: 65504), is refused: it
+    would turn every output of the tokens using this slot into NaN/inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = weights.astype(dt)
+    if not np.isfinite(converted.astype(np.float32)).all():
+        raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_{half}.weight has NaN/inf values, or "
+                         f"values beyond {np.dtype(dt).name}'s range; fix the adapter (or pack into a wider dtype)")
+    return converted
 
 
 def _memory_limit() -> int:
