@@ -53,8 +53,10 @@ class PrecisionResult:
 
 def _infer(model: ModelProto, *, strict: bool) -> ModelProto:
     """Shape inference on the weight-free skeleton (``core.shape_inference.infer_shapes``) with plugin nodes replaced by
-    Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``)."""
-    return infer_shapes(model, strict=strict, edit=precision_plugins.stand_in)
+    Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``).
+    ``check_type`` as the fold pipeline's check has it: without it onnx 1.23 infers no output type for ops defined by
+    a function body such as GroupNormalization (18, 21), and a valid model's next node then fails strict inference."""
+    return infer_shapes(model, strict=strict, check_type=True, edit=precision_plugins.stand_in)
 
 
 def _value_types(model: ModelProto) -> dict[str, int]:

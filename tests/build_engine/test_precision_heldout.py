@@ -111,3 +111,30 @@ def test_inconsistent_source_is_blamed_not_the_conversion(cli, tmp_path, rng: np
     res = cli("precision", src, "-o", tmp_path / "out.onnx", "--to", "fp16")
     assert_one_line_error(res, 2, "the source model fails strict shape inference", "fix the export")
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_group_normalization_model_converts(cli, tmp_path, rng: np.random.Generator) -> None:
+    """Conv -> GroupNormalization -> Conv (a diffusion UNet block) was refused with 'the source model fails strict shape
+    inference ... fix the export': onnx 1.23 infers GroupNormalization's output type only with check_type, so the second
+    Conv's input had no type. The model is valid (the checker passes, onnxruntime runs it)."""
+    import onnxruntime as ort
+
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             h.make_node("GroupNormalization", ["a", "sc", "bi"], ["gn"], num_groups=2, epsilon=1e-5),
+             h.make_node("Conv", ["gn", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [_c("w1", rng.standard_normal((4, 3, 3, 3)) * 0.3), _c("sc", rng.standard_normal(4) * 0.3 + 1),
+             _c("bi", rng.standard_normal(4) * 0.3), _c("w2", rng.standard_normal((4, 4, 3, 3)) * 0.3)]
+    graph = h.make_graph(nodes, "gn", [vi("x", T.FLOAT, ["N", 3, 8, 8])], [vi("y", T.FLOAT, ["N", 4, 8, 8])], inits)
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])  # 18's GroupNormalization is deprecated
+    onnx.checker.check_model(src, full_check=True)
+    onnx.save(src, tmp_path / "gn.onnx")
+    res = cli("precision", tmp_path / "gn.onnx", "-o", tmp_path / "gn16.onnx", "--to", "fp16")
+    assert res.code == 0, res.err
+    out = onnx.load(tmp_path / "gn16.onnx")
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node].count("GroupNormalization") == 1
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
+    got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
+    assert got.dtype == np.float32 and np.max(np.abs(got - ref)) <= 5e-3 * np.max(np.abs(ref))
