@@ -17,6 +17,7 @@ parser keeps no positions); when a field cannot be located the line is 0 and the
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -138,8 +139,9 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 at = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
                 out.append(Problem(at, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT engine; "
                                        "use the manifest's type"))
-            if any(d < -1 or d == 0 for d in t.dims):  # tritonserver: "must be integer >= 1, or -1"
-                out.append(Problem(line, f"{kind} {t.name!r}: dims {list(t.dims)} may only hold -1 or sizes >= 1"))
+            shape_problem = _shape_problem(t, batching=skip == 1)
+            if shape_problem:
+                out.append(Problem(line, f"{kind} {t.name!r}: {shape_problem}"))
             if manifest is None:
                 continue
             m = expected.get(t.name)
@@ -156,10 +158,11 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
             if skip and (not m.shape or m.shape[0] != -1):
                 out.append(Problem(line, f"{kind} {t.name!r}: max_batch_size > 0 but the engine's first dimension "
                                          f"is {list(m.shape[:1])}, not a dynamic batch dimension"))
-            elif list(t.dims) != want_dims:
+            elif _engine_dims(t) != want_dims:
                 what = "without the batch dimension" if skip else "(max_batch_size 0: full shape)"
                 dl = _line_of(text, r"\bdims\b", _offset_of_line(text, line)) or line
-                out.append(Problem(dl, f"{kind} {t.name!r}: dims {list(t.dims)} do not match the engine's "
+                field = "reshape" if t.HasField("reshape") else "dims"
+                out.append(Problem(dl, f"{kind} {t.name!r}: {field} {_engine_dims(t)} do not match the engine's "
                                        f"{want_dims} {what}"))
         if manifest is not None and kind == "input":
             missing = [n for n in expected if n not in seen]
@@ -167,6 +170,28 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 out.append(Problem(_line_of(text, r"^\s*input\b"),
                                    f"engine input(s) {missing} missing from the config; Triton must bind every input"))
     return out
+
+
+def _engine_dims(t: Any) -> list[int]:
+    """The engine's shape (without the batch dimension) that a config tensor stands for: its ``reshape`` if set."""
+    return list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+
+
+def _shape_problem(t: Any, batching: bool) -> str:
+    """What tritonserver refuses in a tensor's ``dims``/``reshape``: no dims at all (a batch-only tensor needs ``dims:
+    [1]`` with ``reshape: { shape: [] }``), that empty reshape without batching (a scalar: Triton has none), sizes
+    other than -1 or >= 1, a reshape of another size."""
+    if not t.dims:
+        return ("no dims; Triton requires them (a tensor that is only the batch dimension takes dims: [ 1 ] with "
+                "reshape: { shape: [ ] })")
+    if t.HasField("reshape") and not t.reshape.shape and not batching:
+        return "empty reshape with max_batch_size 0 (a scalar); Triton serves no scalar tensors"
+    if any(d < -1 or d == 0 for d in [*t.dims, *t.reshape.shape]):  # tritonserver: "must be integer >= 1, or -1"
+        return f"dims {list(t.dims)} / reshape {list(t.reshape.shape)} may only hold -1 or sizes >= 1"
+    if t.HasField("reshape") and -1 not in [*t.dims, *t.reshape.shape] and (
+            math.prod(t.dims) != math.prod(t.reshape.shape)):
+        return f"dims {list(t.dims)} and reshape {list(t.reshape.shape)} hold different numbers of elements"
+    return ""
 
 
 def _instance_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
@@ -205,7 +230,7 @@ def _warmup_input_problem(name: str, t: Any, cfg_in: Any, manifest: Manifest | N
     if len(dims) != len(want) or any(d < 1 or (w != -1 and d != w) for d, w in zip(dims, want, strict=False)):
         return f"input {name!r}: dims {dims} do not fit the input's dims {want} (concrete sizes >= 1)"
     m = next((x for x in manifest.inputs if x.name == name), None) if manifest is not None else None
-    full = ([1] if batching else []) + dims
+    full = ([1] if batching else []) + (list(cfg_in.reshape.shape) if cfg_in.HasField("reshape") else dims)
     if m is not None and m.profiles and not any(
             all(lo <= d <= hi for d, lo, hi in zip(full, p.min, p.max, strict=False)) for p in m.profiles):
         return f"input {name!r}: shape {full} is outside every optimization profile of the engine"

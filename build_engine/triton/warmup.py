@@ -84,7 +84,7 @@ def plan_warmup(cfg: TritonConfig, manifest: Manifest, engine_dir: str | Path,
             data = np.ascontiguousarray(draw(specs[t.name], rng))
             name = _file_name(k, i)
             files[name] = data.tobytes()
-            dims = one[t.name][1:] if batching else one[t.name]
+            dims = (one[t.name][1:] if batching else one[t.name]) or (1,)  # batch-only / scalar: dims [1], reshaped
             inputs.append(WarmupInput(t.name, DTYPE_TO_TRITON[t.dtype], tuple(dims), name))
         samples.append(WarmupSample(f"profile_{k}", batch, tuple(inputs)))
     return replace(cfg, warmup=tuple(samples)), files

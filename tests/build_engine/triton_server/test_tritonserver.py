@@ -27,8 +27,9 @@ pytestmark = pytest.mark.skipif(server_dir() is None, reason=SKIP_REASON)
 BACKEND_STAGE = "unable to find backend library for backend 'tensorrt'"
 
 
-def _engine(folder: Path, seed: int, static_first: bool = False) -> Path:
-    """An engine folder (manifest + a random plan; tritonserver on CPU never opens the plan)."""
+def _engine(folder: Path, seed: int, static_first: bool = False, batch_only_output: bool = False) -> Path:
+    """An engine folder (manifest + a random plan; tritonserver on CPU never opens the plan). ``batch_only_output``:
+    a second output of shape [batch] (a per-sequence score)."""
     folder.mkdir()
     plan = np.random.default_rng(seed).bytes(4096)
     profiles = [{"min": [1, 1], "opt": [max(1, m // 2), 64], "max": [m, 256]} for m in (8, 16)]
@@ -38,7 +39,8 @@ def _engine(folder: Path, seed: int, static_first: bool = False) -> Path:
                        "profiles": [{"min": [4, 256, 16], "opt": [4, 256, 16], "max": [4, 256, 16]}] * 2})
     manifest = {"format": 1, "plan": "model.plan", "backend": {"name": "tensorrt_rtx", "version": "1.7.1.116"},
                 "profile": "a100", "precision": "bf16", "compute_capabilities": ["8.0"], "inputs": inputs,
-                "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, -1, 1024]}],
+                "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, -1, 1024]}]
+                + ([{"name": "score", "dtype": "float32", "shape": [-1]}] if batch_only_output else []),
                 "optimization_profiles": 2, "plugins": [], "onnx_sha256": "0" * 64,
                 "plan_sha256": hashlib.sha256(plan).hexdigest(), "build_seconds": 0.5}
     (folder / "model.plan").write_bytes(plan)
@@ -93,6 +95,13 @@ def _populate(tmp: Path) -> tuple[Path, dict[str, bytes], Path]:
     for name, extra in _WRITTEN.items():
         _write("triton", old, "--repo", repo, "--name", name, *extra)
     _write("triton", static, "--repo", repo, "--name", "static_dims")
+    # A [batch] output: dims [1] + an empty reshape (was no dims at all: "model output 'score' must specify 'dims'").
+    _write("triton", _engine(tmp / "scored", 4, batch_only_output=True), "--repo", repo, "--name", "batch_only")
+    shutil.copytree(repo / "batch_only", repo / "no_dims")
+    cfg = repo / "no_dims" / "config.pbtxt"
+    text = cfg.read_text().replace('name: "batch_only"', 'name: "no_dims"')
+    assert "  dims: 1\n  reshape {\n  }\n" in text
+    cfg.write_text(text.replace("  dims: 1\n  reshape {\n  }\n", ""))
     for name, fn in {**_SERVER_REJECTS, **_BACKEND_JUDGES}.items():
         shutil.copytree(repo / "plain", repo / name)
         cfg = repo / name / "config.pbtxt"
@@ -134,11 +143,11 @@ def test_server_agrees_with_check_and_survives_killed_writes(tmp_path: Path) -> 
                       "killed_between": "missing", "killed_renamed": "new"}
     run = run_server(repo, tmp_path / "server.log")
     assert run.alive, run.log[-3000:]
-    accepted = {*_WRITTEN, "static_dims", *_BACKEND_JUDGES, "killed_before_swap", "killed_swapped",
+    accepted = {*_WRITTEN, "static_dims", "batch_only", *_BACKEND_JUDGES, "killed_before_swap", "killed_swapped",
                 "killed_renamed"}
     for name in accepted:  # the config parsed and the server went on to load the backend
         assert BACKEND_STAGE in run.reason(name), (name, run.index.get(name))
-    for name in (*_SERVER_REJECTS, "no_config", "no_version", ".plain.3f9a2c1b.tmp"):
+    for name in (*_SERVER_REJECTS, "no_dims", "no_config", "no_version", ".plain.3f9a2c1b.tmp"):
         assert BACKEND_STAGE not in run.reason(name), (name, run.index.get(name))
         assert f"'{name}'" in run.log, name
     assert "failed to load all models" in run.log
@@ -149,7 +158,7 @@ def test_server_agrees_with_check_and_survives_killed_writes(tmp_path: Path) -> 
 
     for name in accepted - set(_BACKEND_JUDGES):
         check_entry(repo / name, siblings=False)
-    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_version"):
+    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_dims", "no_version"):
         with pytest.raises(CheckFailed):
             check_entry(repo / name, siblings=False)
     assert entry_problems(repo / "no_config") and entry_problems(repo / ".plain.3f9a2c1b.tmp")
@@ -161,7 +170,7 @@ def test_server_agrees_with_check_and_survives_killed_writes(tmp_path: Path) -> 
     assert _entry_plan(repo, "killed_between") == plans["new"]
     assert "completed the interrupted replacement" in res.err
     assert res.code == 1, res.err
-    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_config", "no_version"):
+    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_dims", "no_config", "no_version"):
         assert f"{repo / name}" in res.err, name
     assert f"rm -rf {repo / '.plain.3f9a2c1b.tmp'}" in res.err
     res = _trtforge("triton", "--check", repo / "plain")  # a good entry in a repository the server refuses
