@@ -13,13 +13,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
 from ..engine.manifest import MANIFEST_NAME, Manifest
 from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
-from .layout import is_repository, recover_repository, repository_problems, warn_leftovers
-from .validate import Problem, validate_text
+from .layout import is_repository, recover_repository, repository_problems, version_number, warn_leftovers
+from .validate import Problem, is_other_backend, validate_text
 from .warmup import check_files as check_warmup_files
 from .warmup import plan_warmup
 from .warmup import write_files as write_warmup_files
@@ -104,7 +105,19 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
 
 
 def _versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    """The version folders tritonserver loads (``layout.version_number``)."""
+    found = (version_number(p.name) for p in model_dir.iterdir() if p.is_dir())
+    return sorted(v for v in found if v is not None)
+
+
+def _missing_steps(proto: Any, cfg_path: Path) -> list[str]:
+    """An ensemble's step models that are not entries of its repository (tritonserver: "ensemble ... contains models
+    that are not available")."""
+    repo = cfg_path.resolve().parent.parent
+    steps = [s.model_name for s in proto.ensemble_scheduling.step] if proto.HasField("ensemble_scheduling") else []
+    return [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load the "
+            "ensemble: add that model or fix model_name" for m in dict.fromkeys(steps)
+            if not (repo / m / "config.pbtxt").is_file()]
 
 
 def check_repository(repo: str | Path) -> list[EntryReport]:
@@ -159,12 +172,15 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
                 manifest = load_for_triton(man_path.parent)
             except InputError as exc:
                 problems.append(str(exc))
-    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name)
+    # Without an engine manifest, another backend's entry (an ensemble, a Python model) gets the generic rules only.
+    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name, other_backends=manifest is None)
     problems += [p.format(str(cfg_path)) for p in found]
     problems += check_warmup_files(proto, mdir) if proto is not None else []
     plan_name = (proto.default_model_filename if proto is not None and proto.default_model_filename
                  else "model.plan")
-    for v in versions:
+    other = manifest is None and proto is not None and is_other_backend(proto)
+    problems += _missing_steps(proto, cfg_path) if other else []
+    for v in [] if other else versions:
         plan = mdir / str(v) / plan_name
         if not plan.is_file():
             problems.append(f"{plan}: missing; Triton cannot load version {v}")

@@ -261,15 +261,24 @@ def _warmup_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
     return out
 
 
-def validate_text(text: str, manifest: Manifest | None = None,
-                  expected_name: str | None = None) -> tuple[Any, list[Problem]]:
-    """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems)."""
+def is_other_backend(proto: Any) -> bool:
+    """A config for another backend than TensorRT (an ensemble, a Python pre/post-processing model)."""
+    return proto.platform not in ("tensorrt_plan", "") or proto.backend not in ("tensorrt", "")
+
+
+def validate_text(text: str, manifest: Manifest | None = None, expected_name: str | None = None,
+                  other_backends: bool = False) -> tuple[Any, list[Problem]]:
+    """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems).
+    ``other_backends``: a config for another backend (``is_other_backend``) is only parsed and its name checked (a
+    repository beside the engines; tritonserver judges the rest by that backend's rules)."""
     proto, problems = parse_config(text)
     if proto is None:
         return None, problems
     if expected_name is not None and proto.name and proto.name != expected_name:
         problems.append(Problem(_line_of(text, r"^\s*name\b"), f"name {proto.name!r} differs from the model folder "
                                                                f"{expected_name!r}; Triton requires them equal"))
+    if other_backends and is_other_backend(proto):
+        return proto, problems
     problems += _platform_rules(proto, text)
     problems += _batch_rules(proto, text, manifest)
     problems += _tensor_rules(proto, text, manifest)

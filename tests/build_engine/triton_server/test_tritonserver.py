@@ -112,7 +112,32 @@ def _populate(tmp: Path) -> tuple[Path, dict[str, bytes], Path]:
     shutil.rmtree(repo / "no_version" / "1")
     cfg = repo / "no_version" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace('name: "plain"', 'name: "no_version"'))
+    _versions_and_ensembles(repo)
     return repo, plans, new
+
+
+def _ensemble(repo: Path, name: str, step_model: str) -> None:
+    """A hand-written ensemble over one step (a repository mixes engines with ensembles and other backends)."""
+    (repo / name / "1").mkdir(parents=True)  # an ensemble's version folder holds no model file
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input { name: "IDS" data_type: TYPE_INT64 dims: [ -1 ] }\n'
+        'output { name: "LOGITS" data_type: TYPE_FP32 dims: [ -1, 1024 ] }\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "{step_model}" model_version: -1 '
+        'input_map { key: "input_ids" value: "IDS" } output_map { key: "logits" value: "LOGITS" } } ] }\n')
+
+
+def _versions_and_ensembles(repo: Path) -> None:
+    """Version folders as tritonserver reads them ("0" is a version, "01" is ignored) and ensembles beside the
+    engines: ``--check`` used to refuse every ensemble (a TensorRT rule) and a sibling with only version 0, and to
+    accept an entry whose only version folder was "01"."""
+    for name, folder in (("v_zero", "0"), ("v_leading_zero", "01")):
+        shutil.copytree(repo / "plain", repo / name)
+        (repo / name / "1").rename(repo / name / folder)
+        cfg = repo / name / "config.pbtxt"
+        cfg.write_text(cfg.read_text().replace('name: "plain"', f'name: "{name}"'))
+    _ensemble(repo, "ensemble", "plain")
+    _ensemble(repo, "ensemble_missing", "nope")
 
 
 def _kill_writes(tmp: Path, repo: Path, plans: dict[str, bytes], new: Path) -> dict[str, str]:
@@ -143,22 +168,25 @@ def test_server_agrees_with_check_and_survives_killed_writes(tmp_path: Path) -> 
                       "killed_between": "missing", "killed_renamed": "new"}
     run = run_server(repo, tmp_path / "server.log")
     assert run.alive, run.log[-3000:]
-    accepted = {*_WRITTEN, "static_dims", "batch_only", *_BACKEND_JUDGES, "killed_before_swap", "killed_swapped",
-                "killed_renamed"}
+    accepted = {*_WRITTEN, "static_dims", "batch_only", "v_zero", *_BACKEND_JUDGES, "killed_before_swap",
+                "killed_swapped", "killed_renamed"}
     for name in accepted:  # the config parsed and the server went on to load the backend
         assert BACKEND_STAGE in run.reason(name), (name, run.index.get(name))
-    for name in (*_SERVER_REJECTS, "no_dims", "no_config", "no_version", ".plain.3f9a2c1b.tmp"):
+    for name in (*_SERVER_REJECTS, "no_dims", "no_config", "no_version", "v_leading_zero", ".plain.3f9a2c1b.tmp"):
         assert BACKEND_STAGE not in run.reason(name), (name, run.index.get(name))
         assert f"'{name}'" in run.log, name
+    # The ensemble's config passed: the server waits on its step model (which has no TensorRT backend on CPU).
+    assert "ensemble 'ensemble' depends on 'plain'" in run.log
+    assert "ensemble ensemble_missing contains models that are not available or ambiguous: nope" in run.log
     assert "failed to load all models" in run.log
 
     from trtforge.build_engine.core.errors import CheckFailed
     from trtforge.build_engine.triton.layout import entry_problems
     from trtforge.build_engine.triton.repo import check_entry
 
-    for name in accepted - set(_BACKEND_JUDGES):
+    for name in {*accepted - set(_BACKEND_JUDGES), "ensemble"}:
         check_entry(repo / name, siblings=False)
-    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_dims", "no_version"):
+    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_dims", "no_version", "v_leading_zero", "ensemble_missing"):
         with pytest.raises(CheckFailed):
             check_entry(repo / name, siblings=False)
     assert entry_problems(repo / "no_config") and entry_problems(repo / ".plain.3f9a2c1b.tmp")
@@ -170,8 +198,11 @@ def test_server_agrees_with_check_and_survives_killed_writes(tmp_path: Path) -> 
     assert _entry_plan(repo, "killed_between") == plans["new"]
     assert "completed the interrupted replacement" in res.err
     assert res.code == 1, res.err
-    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_dims", "no_config", "no_version"):
+    for name in (*_SERVER_REJECTS, *_BACKEND_JUDGES, "no_dims", "no_config", "no_version", "v_leading_zero",
+                 "ensemble_missing"):
         assert f"{repo / name}" in res.err, name
+    for name in ("ensemble", "v_zero", "plain", "batch_only"):
+        assert f"{repo / name}/" not in res.err and f"{repo / name}:" not in res.err, (name, res.err)
     assert f"rm -rf {repo / '.plain.3f9a2c1b.tmp'}" in res.err
     res = _trtforge("triton", "--check", repo / "plain")  # a good entry in a repository the server refuses
     assert res.code == 1 and ".plain.3f9a2c1b.tmp" in res.err, res.err
