@@ -110,14 +110,21 @@ def _versions(model_dir: Path) -> list[int]:
     return sorted(v for v in found if v is not None)
 
 
-def _missing_steps(proto: Any, cfg_path: Path) -> list[str]:
-    """An ensemble's step models that are not entries of its repository (tritonserver: "ensemble ... contains models
+def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bool) -> list[str]:
+    """A ``version_policy { specific }`` none of whose versions has a folder (tritonserver: "version N is specified
+    ... but the version directory is not present", then "at least one version must be available"), and, for another
+    backend's entry, an ensemble's step models that are not entries of its repository ("ensemble ... contains models
     that are not available")."""
+    wanted = list(proto.version_policy.specific.versions) if proto.version_policy.HasField("specific") else []
+    out = [f"{cfg_path}: version_policy names versions {wanted}, none of which has a folder (the entry has "
+           f"{versions}); tritonserver loads nothing: add the version or fix version_policy"
+           ] if wanted and not set(wanted) & set(versions) else []
     repo = cfg_path.resolve().parent.parent
-    steps = [s.model_name for s in proto.ensemble_scheduling.step] if proto.HasField("ensemble_scheduling") else []
-    return [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load the "
-            "ensemble: add that model or fix model_name" for m in dict.fromkeys(steps)
-            if not (repo / m / "config.pbtxt").is_file()]
+    steps = [s.model_name for s in proto.ensemble_scheduling.step] if other and proto.HasField(
+        "ensemble_scheduling") else []
+    return out + [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load "
+                  "the ensemble: add that model or fix model_name" for m in dict.fromkeys(steps)
+                  if not (repo / m / "config.pbtxt").is_file()]
 
 
 def check_repository(repo: str | Path) -> list[EntryReport]:
@@ -179,7 +186,7 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     plan_name = (proto.default_model_filename if proto is not None and proto.default_model_filename
                  else "model.plan")
     other = manifest is None and proto is not None and is_other_backend(proto)
-    problems += _missing_steps(proto, cfg_path) if other else []
+    problems += _policy_and_steps(proto, cfg_path, versions, other) if proto is not None else []
     for v in [] if other else versions:
         plan = mdir / str(v) / plan_name
         if not plan.is_file():

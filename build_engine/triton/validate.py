@@ -112,12 +112,30 @@ def _batch_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Probl
         db_line = _line_of(text, r"\bdynamic_batching\b")
         if mbs <= 0:
             out.append(Problem(db_line, "dynamic_batching needs max_batch_size > 0; remove it or set max_batch_size"))
+        out += _priority_rules(db, text, db_line)
         for size in db.preferred_batch_size:
             if size < 1 or (mbs > 0 and size > mbs):
                 line = _line_of(text, rf"\bpreferred_batch_size\s*:\s*\[?[^\]\n]*(?<![\d-]){size}(?!\d)",
                                 _offset_of_line(text, db_line))
                 out.append(Problem(line or db_line, f"preferred_batch_size {size} is outside 1..max_batch_size "
                                                     f"({mbs}); Triton rejects it"))
+    return out
+
+
+def _priority_rules(db: Any, text: str, db_line: int) -> list[Problem]:
+    """tritonserver: with ``priority_levels`` set, the default level and every ``priority_queue_policy`` key must lie
+    in 1..priority_levels ("default priority level must be in range [1, N]")."""
+    levels = db.priority_levels
+    if not levels:
+        return []
+    line = _line_of(text, r"\bpriority_levels\b", _offset_of_line(text, db_line)) or db_line
+    out = []
+    if not 1 <= db.default_priority_level <= levels:
+        out.append(Problem(line, f"dynamic_batching default_priority_level {db.default_priority_level} is outside "
+                                 f"1..priority_levels ({levels}); tritonserver refuses it"))
+    out += [Problem(line, f"dynamic_batching priority_queue_policy level {k} is outside 1..priority_levels "
+                          f"({levels}); tritonserver refuses it") for k in sorted(db.priority_queue_policy)
+            if not 1 <= k <= levels]
     return out
 
 

@@ -56,6 +56,16 @@ _SERVER_REJECTS = {
     "bad_enum": lambda t: t.replace("TYPE_INT64", "TYPE_INT65"),
     "bad_preferred": lambda t: t.replace("preferred_batch_size: 8", "preferred_batch_size: 16"),
     "bad_name": lambda t: t.replace('name: "bad_name"', 'name: "other"'),
+    # --check used to pass these two:
+    "bad_priority": lambda t: t.replace("max_queue_delay_microseconds: 100", "max_queue_delay_microseconds: 100\n"
+                                        "  priority_levels: 2"),  # no default_priority_level in 1..2
+    "bad_policy": lambda t: t + "version_policy { specific { versions: 2 } }\n",  # no folder 2
+}
+# Hand-edited configs the server accepts (it loads version 1; the priority default is in range): so does --check.
+_SERVER_ACCEPTS = {
+    "policy_partial": lambda t: t + "version_policy { specific { versions: [1, 2] } }\n",
+    "priority_ok": lambda t: t.replace("max_queue_delay_microseconds: 100", "max_queue_delay_microseconds: 100\n"
+                                       "  priority_levels: 2\n  default_priority_level: 2"),
 }
 _BACKEND_JUDGES = {
     "bad_profile": lambda t: t.replace('profile: "1"', 'profile: "2"'),
@@ -102,7 +112,7 @@ def _populate(tmp: Path) -> tuple[Path, dict[str, bytes], Path]:
     text = cfg.read_text().replace('name: "batch_only"', 'name: "no_dims"')
     assert "  dims: 1\n  reshape {\n  }\n" in text
     cfg.write_text(text.replace("  dims: 1\n  reshape {\n  }\n", ""))
-    for name, fn in {**_SERVER_REJECTS, **_BACKEND_JUDGES}.items():
+    for name, fn in {**_SERVER_REJECTS, **_BACKEND_JUDGES, **_SERVER_ACCEPTS}.items():
         shutil.copytree(repo / "plain", repo / name)
         cfg = repo / name / "config.pbtxt"
         cfg.write_text(fn(cfg.read_text().replace('name: "plain"', f'name: "{name}"')))
@@ -168,8 +178,8 @@ def test_server_agrees_with_check_and_survives_killed_writes(tmp_path: Path) -> 
                       "killed_between": "missing", "killed_renamed": "new"}
     run = run_server(repo, tmp_path / "server.log")
     assert run.alive, run.log[-3000:]
-    accepted = {*_WRITTEN, "static_dims", "batch_only", "v_zero", *_BACKEND_JUDGES, "killed_before_swap",
-                "killed_swapped", "killed_renamed"}
+    accepted = {*_WRITTEN, "static_dims", "batch_only", "v_zero", *_SERVER_ACCEPTS, *_BACKEND_JUDGES,
+                "killed_before_swap", "killed_swapped", "killed_renamed"}
     for name in accepted:  # the config parsed and the server went on to load the backend
         assert BACKEND_STAGE in run.reason(name), (name, run.index.get(name))
     for name in (*_SERVER_REJECTS, "no_dims", "no_config", "no_version", "v_leading_zero", ".plain.3f9a2c1b.tmp"):
