@@ -196,9 +196,10 @@ def _engine_dims(t: Any) -> list[int]:
 
 
 def _shape_problem(t: Any, batching: bool) -> str:
-    """What tritonserver refuses in a tensor's ``dims``/``reshape``: no dims at all (a batch-only tensor needs ``dims:
-    [1]`` with ``reshape: { shape: [] }``), that empty reshape without batching (a scalar: Triton has none), sizes
-    other than -1 or >= 1, a reshape of another size."""
+    """What tritonserver refuses in a tensor's ``dims``/``reshape``/``format``: no dims at all (a batch-only tensor
+    needs ``dims: [1]`` with ``reshape: { shape: [] }``), that empty reshape without batching (a scalar: Triton has
+    none), sizes other than -1 or >= 1, a reshape of another size (``_reshape_fits``), an image format without 3
+    dims."""
     if not t.dims:
         return ("no dims; Triton requires them (a tensor that is only the batch dimension takes dims: [ 1 ] with "
                 "reshape: { shape: [ ] })")
@@ -206,10 +207,34 @@ def _shape_problem(t: Any, batching: bool) -> str:
         return "empty reshape with max_batch_size 0 (a scalar); Triton serves no scalar tensors"
     if any(d < -1 or d == 0 for d in [*t.dims, *t.reshape.shape]):  # tritonserver: "must be integer >= 1, or -1"
         return f"dims {list(t.dims)} / reshape {list(t.reshape.shape)} may only hold -1 or sizes >= 1"
-    if t.HasField("reshape") and -1 not in [*t.dims, *t.reshape.shape] and (
-            math.prod(t.dims) != math.prod(t.reshape.shape)):
+    if t.HasField("reshape") and not _reshape_fits(list(t.dims), list(t.reshape.shape)):
         return f"dims {list(t.dims)} and reshape {list(t.reshape.shape)} hold different numbers of elements"
+    fmt = t.format if "format" in t.DESCRIPTOR.fields_by_name else 0  # inputs only
+    if fmt and len(t.dims) != 3:  # FORMAT_NHWC / FORMAT_NCHW
+        return f"an image format needs exactly 3 dims, not {list(t.dims)} (tritonserver: 'NHWC/NCHW require 3 dims')"
     return ""
+
+
+def _reshape_fits(dims: list[int], shape: list[int]) -> bool:
+    """tritonserver's rule: equal element counts (an empty reshape: dims of one element), and with -1 dims the same
+    number of them and equal products between them (``[2, 4, -1, 6]`` fits ``[8, -1, 1, 6]``)."""
+    def count(d: list[int]) -> int:  # as Triton's GetElementCount: -1 if variable, 0 for no dims
+        return -1 if -1 in d else (math.prod(d) if d else 0)
+
+    def trunks(d: list[int]) -> list[int]:
+        out, cur = [], 1
+        for x in d:
+            if x == -1:
+                out.append(cur)
+                cur = 1
+            else:
+                cur *= x
+        return [*out, cur]
+
+    n, m = count(dims), count(shape)
+    if n != m:
+        return m == 0 and n == 1
+    return n != -1 or trunks(dims) == trunks(shape)
 
 
 def _instance_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:

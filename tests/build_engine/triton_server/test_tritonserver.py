@@ -60,6 +60,9 @@ _SERVER_REJECTS = {
     "bad_priority": lambda t: t.replace("max_queue_delay_microseconds: 100", "max_queue_delay_microseconds: 100\n"
                                         "  priority_levels: 2"),  # no default_priority_level in 1..2
     "bad_policy": lambda t: t + "version_policy { specific { versions: 2 } }\n",  # no folder 2
+    "bad_format": lambda t: t.replace("data_type: TYPE_INT64", "data_type: TYPE_INT64\n  format: FORMAT_NCHW", 1),
+    "bad_reshape": lambda t: t.replace("dims: -1\n  dims: 1024",
+                                       "dims: -1\n  dims: 1024\n  reshape { shape: [ -1, 1000 ] }"),
 }
 # Hand-edited configs the server accepts (it loads version 1; the priority default is in range): so does --check.
 _SERVER_ACCEPTS = {
