@@ -41,7 +41,10 @@ from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
 
 PRECISIONS = tuple(LOW_TYPES)
-_NO_UPCAST = frozenset({"Cast", "Shape", "Size", "CastLike"})  # ops whose input dtype does not change the result
+_NO_UPCAST = frozenset({"Cast", "Shape", "Size"})  # ops whose input dtype does not change the result
+# CastLike's first input does not either, but its second (``target_type``) is the output's type: when the node stays
+# fp32 that input is cast back up, or a converted producer would make it return the low type.
+_NO_UPCAST_INPUT = {"CastLike": 0}
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -303,7 +306,8 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
                     new_type[name] = low
         elif d.mode is Mode.KEEP and node.op_type not in _NO_UPCAST:
             for i, name in enumerate(node.input):
-                if name and types.get(name) == FLOAT and new_type.get(name) == low:
+                if name and types.get(name) == FLOAT and new_type.get(name) == low and (
+                        _NO_UPCAST_INPUT.get(node.op_type) != i):
                     node.input[i] = raised(name)
         nodes.append(node)
 

@@ -138,3 +138,31 @@ def test_group_normalization_model_converts(cli, tmp_path, rng: np.random.Genera
     ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
     got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
     assert got.dtype == np.float32 and np.max(np.abs(got - ref)) <= 5e-3 * np.max(np.abs(ref))
+
+
+def test_castlike_kept_fp32_keeps_its_float32_target(rng: np.random.Generator) -> None:
+    """``CastLike(i, like)`` whose output an If body reads stays fp32 (rule 7) while ``like`` comes from a converted
+    node: ``like`` was not cast back up (CastLike was among the ops whose input types do not matter), so CastLike
+    returned fp16 where float32 was declared and the conversion failed ('produced an invalid model')."""
+    import onnxruntime as ort
+
+    vi = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Mul", ["c", "two"], ["o1"])], "then", [], [vi("o1", T.FLOAT, ["batch", 8])])
+    other = h.make_graph([h.make_node("Neg", ["c"], ["o2"])], "else", [], [vi("o2", T.FLOAT, ["batch", 8])])
+    nodes = [h.make_node("MatMul", ["x", "W"], ["like"]), h.make_node("Cast", ["x"], ["i"], to=T.INT32),
+             h.make_node("CastLike", ["i", "like"], ["c"]), h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             h.make_node("Greater", ["s", "zero"], ["cond"]),
+             h.make_node("If", ["cond"], ["b"], then_branch=body, else_branch=other),
+             h.make_node("Add", ["b", "like"], ["y"])]
+    graph = h.make_graph(nodes, "cl", [vi("x", T.FLOAT, ["batch", 8])], [vi("y", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8))), _c("two", 2.0), _c("zero", 0.0)])
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    for to in ("fp16", "bf16"):
+        out = convert_precision(src, to).model
+        onnx.checker.check_model(out, full_check=True)
+    out = convert_precision(src, "fp16").model
+    for _ in range(2):  # both branches
+        x = (rng.standard_normal((3, 8)) * 4).astype(np.float32)
+        ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
+        got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
+        assert got.dtype == np.float32 and np.max(np.abs(got - ref)) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
