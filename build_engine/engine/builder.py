@@ -214,7 +214,10 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         model = folded.model
         del converted, folded
         precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)
-        if quant is None and precision != prof.precision.dtype:
+        if quant is None and precision == "fp32":
+            _log.info("%s stays float32: none of its ops admits %s at the model's opset (e.g. Conv before 22 for bf16) "
+                      "or the policy keeps them; re-export at a newer opset", onnx_path, prof.precision.dtype)
+        elif quant is None and precision != prof.precision.dtype:
             _log.info("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
                       "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
         # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
@@ -362,17 +365,25 @@ def _has_non_onnx_ops(model: Any) -> bool:
 
 
 def _effective_precision(model: Any, wanted: str) -> str:
-    """The 16-bit type that holds most of the weights: the profile's, unless the model came in the other one."""
+    """The 16-bit type that holds most of the weights: the profile's, unless the model came in the other one; "fp32"
+    when no tensor is in a 16-bit type at all (every op stayed float32, e.g. Conv before opset 22 admits no bf16 and
+    MatMul before opset 13 neither: the engine is float32, whatever the profile asks)."""
     from onnx import TensorProto
 
+    low = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
     size = {"fp16": 0, "bf16": 0}
     for t in model.graph.initializer:
-        key = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}.get(t.data_type)
+        key = low.get(t.data_type)
         if key is not None:
             n = 1
             for d in t.dims:
                 n *= d
             size[key] += n
+    g = model.graph
+    values = [v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]]
+    values += [a.i for n in g.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
+    if not any(size.values()) and not set(values) & set(low):
+        return "fp32"
     other = "bf16" if wanted == "fp16" else "fp16"
     return other if size[other] > size[wanted] else wanted
 
