@@ -166,3 +166,19 @@ def test_castlike_kept_fp32_keeps_its_float32_target(rng: np.random.Generator) -
         ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
         got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
         assert got.dtype == np.float32 and np.max(np.abs(got - ref)) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
+
+
+def test_fp16_model_to_bf16_says_what_stays_fp16(cli, tmp_path, rng: np.random.Generator) -> None:
+    """--to bf16 on an fp16 model: the output is the fp16 model (16-bit to 16-bit is never converted), and the summary
+    line alone ("OUT: bf16, 0 nodes converted") read as if it were bf16; a note now says what stayed float16."""
+    vi = h.make_tensor_value_info
+    w = nh.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float16), "w")
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "f16", [vi("x", T.FLOAT16, ["batch", 8])],
+                         [vi("y", T.FLOAT16, ["batch", 8])], [w])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "f16.onnx")
+    res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "o.onnx", "--to", "bf16")
+    assert res.code == 0, res.err
+    assert "already holds 1 float16 initializer;" in res.out and "convert the fp32 model" in res.out
+    assert onnx.load(tmp_path / "o.onnx").graph.initializer[0].data_type == T.FLOAT16
+    res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "p.onnx", "--to", "fp16")
+    assert res.code == 0 and "note:" not in res.out
