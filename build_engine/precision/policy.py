@@ -6,9 +6,11 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 ``position * inv_freq`` lose whole radians in fp16 once positions pass ~1000. The policy:
 
 1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32.
-2. ``Cast`` nodes keep their ``to`` type. Values computed only from shapes (``Shape``/``Range`` and what derives from
-   them: positions, causal masks) form *index* chains; float32 tensors on them (``Cast(int -> float)``,
-   ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the decision.
+2. ``Cast`` nodes keep their ``to`` type, ``CastLike`` nodes their target's (a float32 target stays float32: an
+   int32 -> float16 cast overflows where int32 -> float32 does not). Values computed only from shapes
+   (``Shape``/``Range`` and what derives from them: positions, causal masks) form *index* chains; float32 tensors on
+   them (``Cast(int -> float)``, ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the
+   decision.
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
@@ -149,9 +151,10 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if node.op_type == "Constant":  # low consumers get a converted copy; fp32 consumers keep the original
             out[idx] = NodeDecision(Mode.KEEP, reason="constant")
             continue
-        if node.op_type == "Cast":
+        if node.op_type in ("Cast", "CastLike"):  # CastLike's target is its second input's type
             src = types.get(node.input[0])
-            dst = next((a.i for a in node.attribute if a.name == "to"), None)
+            dst = (next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast"
+                   else types.get(node.input[1]))
             if dst == FLOAT:
                 tag = "index" if src is not None and src not in FLOAT_TYPES else fp32_origin.get(node.input[0], "norm")
                 fp32_origin[node.output[0]] = tag

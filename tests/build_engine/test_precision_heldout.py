@@ -182,3 +182,25 @@ def test_fp16_model_to_bf16_says_what_stays_fp16(cli, tmp_path, rng: np.random.G
     assert onnx.load(tmp_path / "o.onnx").graph.initializer[0].data_type == T.FLOAT16
     res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "p.onnx", "--to", "fp16")
     assert res.code == 0 and "note:" not in res.out
+
+
+def test_castlike_to_a_float32_target_stays_float32(rng: np.random.Generator) -> None:
+    """``CastLike(int32 ids, x)`` with a float32 ``x`` (a graph input) ran in fp16 after conversion, so ids beyond
+    65504 became inf where the fp32 model gives the exact value; like ``Cast(to=FLOAT)`` it keeps its target now."""
+    import onnxruntime as ort
+
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("CastLike", ["ids", "x"], ["f"]), h.make_node("MatMul", ["x", "W"], ["a"]),
+             h.make_node("Add", ["a", "f"], ["y"])]
+    graph = h.make_graph(nodes, "cl", [vi("x", T.FLOAT, ["batch", 8]), vi("ids", T.INT32, ["batch", 8])],
+                         [vi("y", T.FLOAT, ["batch", 8]), vi("f", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8)) * 0.1)])
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    out = convert_precision(src, "fp16").model
+    onnx.checker.check_model(out, full_check=True)
+    assert next(n for n in out.graph.node if n.op_type == "CastLike").input[1] == "x"  # the float32 input itself
+    feeds = {"x": rng.standard_normal((2, 8)).astype(np.float32),
+             "ids": rng.integers(60000, 200000, (2, 8)).astype(np.int32)}
+    ref = ort.InferenceSession(src.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
+    assert np.array_equal(got[1], ref[1]) and np.all(np.isfinite(got[0]))
