@@ -11,9 +11,7 @@ Cost (``bench/build.py``; TensorRT's build is the anchor): the source file is re
 on a worker, hashed); each model is dropped as soon as the next one exists (fp32 source after conversion, the
 folded model once serialised, the ONNX bytes once parsed, TensorRT's builder/network/parser once built); model.onnx
 is written on a worker thread during TensorRT's build, and the plan is written on a worker while this thread hashes
-it. Workers are joined before OUTDIR is published or removed.
-
-``BuildTimings`` records where the time went, for ``bench/build.py``.
+it. Workers are joined before OUTDIR is published or removed. ``BuildTimings`` records where the time went.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from . import plan_stream, worker_priority
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
 from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
 from .quantized import check_fp8_allowed
-from .shapes import InputPlan, plan_shapes
+from .shapes import InputPlan, plan_shapes, refuse_shape_inputs
 from .timings import BuildTimings, _Timer
 
 _log = logging.getLogger("trtforge.build_engine.engine.builder")
@@ -332,6 +330,7 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
                          "with ops this TensorRT supports")
     with _Timer(timings, "configure"):
         del onnx_bytes  # parsed (the parser keeps what it needs); the writing worker holds its own reference
+        refuse_shape_inputs(network, str(onnx_path))
         config = _configure(chosen, builder, network, prof, plans, cc)
         if staged.plugin_nodes:
             from trtforge.plugins import configure_builder
