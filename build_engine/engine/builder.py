@@ -212,9 +212,9 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         model = folded.model
         del converted, folded
         precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)
-        if quant is None and precision == "fp32":
-            _log.info("%s stays float32: none of its ops admits %s at the model's opset (e.g. Conv before 22 for bf16) "
-                      "or the policy keeps them; re-export at a newer opset", onnx_path, prof.precision.dtype)
+        if quant is None and precision == "fp32":  # debug only: the manifest and the summary line say fp32
+            _log.debug("%s stays float32: none of its ops admits %s at the model's opset (Conv before 22 for bf16) "
+                       "or the policy keeps them; re-export at a newer opset", onnx_path, prof.precision.dtype)
         elif quant is None and precision != prof.precision.dtype:
             _log.info("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
                       "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)

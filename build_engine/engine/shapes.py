@@ -235,5 +235,5 @@ def refuse_shape_inputs(network: Any, source: str) -> None:
     names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
     if names:
         raise InputError(f"{source}: input(s) {', '.join(repr(n) for n in names)} set other tensors' shapes by their "
-                         "values (TensorRT shape tensors), which a GPU profile gives no ranges for; compute them in the "
-                         "model (e.g. from Shape of another input) or make them constants, then build again")
+                         "values (TensorRT shape tensors), which a GPU profile gives no ranges for; compute them in "
+                         "the model (e.g. from Shape of another input) or make them constants, then build again")

@@ -162,7 +162,8 @@ def test_shape_tensor_input_refused_naming_it(tmp_path: Path, cli) -> None:
     "Optimization profile 0 is missing values for shape input tensor shape"; now exit 2 naming the input and the fix."""
     pytest.importorskip("tensorrt_rtx")
     graph = h.make_graph([h.make_node("Reshape", ["x", "target"], ["r"]), h.make_node("Relu", ["r"], ["y"])], "st",
-                         [_vi("x", T.FLOAT, ["batch", 8]), _vi("target", T.INT64, [2])], [_vi("y", T.FLOAT, ["a", "b"])])
+                         [_vi("x", T.FLOAT, ["batch", 8]), _vi("target", T.INT64, [2])],
+                         [_vi("y", T.FLOAT, ["a", "b"])])
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "st.onnx")
     res = cli("build", tmp_path / "st.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
     assert_one_line_error(res, 2, "st.onnx", "'target'", "shape tensors", "make them constants")
