@@ -204,3 +204,32 @@ def test_castlike_to_a_float32_target_stays_float32(rng: np.random.Generator) ->
     ref = ort.InferenceSession(src.SerializeToString()).run(None, feeds)
     got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
     assert np.array_equal(got[1], ref[1]) and np.all(np.isfinite(got[0]))
+
+
+def test_padding_mask_beyond_fp16_stays_fp32_up_to_softmax(rng: np.random.Generator) -> None:
+    """A Hugging Face padding mask ``(1 - mask) * finfo(float32).min`` added to fp16 scores: the Mul with the constant
+    stayed fp32 (rule 8), but the Add read its output cast to fp16, i.e. -inf, and a fully padded sequence got NaN out
+    of Softmax (judged exactly with onnx.reference; onnxruntime's CPU provider hides it by removing the Cast pair)."""
+    from onnx.reference import ReferenceEvaluator
+
+    d, vi = 16, h.make_tensor_value_info
+    n = h.make_node
+    nodes = [n("MatMul", ["x", "Wq"], ["q"]), n("MatMul", ["x", "Wk"], ["k"]), n("MatMul", ["x", "Wv"], ["v"]),
+             n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), n("MatMul", ["q", "kt"], ["qk"]),
+             n("Mul", ["qk", "scale"], ["s"]), n("Cast", ["attention_mask"], ["mf"], to=T.FLOAT),
+             n("Sub", ["one", "mf"], ["inv"]), n("Mul", ["inv", "fmin"], ["ext"]),
+             n("Unsqueeze", ["ext", "ax1"], ["ext3"]), n("Add", ["s", "ext3"], ["sm"]),
+             n("Softmax", ["sm"], ["p"], axis=-1), n("MatMul", ["p", "v"], ["y"])]
+    inits = [*(_c(w, rng.standard_normal((d, d)) * 0.3) for w in ("Wq", "Wk", "Wv")), _c("scale", d ** -0.5),
+             _c("one", 1.0), _c("fmin", np.finfo(np.float32).min), nh.from_array(np.array([1], np.int64), "ax1")]
+    graph = h.make_graph(nodes, "hf", [vi("x", T.FLOAT, ["batch", "sequence", d]),
+                                       vi("attention_mask", T.INT64, ["batch", "sequence"])],
+                         [vi("y", T.FLOAT, ["batch", "sequence", d])], inits)
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    out = convert_precision(src, "fp16").model
+    assert next(x for x in out.graph.node if x.output[0] == "sm").input[1] == "ext3"  # the Add reads the fp32 mask
+    feeds = {"x": rng.standard_normal((2, 5, d)).astype(np.float32),
+             "attention_mask": np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], np.int64)}  # row 2: all padding
+    ref = ReferenceEvaluator(src).run(None, feeds)[0]
+    got = ReferenceEvaluator(out).run(None, feeds)[0]
+    assert np.all(np.isfinite(got)) and np.max(np.abs(got - ref)) <= 1e-2 * np.max(np.abs(ref))
