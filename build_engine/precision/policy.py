@@ -175,7 +175,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if why:
             out[idx] = NodeDecision(Mode.KEEP, reason=why)
             _mark(node, types, fp32_origin, "norm")
-            if why == _WIDE and node.op_type not in _BOUNDED:
+            if node.op_type not in _BOUNDED and any(n in wide_values for n in node.input):  # rule 8 (or 7 first)
                 wide_values.update(n for n in node.output if n and types.get(n) == FLOAT)
             continue
         schema = _schema(node, opset)

@@ -233,3 +233,26 @@ def test_padding_mask_beyond_fp16_stays_fp32_up_to_softmax(rng: np.random.Genera
     ref = ReferenceEvaluator(src).run(None, feeds)[0]
     got = ReferenceEvaluator(out).run(None, feeds)[0]
     assert np.all(np.isfinite(got)) and np.max(np.abs(got - ref)) <= 1e-2 * np.max(np.abs(ref))
+
+
+def test_wide_value_also_read_by_a_subgraph_still_spreads(rng: np.random.Generator) -> None:
+    """``Where(x > 0, x, -1e9)`` whose output an If body also reads is kept for rule 7 first; its -1e9 must still keep
+    its readers fp32 (the Add read it as fp16 -inf)."""
+    from trtforge.build_engine.precision.convert import node_decisions
+
+    vi = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Neg", ["w"], ["o1"])], "then", [], [vi("o1", T.FLOAT, ["batch", 8])])
+    other = h.make_graph([h.make_node("Identity", ["w"], ["o2"])], "else", [], [vi("o2", T.FLOAT, ["batch", 8])])
+    nodes = [h.make_node("MatMul", ["x", "W"], ["a"]), h.make_node("Greater", ["x", "zero"], ["pos"]),
+             h.make_node("Where", ["pos", "x", "big"], ["w"]), h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             h.make_node("Greater", ["s", "zero"], ["cond"]),
+             h.make_node("If", ["cond"], ["b"], then_branch=body, else_branch=other),
+             h.make_node("Add", ["a", "w"], ["y"])]
+    graph = h.make_graph(nodes, "ws", [vi("x", T.FLOAT, ["batch", 8])],
+                         [vi("y", T.FLOAT, ["batch", 8]), vi("b", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8))), _c("zero", 0.0), _c("big", -1e9)])
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    decisions = node_decisions(src, "fp16")
+    add = next(i for i, nd in enumerate(src.graph.node) if nd.output[0] == "y")
+    assert decisions[add].mode.value == "keep" and "beyond the fp16 range" in decisions[add].reason
+    onnx.checker.check_model(convert_precision(src, "fp16").model, full_check=True)
