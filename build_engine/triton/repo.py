@@ -71,7 +71,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     notes = serving_notes(manifest)
     header += "\nNote: " + " ".join(notes)
     text = render(cfg, header)
-    _, problems = validate_text(text, manifest, expected_name=name)
+    proto, problems = validate_text(text, manifest, expected_name=name)
     if problems:  # a trtforge bug, never a user error: refuse to write a config Triton would reject
         raise CheckFailed("generated config.pbtxt is invalid: " + "; ".join(p.format("config.pbtxt") for p in problems))
 
@@ -90,6 +90,9 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             write_warmup_files(tmp, warmup_files)
+            bad = check_warmup_files(proto, tmp)  # a trtforge bug too: never publish files tritonserver refuses
+            if bad:
+                raise CheckFailed("generated warm-up data is invalid: " + "; ".join(bad))
             vdir = tmp / str(version)
             vdir.mkdir()
             shutil.copyfile(plan_src, vdir / "model.plan")
