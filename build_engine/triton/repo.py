@@ -113,6 +113,12 @@ def _versions(model_dir: Path) -> list[int]:
     return sorted(v for v in found if v is not None)
 
 
+# The model file tritonserver's other backends load by default (``default_model_filename`` overrides it).
+_OTHER_FILES = {"onnxruntime_onnx": "model.onnx", "onnxruntime": "model.onnx", "pytorch_libtorch": "model.pt",
+                "pytorch": "model.pt", "python": "model.py", "tensorflow_savedmodel": "model.savedmodel",
+                "tensorflow_graphdef": "model.graphdef", "openvino": "model.xml"}
+
+
 def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bool) -> list[str]:
     """A ``version_policy { specific }`` none of whose versions has a folder (tritonserver: "version N is specified
     ... but the version directory is not present", then "at least one version must be available"), and, for another
@@ -186,13 +192,13 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name, other_backends=manifest is None)
     problems += [p.format(str(cfg_path)) for p in found]
     problems += check_warmup_files(proto, mdir) if proto is not None else []
-    plan_name = (proto.default_model_filename if proto is not None and proto.default_model_filename
-                 else "model.plan")
     other = manifest is None and proto is not None and is_other_backend(proto)
+    plan_name: str = (proto.default_model_filename if proto is not None and proto.default_model_filename
+                      else _OTHER_FILES.get(proto.platform or proto.backend, "") if other else "model.plan")
     problems += _policy_and_steps(proto, cfg_path, versions, other) if proto is not None else []
-    for v in [] if other else versions:
+    for v in versions if plan_name else []:  # an ensemble (or an unknown backend) has no model file to look for
         plan = mdir / str(v) / plan_name
-        if not plan.is_file():
+        if not (plan.is_file() or (other and plan.is_dir())):  # a SavedModel is a folder
             problems.append(f"{plan}: missing; Triton cannot load version {v}")
         elif v == versions[-1] and manifest is not None and sha256_file(plan) != manifest.plan_sha256:
             problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")

@@ -355,3 +355,19 @@ def test_scalar_tensor_refused(tmp_path: Path, cli) -> None:
     res = cli("triton", eng, "--repo", tmp_path / "repo", "--name", "m")
     assert_one_line_error(res, 2, "manifest.json", "(temperature) is a scalar", "shape [1]")
     assert not (tmp_path / "repo").exists()
+
+
+def test_other_backends_entries_need_their_model_file(tmp_path: Path, cli) -> None:
+    """A repository mixing engines with another backend's entry: its config is checked by Triton's generic rules (it
+    was refused as 'a TensorRT engine needs platform tensorrt_plan'), and its version folder must hold that
+    backend's model file (model.py for Python, model.onnx for onnxruntime)."""
+    repo = tmp_path / "repo"
+    assert cli("triton", _engine(tmp_path), "--repo", repo, "--name", "llama").code == 0
+    (repo / "pre" / "1").mkdir(parents=True)
+    (repo / "pre" / "config.pbtxt").write_text(
+        'name: "pre"\nbackend: "python"\nmax_batch_size: 8\ninput { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }\n'
+        'output { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] }\ninstance_group [ { kind: KIND_CPU } ]\n')
+    assert_one_line_error(cli("triton", "--check", repo), 1, f"{repo / 'pre' / '1' / 'model.py'}: missing")
+    (repo / "pre" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    res = cli("triton", "--check", repo)
+    assert res.code == 0 and "repo/pre is a valid" in res.out, res.err
