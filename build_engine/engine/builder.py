@@ -215,9 +215,9 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         if quant is None and precision == "fp32":  # debug only: the manifest and the summary line say fp32
             _log.debug("%s stays float32: none of its ops admits %s at the model's opset (Conv before 22 for bf16) "
                        "or the policy keeps them; re-export at a newer opset", onnx_path, prof.precision.dtype)
-        elif quant is None and precision != prof.precision.dtype:
-            _log.info("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
-                      "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
+        elif quant is None and precision != prof.precision.dtype:  # debug: the summary line and manifest say it
+            _log.debug("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
+                       "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
         # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
         external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
         plugin_nodes = has_plugin_nodes(model)

@@ -168,3 +168,17 @@ def test_shape_tensor_input_refused_naming_it(tmp_path: Path, cli) -> None:
     res = cli("build", tmp_path / "st.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
     assert_one_line_error(res, 2, "st.onnx", "'target'", "shape tensors", "make them constants")
     assert not (tmp_path / "e").exists()
+
+
+def test_already_16bit_model_failing_to_parse_gives_one_error_line(tmp_path: Path, cli) -> None:
+    """An fp16 model for the bf16 a100 profile logged 'note: ... is already fp16; building it as is' on stderr before
+    the parse error, so a failing build wrote two lines there instead of the one 'error:' line."""
+    pytest.importorskip("tensorrt_rtx")
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["a"]),
+                          h.make_node("Mystery", ["a"], ["y"], domain="example.unknown")], "g",
+                         [_vi("x", T.FLOAT16, ["batch", 8])], [_vi("y", T.FLOAT16, ["batch", 8])],
+                         [nh.from_array(np.eye(8, dtype=np.float16), "w")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18), h.make_opsetid("example.unknown", 1)])
+    onnx.save(model, tmp_path / "f16.onnx")
+    res = cli("build", tmp_path / "f16.onnx", "--profile", "a100", "-o", tmp_path / "e", "--no-progress")
+    assert_one_line_error(res, 2, "cannot parse", "Mystery")
