@@ -49,7 +49,20 @@ def _run(args: Any) -> int:
           f"{r.casts_inserted} Casts inserted"
           + (f", fold {folded.nodes_before} -> {folded.nodes_after} nodes" if folded else "")
           + f"; {steps.elapsed():.2f} s in all (load to save)")
+    other = _other_16bit(result.model, args.to)
+    if other:
+        print(f"note: {args.input} already holds {other}; conversion rewrites float32 only (16-bit to 16-bit would "
+              f"round twice), so they stay as they are: convert the fp32 model for an all-{args.to} one")
     return 0
+
+
+def _other_16bit(model: Any, to: str) -> str:
+    """The initializers of the other 16-bit float type left in ``model``, as text ("" when none)."""
+    from onnx import TensorProto
+
+    other, name = (TensorProto.BFLOAT16, "bfloat16") if to == "fp16" else (TensorProto.FLOAT16, "float16")
+    n = sum(1 for t in model.graph.initializer if t.data_type == other)
+    return f"{n} {name} initializer{'s' if n != 1 else ''}" if n else ""
 
 
 def _refuse_plugin_conflicts(model: Any, path: str, to: str) -> None:

@@ -11,9 +11,7 @@ Cost (``bench/build.py``; TensorRT's build is the anchor): the source file is re
 on a worker, hashed); each model is dropped as soon as the next one exists (fp32 source after conversion, the
 folded model once serialised, the ONNX bytes once parsed, TensorRT's builder/network/parser once built); model.onnx
 is written on a worker thread during TensorRT's build, and the plan is written on a worker while this thread hashes
-it. Workers are joined before OUTDIR is published or removed.
-
-``BuildTimings`` records where the time went, for ``bench/build.py``.
+it. Workers are joined before OUTDIR is published or removed. ``BuildTimings`` records where the time went.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from . import plan_stream, worker_priority
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
 from .manifest import MANIFEST_NAME, ONNX_NAME, PLAN_NAME, Manifest, PluginInfo, QuantizationInfo, TensorInfo
 from .quantized import check_fp8_allowed
-from .shapes import InputPlan, plan_shapes
+from .shapes import InputPlan, plan_shapes, refuse_shape_inputs
 from .timings import BuildTimings, _Timer
 
 _log = logging.getLogger("trtforge.build_engine.engine.builder")
@@ -214,9 +212,12 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         model = folded.model
         del converted, folded
         precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)
-        if quant is None and precision != prof.precision.dtype:
-            _log.info("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
-                      "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
+        if quant is None and precision == "fp32":  # debug only: the manifest and the summary line say fp32
+            _log.debug("%s stays float32: none of its ops admits %s at the model's opset (Conv before 22 for bf16) "
+                       "or the policy keeps them; re-export at a newer opset", onnx_path, prof.precision.dtype)
+        elif quant is None and precision != prof.precision.dtype:  # debug: the summary line and manifest say it
+            _log.debug("%s is already %s; building it as is (profile %r asks for %s; converting between 16-bit types "
+                       "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
         # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
         external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
         plugin_nodes = has_plugin_nodes(model)
@@ -329,6 +330,7 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
                          "with ops this TensorRT supports")
     with _Timer(timings, "configure"):
         del onnx_bytes  # parsed (the parser keeps what it needs); the writing worker holds its own reference
+        refuse_shape_inputs(network, str(onnx_path))
         config = _configure(chosen, builder, network, prof, plans, cc)
         if staged.plugin_nodes:
             from trtforge.plugins import configure_builder
@@ -362,17 +364,25 @@ def _has_non_onnx_ops(model: Any) -> bool:
 
 
 def _effective_precision(model: Any, wanted: str) -> str:
-    """The 16-bit type that holds most of the weights: the profile's, unless the model came in the other one."""
+    """The 16-bit type that holds most of the weights: the profile's, unless the model came in the other one; "fp32"
+    when no tensor is in a 16-bit type at all (every op stayed float32, e.g. Conv before opset 22 admits no bf16 and
+    MatMul before opset 13 neither: the engine is float32, whatever the profile asks)."""
     from onnx import TensorProto
 
+    low = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
     size = {"fp16": 0, "bf16": 0}
     for t in model.graph.initializer:
-        key = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}.get(t.data_type)
+        key = low.get(t.data_type)
         if key is not None:
             n = 1
             for d in t.dims:
                 n *= d
             size[key] += n
+    g = model.graph
+    values = [v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]]
+    values += [a.i for n in g.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
+    if not any(size.values()) and not set(values) & set(low):
+        return "fp32"
     other = "bf16" if wanted == "fp16" else "fp16"
     return other if size[other] > size[wanted] else wanted
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import ModelProto
@@ -225,3 +226,14 @@ def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
         out[name] = Range(min=lo, opt=mid, max=hi)
         _check_range(what, item, out[name])
     return out
+
+
+def refuse_shape_inputs(network: Any, source: str) -> None:
+    """A graph input the parsed network takes as a *shape tensor* (its values, not its shape, size other tensors: the
+    shape of a ``Reshape``, the repeats of a ``Tile``) needs value ranges in every optimization profile, which a GPU
+    profile cannot give; TensorRT fails the build with "missing values for shape input tensor". Refused first."""
+    names = [network.get_input(i).name for i in range(network.num_inputs) if network.get_input(i).is_shape_tensor]
+    if names:
+        raise InputError(f"{source}: input(s) {', '.join(repr(n) for n in names)} set other tensors' shapes by their "
+                         "values (TensorRT shape tensors), which a GPU profile gives no ranges for; compute them in "
+                         "the model (e.g. from Shape of another input) or make them constants, then build again")

@@ -41,7 +41,10 @@ from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
 
 PRECISIONS = tuple(LOW_TYPES)
-_NO_UPCAST = frozenset({"Cast", "Shape", "Size", "CastLike"})  # ops whose input dtype does not change the result
+_NO_UPCAST = frozenset({"Cast", "Shape", "Size"})  # ops whose input dtype does not change the result
+# CastLike's first input does not either, but its second (``target_type``) is the output's type: when the node stays
+# fp32 that input is cast back up, or a converted producer would make it return the low type.
+_NO_UPCAST_INPUT = {"CastLike": 0}
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -53,8 +56,10 @@ class PrecisionResult:
 
 def _infer(model: ModelProto, *, strict: bool) -> ModelProto:
     """Shape inference on the weight-free skeleton (``core.shape_inference.infer_shapes``) with plugin nodes replaced by
-    Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``)."""
-    return infer_shapes(model, strict=strict, edit=precision_plugins.stand_in)
+    Identity stand-ins, which carry y's type and shape to their output as the op does (``precision_plugins``).
+    ``check_type`` as the fold pipeline's check has it: without it onnx 1.23 infers no output type for ops defined by
+    a function body such as GroupNormalization (18, 21), and a valid model's next node then fails strict inference."""
+    return infer_shapes(model, strict=strict, check_type=True, edit=precision_plugins.stand_in)
 
 
 def _value_types(model: ModelProto) -> dict[str, int]:
@@ -301,7 +306,8 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
                     new_type[name] = low
         elif d.mode is Mode.KEEP and node.op_type not in _NO_UPCAST:
             for i, name in enumerate(node.input):
-                if name and types.get(name) == FLOAT and new_type.get(name) == low:
+                if name and types.get(name) == FLOAT and new_type.get(name) == low and (
+                        _NO_UPCAST_INPUT.get(node.op_type) != i):
                     node.input[i] = raised(name)
         nodes.append(node)
 

@@ -6,9 +6,11 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 ``position * inv_freq`` lose whole radians in fp16 once positions pass ~1000. The policy:
 
 1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32.
-2. ``Cast`` nodes keep their ``to`` type. Values computed only from shapes (``Shape``/``Range`` and what derives from
-   them: positions, causal masks) form *index* chains; float32 tensors on them (``Cast(int -> float)``,
-   ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the decision.
+2. ``Cast`` nodes keep their ``to`` type, ``CastLike`` nodes their target's (a float32 target stays float32: an
+   int32 -> float16 cast overflows where int32 -> float32 does not). Values computed only from shapes
+   (``Shape``/``Range`` and what derives from them: positions, causal masks) form *index* chains; float32 tensors on
+   them (``Cast(int -> float)``, ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the
+   decision.
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
@@ -23,7 +25,10 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 7. A node whose float32 output a subgraph (If/Loop/Scan body) reads from the outer scope stays fp32: the body is
    not converted and still expects float32 (a converted producer made the model invalid).
 8. fp16 only: a node with a float32 constant input holding a finite value beyond +-65504 (``wide``) stays fp32:
-   clipping the constant would change the result (``x * 1e5``); rule 3 then keeps its elementwise consumers fp32.
+   clipping the constant would change the result (``x * 1e5``). What it computes may lie beyond that range too (a
+   padding mask ``(1 - m) * finfo(float32).min``), so every node reading it stays fp32 as well, and so on, up to an
+   op whose output is bounded (``_BOUNDED``: Softmax, norms, Sigmoid, ...): ``scores + mask`` converted to fp16 read
+   the mask as -inf (NaN out of Softmax for a row with every key masked).
 """
 
 from __future__ import annotations
@@ -58,6 +63,12 @@ KEEP_OPS: frozenset[str] = frozenset({
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                                 "Multinomial", "Bernoulli", "Dropout"})
 HEAVY_OPS: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger"})
+# Ops whose float output lies within fp16's range whatever their input (rule 8's spread stops there).
+_BOUNDED: frozenset[str] = frozenset({
+    "Softmax", "Sigmoid", "Tanh", "Erf", "Sin", "Cos", "HardSigmoid", "Softsign", "LayerNormalization",
+    "SimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
+    "LpNormalization", "MeanVarianceNormalization",
+})
 
 
 class Mode(Enum):
@@ -130,6 +141,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
     captured = _subgraph_reads(model.graph.node)
+    wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
     for idx, node in enumerate(model.graph.node):
         if node.input and node.op_type not in _NONDETERMINISTIC and all(not n or n in constants for n in node.input):
             # A constant subgraph: TensorRT folds it; leaving it in fp32 keeps e.g. rotary inv_freq exact, and its
@@ -149,13 +161,8 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if node.op_type == "Constant":  # low consumers get a converted copy; fp32 consumers keep the original
             out[idx] = NodeDecision(Mode.KEEP, reason="constant")
             continue
-        if node.op_type == "Cast":
-            src = types.get(node.input[0])
-            dst = next((a.i for a in node.attribute if a.name == "to"), None)
-            if dst == FLOAT:
-                tag = "index" if src is not None and src not in FLOAT_TYPES else fp32_origin.get(node.input[0], "norm")
-                fp32_origin[node.output[0]] = tag
-            out[idx] = NodeDecision(Mode.KEEP, reason="Cast keeps its target type")
+        if node.op_type in ("Cast", "CastLike"):
+            out[idx] = _cast_decision(node, types, fp32_origin)
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             out[idx] = NodeDecision(Mode.KEEP, reason="has subgraphs (not converted)")
@@ -164,10 +171,12 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
             continue
-        why = _forced_fp32(node, types, captured, wide)
+        why = _forced_fp32(node, types, captured, wide_values)
         if why:
             out[idx] = NodeDecision(Mode.KEEP, reason=why)
             _mark(node, types, fp32_origin, "norm")
+            if node.op_type not in _BOUNDED and any(n in wide_values for n in node.input):  # rule 8 (or 7 first)
+                wide_values.update(n for n in node.output if n and types.get(n) == FLOAT)
             continue
         schema = _schema(node, opset)
         if schema is None:
@@ -179,6 +188,17 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if origin is not None:
             _mark(node, types, fp32_origin, origin)
     return out
+
+
+def _cast_decision(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[str, str]) -> NodeDecision:
+    """Rule 2: a Cast (CastLike: to its second input's type) keeps its target; a float32 one tags its output."""
+    src = types.get(node.input[0])
+    dst = (next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast"
+           else types.get(node.input[1]))
+    if dst == FLOAT:
+        tag = "index" if src is not None and src not in FLOAT_TYPES else fp32_origin.get(node.input[0], "norm")
+        fp32_origin[node.output[0]] = tag
+    return NodeDecision(Mode.KEEP, reason="Cast keeps its target type")
 
 
 def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping[str, int], constants: set[str],
@@ -223,12 +243,15 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
                      f"declare lora_a as float32, float16 or bfloat16")
 
 
-def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: frozenset[str]) -> str:
+_WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
+
+
+def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str]) -> str:
     """Rules 7 and 8: why the node must stay fp32 ("" when neither applies)."""
     if any(n in captured and types.get(n) == FLOAT for n in node.output):
         return "output read inside a subgraph (not converted)"
     if any(n in wide for n in node.input):
-        return "constant beyond the fp16 range"
+        return _WIDE
     return ""
 
 

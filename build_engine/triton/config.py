@@ -9,6 +9,10 @@ That is only safe when the engine's first dimension is a dynamic batch dimension
 has ``-1`` first, and every optimization profile admits batch 1 (``min[0] == 1``). Then ``max_batch_size`` is the
 largest batch every profile admits (or ``--max-batch``, which must not exceed it). Otherwise (e.g. a LoRA engine whose
 adapter-pool inputs have a static first dimension) ``max_batch_size`` is 0 and ``dims`` are the full shapes.
+
+Triton refuses a tensor without ``dims`` ("must specify 'dims'"): one that is only the batch dimension (``[batch]``,
+e.g. a per-sequence score) or a scalar gets ``dims: [1]`` and ``reshape: { shape: [] }``, Triton's own spelling of
+"no dimension beyond the batch" (the engine's tensor is what ``reshape`` says).
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ DEFAULT_QUEUE_DELAY_US = 100
 
 @dataclass(frozen=True)
 class TensorConfig:
-    """One ``input``/``output`` entry: ``data_type`` is a Triton enum name, ``dims`` use -1 for dynamic."""
+    """One ``input``/``output`` entry: ``data_type`` is a Triton enum name, ``dims`` use -1 for dynamic; ``reshape``
+    (when not None) the engine's shape without the batch dimension when it differs from ``dims`` (``()``: none)."""
 
     name: str
     data_type: str
     dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def check_model_name(name: str) -> str:
 
 
 def load_for_triton(engine_dir: str | Path) -> Manifest:
-    """``Manifest.load`` plus the Triton rule: every tensor's dtype has a Triton data type."""
+    """``Manifest.load`` plus the Triton rules: every tensor's dtype has a Triton data type, and none is a scalar."""
     manifest = Manifest.load(engine_dir)
     check_triton_types(manifest, str(Path(engine_dir) / MANIFEST_NAME))
     return manifest
@@ -107,6 +113,9 @@ def check_triton_types(manifest: Manifest, where: str = MANIFEST_NAME) -> None:
             if t.dtype not in DTYPE_TO_TRITON:
                 raise InputError(f"{where}: {kind}[{i}] ({t.name}): dtype {t.dtype!r} has no Triton type; "
                                  f"expected one of {', '.join(DTYPE_TO_TRITON)}")
+            if not t.shape:  # tritonserver: "scalar tensors are not supported" (and an engine with one cannot batch)
+                raise InputError(f"{where}: {kind}[{i}] ({t.name}) is a scalar, and Triton serves no scalar tensors; "
+                                 "give it shape [1] in the model (Unsqueeze / Reshape) and rebuild the engine")
 
 
 def serving_notes(manifest: Manifest) -> list[str]:
@@ -179,7 +188,9 @@ def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
     skip = 1 if mbs > 0 else 0
 
     def tensors(items: tuple[ManifestTensor, ...]) -> tuple[TensorConfig, ...]:
-        return tuple(TensorConfig(t.name, DTYPE_TO_TRITON[t.dtype], t.shape[skip:]) for t in items)
+        # No dims left (batch-only or scalar): dims [1] reshaped to [], as Triton requires.
+        return tuple(TensorConfig(t.name, DTYPE_TO_TRITON[t.dtype], t.shape[skip:] or (1,),
+                                  None if t.shape[skip:] else ()) for t in items)
 
     n_prof = manifest.optimization_profiles
     return TritonConfig(
@@ -196,7 +207,10 @@ def to_proto(cfg: TritonConfig) -> Any:
     proto = pb.ModelConfig(name=cfg.name, platform=cfg.platform, max_batch_size=cfg.max_batch_size)
     for items, field in ((cfg.inputs, proto.input), (cfg.outputs, proto.output)):
         for t in items:
-            field.add(name=t.name, data_type=pb.DataType.Value(t.data_type), dims=list(t.dims))
+            entry = field.add(name=t.name, data_type=pb.DataType.Value(t.data_type), dims=list(t.dims))
+            if t.reshape is not None:
+                entry.reshape.SetInParent()  # present even when empty (a scalar)
+                entry.reshape.shape.extend(t.reshape)
     if cfg.dynamic_batching:
         proto.dynamic_batching.SetInParent()  # present even when every field is at its default
         proto.dynamic_batching.preferred_batch_size.extend(cfg.preferred_batch_sizes)
@@ -231,7 +245,8 @@ def config_from_proto(proto: Any) -> TritonConfig:
     from tritonclient.grpc import model_config_pb2 as pb  # lazy
 
     def tensors(items: Any) -> tuple[TensorConfig, ...]:
-        return tuple(TensorConfig(t.name, pb.DataType.Name(t.data_type), tuple(t.dims)) for t in items)
+        return tuple(TensorConfig(t.name, pb.DataType.Name(t.data_type), tuple(t.dims),
+                                  tuple(t.reshape.shape) if t.HasField("reshape") else None) for t in items)
 
     group = proto.instance_group[0] if proto.instance_group else None
     has_db = proto.HasField("dynamic_batching")

@@ -37,6 +37,14 @@ def warn_leftovers(repo: Path) -> None:
                         "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
 
 
+def version_number(name: str) -> int | None:
+    """The version a folder name gives, as tritonserver 2.51 reads it: ASCII digits without a leading zero ("0"
+    itself is version 0); it ignores "01" ("contains leading zeros") and other digits ("fails to convert")."""
+    if not (name.isascii() and name.isdigit()) or (len(name) > 1 and name[0] == "0"):
+        return None
+    return int(name)
+
+
 def entry_problems(mdir: Path) -> list[str]:
     """The layout problems of one folder under a repository (config and version folders present)."""
     rm = f"rm -rf {shlex.quote(str(mdir))}"
@@ -47,7 +55,7 @@ def entry_problems(mdir: Path) -> list[str]:
         return [f"{mdir}: no config.pbtxt; tritonserver cannot load this folder and fails to load the repository: "
                 f"write it with 'trtforge triton ENGINE --repo {shlex.quote(str(mdir.parent))} --name {mdir.name} "
                 f"--force' or remove it ({rm})"]
-    if not any(p.is_dir() and p.name.isdigit() and int(p.name) > 0 for p in mdir.iterdir()):
+    if not any(p.is_dir() and version_number(p.name) is not None for p in mdir.iterdir()):
         return [f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); tritonserver finds no version to "
                 "load"]
     return []

@@ -13,13 +13,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
 from ..engine.manifest import MANIFEST_NAME, Manifest
 from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
-from .layout import is_repository, recover_repository, repository_problems, warn_leftovers
-from .validate import Problem, validate_text
+from .layout import is_repository, recover_repository, repository_problems, version_number, warn_leftovers
+from .validate import Problem, is_other_backend, validate_text
 from .warmup import check_files as check_warmup_files
 from .warmup import plan_warmup
 from .warmup import write_files as write_warmup_files
@@ -70,7 +71,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     notes = serving_notes(manifest)
     header += "\nNote: " + " ".join(notes)
     text = render(cfg, header)
-    _, problems = validate_text(text, manifest, expected_name=name)
+    proto, problems = validate_text(text, manifest, expected_name=name)
     if problems:  # a trtforge bug, never a user error: refuse to write a config Triton would reject
         raise CheckFailed("generated config.pbtxt is invalid: " + "; ".join(p.format("config.pbtxt") for p in problems))
 
@@ -89,6 +90,9 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             write_warmup_files(tmp, warmup_files)
+            bad = check_warmup_files(proto, tmp)  # a trtforge bug too: never publish files tritonserver refuses
+            if bad:
+                raise CheckFailed("generated warm-up data is invalid: " + "; ".join(bad))
             vdir = tmp / str(version)
             vdir.mkdir()
             shutil.copyfile(plan_src, vdir / "model.plan")
@@ -104,7 +108,32 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
 
 
 def _versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    """The version folders tritonserver loads (``layout.version_number``)."""
+    found = (version_number(p.name) for p in model_dir.iterdir() if p.is_dir())
+    return sorted(v for v in found if v is not None)
+
+
+# The model file tritonserver's other backends load by default (``default_model_filename`` overrides it).
+_OTHER_FILES = {"onnxruntime_onnx": "model.onnx", "onnxruntime": "model.onnx", "pytorch_libtorch": "model.pt",
+                "pytorch": "model.pt", "python": "model.py", "tensorflow_savedmodel": "model.savedmodel",
+                "tensorflow_graphdef": "model.graphdef", "openvino": "model.xml"}
+
+
+def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bool) -> list[str]:
+    """A ``version_policy { specific }`` none of whose versions has a folder (tritonserver: "version N is specified
+    ... but the version directory is not present", then "at least one version must be available"), and, for another
+    backend's entry, an ensemble's step models that are not entries of its repository ("ensemble ... contains models
+    that are not available")."""
+    wanted = list(proto.version_policy.specific.versions) if proto.version_policy.HasField("specific") else []
+    out = [f"{cfg_path}: version_policy names versions {wanted}, none of which has a folder (the entry has "
+           f"{versions}); tritonserver loads nothing: add the version or fix version_policy"
+           ] if wanted and not set(wanted) & set(versions) else []
+    repo = cfg_path.resolve().parent.parent
+    steps = [s.model_name for s in proto.ensemble_scheduling.step] if other and proto.HasField(
+        "ensemble_scheduling") else []
+    return out + [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load "
+                  "the ensemble: add that model or fix model_name" for m in dict.fromkeys(steps)
+                  if not (repo / m / "config.pbtxt").is_file()]
 
 
 def check_repository(repo: str | Path) -> list[EntryReport]:
@@ -159,14 +188,17 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
                 manifest = load_for_triton(man_path.parent)
             except InputError as exc:
                 problems.append(str(exc))
-    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name)
+    # Without an engine manifest, another backend's entry (an ensemble, a Python model) gets the generic rules only.
+    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name, other_backends=manifest is None)
     problems += [p.format(str(cfg_path)) for p in found]
     problems += check_warmup_files(proto, mdir) if proto is not None else []
-    plan_name = (proto.default_model_filename if proto is not None and proto.default_model_filename
-                 else "model.plan")
-    for v in versions:
+    other = manifest is None and proto is not None and is_other_backend(proto)
+    plan_name: str = (proto.default_model_filename if proto is not None and proto.default_model_filename
+                      else _OTHER_FILES.get(proto.platform or proto.backend, "") if other else "model.plan")
+    problems += _policy_and_steps(proto, cfg_path, versions, other) if proto is not None else []
+    for v in versions if plan_name else []:  # an ensemble (or an unknown backend) has no model file to look for
         plan = mdir / str(v) / plan_name
-        if not plan.is_file():
+        if not (plan.is_file() or (other and plan.is_dir())):  # a SavedModel is a folder
             problems.append(f"{plan}: missing; Triton cannot load version {v}")
         elif v == versions[-1] and manifest is not None and sha256_file(plan) != manifest.plan_sha256:
             problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")

@@ -17,6 +17,7 @@ parser keeps no positions); when a field cannot be located the line is 0 and the
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -111,12 +112,30 @@ def _batch_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Probl
         db_line = _line_of(text, r"\bdynamic_batching\b")
         if mbs <= 0:
             out.append(Problem(db_line, "dynamic_batching needs max_batch_size > 0; remove it or set max_batch_size"))
+        out += _priority_rules(db, text, db_line)
         for size in db.preferred_batch_size:
             if size < 1 or (mbs > 0 and size > mbs):
                 line = _line_of(text, rf"\bpreferred_batch_size\s*:\s*\[?[^\]\n]*(?<![\d-]){size}(?!\d)",
                                 _offset_of_line(text, db_line))
                 out.append(Problem(line or db_line, f"preferred_batch_size {size} is outside 1..max_batch_size "
                                                     f"({mbs}); Triton rejects it"))
+    return out
+
+
+def _priority_rules(db: Any, text: str, db_line: int) -> list[Problem]:
+    """tritonserver: with ``priority_levels`` set, the default level and every ``priority_queue_policy`` key must lie
+    in 1..priority_levels ("default priority level must be in range [1, N]")."""
+    levels = db.priority_levels
+    if not levels:
+        return []
+    line = _line_of(text, r"\bpriority_levels\b", _offset_of_line(text, db_line)) or db_line
+    out = []
+    if not 1 <= db.default_priority_level <= levels:
+        out.append(Problem(line, f"dynamic_batching default_priority_level {db.default_priority_level} is outside "
+                                 f"1..priority_levels ({levels}); tritonserver refuses it"))
+    out += [Problem(line, f"dynamic_batching priority_queue_policy level {k} is outside 1..priority_levels "
+                          f"({levels}); tritonserver refuses it") for k in sorted(db.priority_queue_policy)
+            if not 1 <= k <= levels]
     return out
 
 
@@ -138,8 +157,9 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 at = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
                 out.append(Problem(at, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT engine; "
                                        "use the manifest's type"))
-            if any(d < -1 or d == 0 for d in t.dims):  # tritonserver: "must be integer >= 1, or -1"
-                out.append(Problem(line, f"{kind} {t.name!r}: dims {list(t.dims)} may only hold -1 or sizes >= 1"))
+            shape_problem = _shape_problem(t, batching=skip == 1)
+            if shape_problem:
+                out.append(Problem(line, f"{kind} {t.name!r}: {shape_problem}"))
             if manifest is None:
                 continue
             m = expected.get(t.name)
@@ -156,10 +176,11 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
             if skip and (not m.shape or m.shape[0] != -1):
                 out.append(Problem(line, f"{kind} {t.name!r}: max_batch_size > 0 but the engine's first dimension "
                                          f"is {list(m.shape[:1])}, not a dynamic batch dimension"))
-            elif list(t.dims) != want_dims:
+            elif _engine_dims(t) != want_dims:
                 what = "without the batch dimension" if skip else "(max_batch_size 0: full shape)"
                 dl = _line_of(text, r"\bdims\b", _offset_of_line(text, line)) or line
-                out.append(Problem(dl, f"{kind} {t.name!r}: dims {list(t.dims)} do not match the engine's "
+                field = "reshape" if t.HasField("reshape") else "dims"
+                out.append(Problem(dl, f"{kind} {t.name!r}: {field} {_engine_dims(t)} do not match the engine's "
                                        f"{want_dims} {what}"))
         if manifest is not None and kind == "input":
             missing = [n for n in expected if n not in seen]
@@ -167,6 +188,53 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 out.append(Problem(_line_of(text, r"^\s*input\b"),
                                    f"engine input(s) {missing} missing from the config; Triton must bind every input"))
     return out
+
+
+def _engine_dims(t: Any) -> list[int]:
+    """The engine's shape (without the batch dimension) that a config tensor stands for: its ``reshape`` if set."""
+    return list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+
+
+def _shape_problem(t: Any, batching: bool) -> str:
+    """What tritonserver refuses in a tensor's ``dims``/``reshape``/``format``: no dims at all (a batch-only tensor
+    needs ``dims: [1]`` with ``reshape: { shape: [] }``), that empty reshape without batching (a scalar: Triton has
+    none), sizes other than -1 or >= 1, a reshape of another size (``_reshape_fits``), an image format without 3
+    dims."""
+    if not t.dims:
+        return ("no dims; Triton requires them (a tensor that is only the batch dimension takes dims: [ 1 ] with "
+                "reshape: { shape: [ ] })")
+    if t.HasField("reshape") and not t.reshape.shape and not batching:
+        return "empty reshape with max_batch_size 0 (a scalar); Triton serves no scalar tensors"
+    if any(d < -1 or d == 0 for d in [*t.dims, *t.reshape.shape]):  # tritonserver: "must be integer >= 1, or -1"
+        return f"dims {list(t.dims)} / reshape {list(t.reshape.shape)} may only hold -1 or sizes >= 1"
+    if t.HasField("reshape") and not _reshape_fits(list(t.dims), list(t.reshape.shape)):
+        return f"dims {list(t.dims)} and reshape {list(t.reshape.shape)} hold different numbers of elements"
+    fmt = t.format if "format" in t.DESCRIPTOR.fields_by_name else 0  # inputs only
+    if fmt and len(t.dims) != 3:  # FORMAT_NHWC / FORMAT_NCHW
+        return f"an image format needs exactly 3 dims, not {list(t.dims)} (tritonserver: 'NHWC/NCHW require 3 dims')"
+    return ""
+
+
+def _reshape_fits(dims: list[int], shape: list[int]) -> bool:
+    """tritonserver's rule: equal element counts (an empty reshape: dims of one element), and with -1 dims the same
+    number of them and equal products between them (``[2, 4, -1, 6]`` fits ``[8, -1, 1, 6]``)."""
+    def count(d: list[int]) -> int:  # as Triton's GetElementCount: -1 if variable, 0 for no dims
+        return -1 if -1 in d else (math.prod(d) if d else 0)
+
+    def trunks(d: list[int]) -> list[int]:
+        out, cur = [], 1
+        for x in d:
+            if x == -1:
+                out.append(cur)
+                cur = 1
+            else:
+                cur *= x
+        return [*out, cur]
+
+    n, m = count(dims), count(shape)
+    if n != m:
+        return m == 0 and n == 1
+    return n != -1 or trunks(dims) == trunks(shape)
 
 
 def _instance_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Problem]:
@@ -205,7 +273,7 @@ def _warmup_input_problem(name: str, t: Any, cfg_in: Any, manifest: Manifest | N
     if len(dims) != len(want) or any(d < 1 or (w != -1 and d != w) for d, w in zip(dims, want, strict=False)):
         return f"input {name!r}: dims {dims} do not fit the input's dims {want} (concrete sizes >= 1)"
     m = next((x for x in manifest.inputs if x.name == name), None) if manifest is not None else None
-    full = ([1] if batching else []) + dims
+    full = ([1] if batching else []) + (list(cfg_in.reshape.shape) if cfg_in.HasField("reshape") else dims)
     if m is not None and m.profiles and not any(
             all(lo <= d <= hi for d, lo, hi in zip(full, p.min, p.max, strict=False)) for p in m.profiles):
         return f"input {name!r}: shape {full} is outside every optimization profile of the engine"
@@ -236,15 +304,24 @@ def _warmup_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
     return out
 
 
-def validate_text(text: str, manifest: Manifest | None = None,
-                  expected_name: str | None = None) -> tuple[Any, list[Problem]]:
-    """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems)."""
+def is_other_backend(proto: Any) -> bool:
+    """A config for another backend than TensorRT (an ensemble, a Python pre/post-processing model)."""
+    return proto.platform not in ("tensorrt_plan", "") or proto.backend not in ("tensorrt", "")
+
+
+def validate_text(text: str, manifest: Manifest | None = None, expected_name: str | None = None,
+                  other_backends: bool = False) -> tuple[Any, list[Problem]]:
+    """Parse and check a config; ``manifest`` enables the engine-consistency rules. Returns (proto, problems).
+    ``other_backends``: a config for another backend (``is_other_backend``) is only parsed and its name checked (a
+    repository beside the engines; tritonserver judges the rest by that backend's rules)."""
     proto, problems = parse_config(text)
     if proto is None:
         return None, problems
     if expected_name is not None and proto.name and proto.name != expected_name:
         problems.append(Problem(_line_of(text, r"^\s*name\b"), f"name {proto.name!r} differs from the model folder "
                                                                f"{expected_name!r}; Triton requires them equal"))
+    if other_backends and is_other_backend(proto):
+        return proto, problems
     problems += _platform_rules(proto, text)
     problems += _batch_rules(proto, text, manifest)
     problems += _tensor_rules(proto, text, manifest)

@@ -52,6 +52,8 @@ def _ranges(manifest: Manifest, engine_dir: Path, shapes: dict[str, tuple[int, .
     out: dict[str, Any] = {}
     for t in manifest.inputs:
         spec = specs.get(t.name)
+        if spec is not None and spec.dtype != t.dtype:  # the engine binds another type (TensorRT has no float64)
+            spec = FeedSpec(t.name, t.dtype, spec.shape, spec.low, spec.high)
         if spec is None or spec.shape != shapes[t.name]:
             integer = t.dtype.startswith(("int", "uint"))
             low, high = (0, 1) if t.dtype == "bool" else (0, 7) if integer else (-1.0, 1.0)
@@ -84,7 +86,7 @@ def plan_warmup(cfg: TritonConfig, manifest: Manifest, engine_dir: str | Path,
             data = np.ascontiguousarray(draw(specs[t.name], rng))
             name = _file_name(k, i)
             files[name] = data.tobytes()
-            dims = one[t.name][1:] if batching else one[t.name]
+            dims = (one[t.name][1:] if batching else one[t.name]) or (1,)  # batch-only / scalar: dims [1], reshaped
             inputs.append(WarmupInput(t.name, DTYPE_TO_TRITON[t.dtype], tuple(dims), name))
         samples.append(WarmupSample(f"profile_{k}", batch, tuple(inputs)))
     return replace(cfg, warmup=tuple(samples)), files
@@ -112,7 +114,7 @@ def check_files(proto: Any, model_dir: Path) -> list[str]:
             if t.WhichOneof("input_data_type") != "input_data_file":
                 continue
             path = (root / t.input_data_file).resolve()
-            where = f"model_warmup {w.name!r} input {name!r}"
+            where = f"{model_dir}: model_warmup {w.name!r} input {name!r}"
             if root not in path.parents:
                 problems.append(f"{where}: input_data_file {t.input_data_file!r} is outside {WARMUP_DIR}/")
                 continue

@@ -128,3 +128,57 @@ def test_check_refuses_what_tritonserver_refuses(cli, engine: Path, tmp_path: Pa
     assert "unable to find backend library for backend 'tensorrt'" in run.reason("good"), run.index
     for name in _CORRUPT:
         assert "backend library" not in run.reason(name) and f"'{name}'" in run.log, (name, run.index.get(name))
+
+
+@pytest.mark.parametrize("opset,claim", [(17, "fp32"), (22, "bf16")])
+def test_manifest_precision_says_fp32_when_nothing_runs_in_bf16(tmp_path: Path, cli, opset: int, claim: str) -> None:
+    """Conv -> BatchNormalization -> Conv at opset 17 for the a100 (bf16) profile: Conv admits bf16 only from opset
+    22, so every tensor stays float32, yet manifest.json (and the build's summary line) said "bf16"."""
+    pytest.importorskip("tensorrt_rtx")
+    rng = np.random.default_rng(17)
+    w = [nh.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+         for n, s in (("w1", (4, 3, 1, 1)), ("w2", (2, 4, 1, 1)))]
+    stats = [nh.from_array(np.full(4, v, np.float32), n)
+             for n, v in (("sc", 1.0), ("bi", 0.0), ("mu", 0.0), ("va", 1.0))]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"]),
+             h.make_node("BatchNormalization", ["a", "sc", "bi", "mu", "va"], ["bn"]),
+             h.make_node("Conv", ["bn", "w2"], ["y"])]
+    graph = h.make_graph(nodes, "conv", [_vi("x", T.FLOAT, ["batch", 3, 4, 4])],
+                         [_vi("y", T.FLOAT, ["batch", 2, 4, 4])], [*w, *stats])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, tmp_path / "conv.onnx")
+    res = cli("build", tmp_path / "conv.onnx", "--profile", "a100", "-o", tmp_path / "e", "--no-progress")
+    assert res.code == 0, res.err
+    manifest = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    built = onnx.load(tmp_path / "e" / "model.onnx")
+    has_bf16 = any(t.data_type == T.BFLOAT16 for t in built.graph.initializer)
+    assert manifest["precision"] == claim and has_bf16 == (claim == "bf16"), (manifest["precision"], has_bf16)
+    assert f", {claim}, " in res.out
+
+
+def test_shape_tensor_input_refused_naming_it(tmp_path: Path, cli) -> None:
+    """An int64 input used as Reshape's shape is a TensorRT shape tensor: the build failed with exit 1 and TensorRT's
+    "Optimization profile 0 is missing values for shape input tensor shape"; now exit 2 naming the input and the fix."""
+    pytest.importorskip("tensorrt_rtx")
+    graph = h.make_graph([h.make_node("Reshape", ["x", "target"], ["r"]), h.make_node("Relu", ["r"], ["y"])], "st",
+                         [_vi("x", T.FLOAT, ["batch", 8]), _vi("target", T.INT64, [2])],
+                         [_vi("y", T.FLOAT, ["a", "b"])])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "st.onnx")
+    res = cli("build", tmp_path / "st.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
+    assert_one_line_error(res, 2, "st.onnx", "'target'", "shape tensors", "make them constants")
+    assert not (tmp_path / "e").exists()
+
+
+def test_already_16bit_model_failing_to_parse_gives_one_error_line(tmp_path: Path, cli) -> None:
+    """An fp16 model for the bf16 a100 profile logged 'note: ... is already fp16; building it as is' on stderr before
+    the parse error, so a failing build wrote two lines there instead of the one 'error:' line."""
+    pytest.importorskip("tensorrt_rtx")
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["a"]),
+                          h.make_node("Mystery", ["a"], ["y"], domain="example.unknown")], "g",
+                         [_vi("x", T.FLOAT16, ["batch", 8])], [_vi("y", T.FLOAT16, ["batch", 8])],
+                         [nh.from_array(np.eye(8, dtype=np.float16), "w")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18), h.make_opsetid("example.unknown", 1)])
+    onnx.save(model, tmp_path / "f16.onnx")
+    res = cli("build", tmp_path / "f16.onnx", "--profile", "a100", "-o", tmp_path / "e", "--no-progress")
+    assert_one_line_error(res, 2, "cannot parse", "Mystery")

@@ -111,3 +111,148 @@ def test_inconsistent_source_is_blamed_not_the_conversion(cli, tmp_path, rng: np
     res = cli("precision", src, "-o", tmp_path / "out.onnx", "--to", "fp16")
     assert_one_line_error(res, 2, "the source model fails strict shape inference", "fix the export")
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_group_normalization_model_converts(cli, tmp_path, rng: np.random.Generator) -> None:
+    """Conv -> GroupNormalization -> Conv (a diffusion UNet block) was refused with 'the source model fails strict shape
+    inference ... fix the export': onnx 1.23 infers GroupNormalization's output type only with check_type, so the second
+    Conv's input had no type. The model is valid (the checker passes, onnxruntime runs it)."""
+    import onnxruntime as ort
+
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             h.make_node("GroupNormalization", ["a", "sc", "bi"], ["gn"], num_groups=2, epsilon=1e-5),
+             h.make_node("Conv", ["gn", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    inits = [_c("w1", rng.standard_normal((4, 3, 3, 3)) * 0.3), _c("sc", rng.standard_normal(4) * 0.3 + 1),
+             _c("bi", rng.standard_normal(4) * 0.3), _c("w2", rng.standard_normal((4, 4, 3, 3)) * 0.3)]
+    graph = h.make_graph(nodes, "gn", [vi("x", T.FLOAT, ["N", 3, 8, 8])], [vi("y", T.FLOAT, ["N", 4, 8, 8])], inits)
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])  # 18's GroupNormalization is deprecated
+    onnx.checker.check_model(src, full_check=True)
+    onnx.save(src, tmp_path / "gn.onnx")
+    res = cli("precision", tmp_path / "gn.onnx", "-o", tmp_path / "gn16.onnx", "--to", "fp16")
+    assert res.code == 0, res.err
+    out = onnx.load(tmp_path / "gn16.onnx")
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node].count("GroupNormalization") == 1
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
+    got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
+    assert got.dtype == np.float32 and np.max(np.abs(got - ref)) <= 5e-3 * np.max(np.abs(ref))
+
+
+def test_castlike_kept_fp32_keeps_its_float32_target(rng: np.random.Generator) -> None:
+    """``CastLike(i, like)`` whose output an If body reads stays fp32 (rule 7) while ``like`` comes from a converted
+    node: ``like`` was not cast back up (CastLike was among the ops whose input types do not matter), so CastLike
+    returned fp16 where float32 was declared and the conversion failed ('produced an invalid model')."""
+    import onnxruntime as ort
+
+    vi = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Mul", ["c", "two"], ["o1"])], "then", [], [vi("o1", T.FLOAT, ["batch", 8])])
+    other = h.make_graph([h.make_node("Neg", ["c"], ["o2"])], "else", [], [vi("o2", T.FLOAT, ["batch", 8])])
+    nodes = [h.make_node("MatMul", ["x", "W"], ["like"]), h.make_node("Cast", ["x"], ["i"], to=T.INT32),
+             h.make_node("CastLike", ["i", "like"], ["c"]), h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             h.make_node("Greater", ["s", "zero"], ["cond"]),
+             h.make_node("If", ["cond"], ["b"], then_branch=body, else_branch=other),
+             h.make_node("Add", ["b", "like"], ["y"])]
+    graph = h.make_graph(nodes, "cl", [vi("x", T.FLOAT, ["batch", 8])], [vi("y", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8))), _c("two", 2.0), _c("zero", 0.0)])
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    for to in ("fp16", "bf16"):
+        out = convert_precision(src, to).model
+        onnx.checker.check_model(out, full_check=True)
+    out = convert_precision(src, "fp16").model
+    for _ in range(2):  # both branches
+        x = (rng.standard_normal((3, 8)) * 4).astype(np.float32)
+        ref = ort.InferenceSession(src.SerializeToString()).run(None, {"x": x})[0]
+        got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})[0]
+        assert got.dtype == np.float32 and np.max(np.abs(got - ref)) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
+
+
+def test_fp16_model_to_bf16_says_what_stays_fp16(cli, tmp_path, rng: np.random.Generator) -> None:
+    """--to bf16 on an fp16 model: the output is the fp16 model (16-bit to 16-bit is never converted), and the summary
+    line alone ("OUT: bf16, 0 nodes converted") read as if it were bf16; a note now says what stayed float16."""
+    vi = h.make_tensor_value_info
+    w = nh.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float16), "w")
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "f16", [vi("x", T.FLOAT16, ["batch", 8])],
+                         [vi("y", T.FLOAT16, ["batch", 8])], [w])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "f16.onnx")
+    res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "o.onnx", "--to", "bf16")
+    assert res.code == 0, res.err
+    assert "already holds 1 float16 initializer;" in res.out and "convert the fp32 model" in res.out
+    assert onnx.load(tmp_path / "o.onnx").graph.initializer[0].data_type == T.FLOAT16
+    res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "p.onnx", "--to", "fp16")
+    assert res.code == 0 and "note:" not in res.out
+
+
+def test_castlike_to_a_float32_target_stays_float32(rng: np.random.Generator) -> None:
+    """``CastLike(int32 ids, x)`` with a float32 ``x`` (a graph input) ran in fp16 after conversion, so ids beyond
+    65504 became inf where the fp32 model gives the exact value; like ``Cast(to=FLOAT)`` it keeps its target now."""
+    import onnxruntime as ort
+
+    vi = h.make_tensor_value_info
+    nodes = [h.make_node("CastLike", ["ids", "x"], ["f"]), h.make_node("MatMul", ["x", "W"], ["a"]),
+             h.make_node("Add", ["a", "f"], ["y"])]
+    graph = h.make_graph(nodes, "cl", [vi("x", T.FLOAT, ["batch", 8]), vi("ids", T.INT32, ["batch", 8])],
+                         [vi("y", T.FLOAT, ["batch", 8]), vi("f", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8)) * 0.1)])
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    out = convert_precision(src, "fp16").model
+    onnx.checker.check_model(out, full_check=True)
+    assert next(n for n in out.graph.node if n.op_type == "CastLike").input[1] == "x"  # the float32 input itself
+    feeds = {"x": rng.standard_normal((2, 8)).astype(np.float32),
+             "ids": rng.integers(60000, 200000, (2, 8)).astype(np.int32)}
+    ref = ort.InferenceSession(src.SerializeToString()).run(None, feeds)
+    got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
+    assert np.array_equal(got[1], ref[1]) and np.all(np.isfinite(got[0]))
+
+
+def test_padding_mask_beyond_fp16_stays_fp32_up_to_softmax(rng: np.random.Generator) -> None:
+    """A Hugging Face padding mask ``(1 - mask) * finfo(float32).min`` added to fp16 scores: the Mul with the constant
+    stayed fp32 (rule 8), but the Add read its output cast to fp16, i.e. -inf, and a fully padded sequence got NaN out
+    of Softmax (judged exactly with onnx.reference; onnxruntime's CPU provider hides it by removing the Cast pair)."""
+    from onnx.reference import ReferenceEvaluator
+
+    d, vi = 16, h.make_tensor_value_info
+    n = h.make_node
+    nodes = [n("MatMul", ["x", "Wq"], ["q"]), n("MatMul", ["x", "Wk"], ["k"]), n("MatMul", ["x", "Wv"], ["v"]),
+             n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), n("MatMul", ["q", "kt"], ["qk"]),
+             n("Mul", ["qk", "scale"], ["s"]), n("Cast", ["attention_mask"], ["mf"], to=T.FLOAT),
+             n("Sub", ["one", "mf"], ["inv"]), n("Mul", ["inv", "fmin"], ["ext"]),
+             n("Unsqueeze", ["ext", "ax1"], ["ext3"]), n("Add", ["s", "ext3"], ["sm"]),
+             n("Softmax", ["sm"], ["p"], axis=-1), n("MatMul", ["p", "v"], ["y"])]
+    inits = [*(_c(w, rng.standard_normal((d, d)) * 0.3) for w in ("Wq", "Wk", "Wv")), _c("scale", d ** -0.5),
+             _c("one", 1.0), _c("fmin", np.finfo(np.float32).min), nh.from_array(np.array([1], np.int64), "ax1")]
+    graph = h.make_graph(nodes, "hf", [vi("x", T.FLOAT, ["batch", "sequence", d]),
+                                       vi("attention_mask", T.INT64, ["batch", "sequence"])],
+                         [vi("y", T.FLOAT, ["batch", "sequence", d])], inits)
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    out = convert_precision(src, "fp16").model
+    assert next(x for x in out.graph.node if x.output[0] == "sm").input[1] == "ext3"  # the Add reads the fp32 mask
+    feeds = {"x": rng.standard_normal((2, 5, d)).astype(np.float32),
+             "attention_mask": np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], np.int64)}  # row 2: all padding
+    ref = ReferenceEvaluator(src).run(None, feeds)[0]
+    got = ReferenceEvaluator(out).run(None, feeds)[0]
+    assert np.all(np.isfinite(got)) and np.max(np.abs(got - ref)) <= 1e-2 * np.max(np.abs(ref))
+
+
+def test_wide_value_also_read_by_a_subgraph_still_spreads(rng: np.random.Generator) -> None:
+    """``Where(x > 0, x, -1e9)`` whose output an If body also reads is kept for rule 7 first; its -1e9 must still keep
+    its readers fp32 (the Add read it as fp16 -inf)."""
+    from trtforge.build_engine.precision.convert import node_decisions
+
+    vi = h.make_tensor_value_info
+    body = h.make_graph([h.make_node("Neg", ["w"], ["o1"])], "then", [], [vi("o1", T.FLOAT, ["batch", 8])])
+    other = h.make_graph([h.make_node("Identity", ["w"], ["o2"])], "else", [], [vi("o2", T.FLOAT, ["batch", 8])])
+    nodes = [h.make_node("MatMul", ["x", "W"], ["a"]), h.make_node("Greater", ["x", "zero"], ["pos"]),
+             h.make_node("Where", ["pos", "x", "big"], ["w"]), h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             h.make_node("Greater", ["s", "zero"], ["cond"]),
+             h.make_node("If", ["cond"], ["b"], then_branch=body, else_branch=other),
+             h.make_node("Add", ["a", "w"], ["y"])]
+    graph = h.make_graph(nodes, "ws", [vi("x", T.FLOAT, ["batch", 8])],
+                         [vi("y", T.FLOAT, ["batch", 8]), vi("b", T.FLOAT, ["batch", 8])],
+                         [_c("W", rng.standard_normal((8, 8))), _c("zero", 0.0), _c("big", -1e9)])
+    src = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    decisions = node_decisions(src, "fp16")
+    add = next(i for i, nd in enumerate(src.graph.node) if nd.output[0] == "y")
+    assert decisions[add].mode.value == "keep" and "beyond the fp16 range" in decisions[add].reason
+    onnx.checker.check_model(convert_precision(src, "fp16").model, full_check=True)

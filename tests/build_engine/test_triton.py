@@ -311,3 +311,63 @@ def test_printed_config_equals_the_hand_assembled_one() -> None:
         assert text.startswith("# header\n")
         assert _parse(text) == _parse(before) == to_proto(cfg)
         assert config_from_proto(_parse(text)) == cfg
+
+
+def _engine_with(tmp_path: Path, name: str, extra_inputs: list, extra_outputs: list) -> Path:
+    d = _engine(tmp_path, name)
+    m = json.loads((d / "manifest.json").read_text())
+    m["inputs"] += extra_inputs
+    m["outputs"] += extra_outputs
+    (d / "manifest.json").write_text(json.dumps(m))
+    return d
+
+
+def test_batch_only_tensors_get_dims_one_and_an_empty_reshape(tmp_path: Path, cli) -> None:
+    """An input or output of shape [batch] (sequence lengths, a per-sequence score) was written without dims, which
+    tritonserver refuses ("model output 'score' must specify 'dims'"), and --check passed it."""
+    prof = [{"min": [1], "opt": [max(1, m // 2)], "max": [m]} for m in (8, 16)]
+    eng = _engine_with(tmp_path, "e", [{"name": "lengths", "dtype": "int32", "shape": [-1], "profiles": prof}],
+                       [{"name": "score", "dtype": "float32", "shape": [-1]}])
+    repo = tmp_path / "repo"
+    assert cli("triton", eng, "--repo", repo, "--name", "m").code == 0
+    text = (repo / "m" / "config.pbtxt").read_text()
+    proto = _parse(text)
+    for t in [*proto.input, *proto.output]:
+        assert list(t.dims), t.name  # Triton requires dims on every tensor
+    batch_only = {t.name: (list(t.dims), t.HasField("reshape"), list(t.reshape.shape))
+                  for t in [*proto.input, *proto.output] if t.name in ("lengths", "score")}
+    assert batch_only == {"lengths": ([1], True, []), "score": ([1], True, [])}
+    assert [list(w.inputs["lengths"].dims) for w in proto.model_warmup] == [[1], [1]]
+    assert cli("triton", "--check", repo / "m").code == 0
+    from trtforge.build_engine.triton.config import config_from_proto, render
+
+    assert _parse(render(config_from_proto(proto))) == proto  # the reshape survives the round trip
+    cfg = repo / "m" / "config.pbtxt"
+    cfg.write_text(text.replace("  dims: 1\n  reshape {\n  }\n", ""))  # what trtforge wrote before
+    assert_one_line_error(cli("triton", "--check", repo / "m"), 1, "no dims; Triton requires them")
+
+
+def test_scalar_tensor_refused(tmp_path: Path, cli) -> None:
+    """A scalar engine input: tritonserver refuses it ("scalar tensors are not supported"); the write is refused
+    with the fix instead of writing a config the server cannot load."""
+    eng = _engine_with(tmp_path, "e", [{"name": "temperature", "dtype": "float32", "shape": [],
+                                        "profiles": [{"min": [], "opt": [], "max": []}] * 2}], [])
+    res = cli("triton", eng, "--repo", tmp_path / "repo", "--name", "m")
+    assert_one_line_error(res, 2, "manifest.json", "(temperature) is a scalar", "shape [1]")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_other_backends_entries_need_their_model_file(tmp_path: Path, cli) -> None:
+    """A repository mixing engines with another backend's entry: its config is checked by Triton's generic rules (it
+    was refused as 'a TensorRT engine needs platform tensorrt_plan'), and its version folder must hold that
+    backend's model file (model.py for Python, model.onnx for onnxruntime)."""
+    repo = tmp_path / "repo"
+    assert cli("triton", _engine(tmp_path), "--repo", repo, "--name", "llama").code == 0
+    (repo / "pre" / "1").mkdir(parents=True)
+    (repo / "pre" / "config.pbtxt").write_text(
+        'name: "pre"\nbackend: "python"\nmax_batch_size: 8\ninput { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }\n'
+        'output { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] }\ninstance_group [ { kind: KIND_CPU } ]\n')
+    assert_one_line_error(cli("triton", "--check", repo), 1, f"{repo / 'pre' / '1' / 'model.py'}: missing")
+    (repo / "pre" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    res = cli("triton", "--check", repo)
+    assert res.code == 0 and "repo/pre is a valid" in res.out, res.err

@@ -163,3 +163,29 @@ def test_real_engine_token_ids_inside_the_vocabulary(tmp_path: Path, cli) -> Non
     assert ids.min() >= 0 and ids.max() < vocab
     assert ids.max() > 7  # the vocabulary's range (read from model.onnx), not the small-integer fallback
     assert cli("triton", "--check", entry).code == 0
+
+
+def test_warmup_data_in_the_engines_type_not_the_onnx_one(tmp_path: Path, cli, rng: np.random.Generator) -> None:
+    """A float64 ONNX input is a float32 binding in the engine (TensorRT has no float64): the warm-up file was drawn
+    in the ONNX type (8 bytes per value), so the entry `trtforge triton` wrote failed its own --check ("holds 128
+    bytes, dims [16] of TYPE_FP32 need 64") and Triton's warm-up would refuse it."""
+    pytest.importorskip("tensorrt_rtx")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
+         helper.make_node("MatMul", ["x32", "w"], ["y"])],
+        "f64", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "f64.onnx")
+    assert cli("build", tmp_path / "f64.onnx", "--profile", "a10", "-o", tmp_path / "eng", "--no-progress").code == 0
+    assert json.loads((tmp_path / "eng" / "manifest.json").read_text())["inputs"][0]["dtype"] == "float32"
+    res = cli("triton", tmp_path / "eng", "--repo", tmp_path / "repo", "--name", "m")
+    assert res.code == 0, res.err
+    entry = tmp_path / "repo" / "m"
+    for sample in _proto(entry).model_warmup:
+        x = sample.inputs["x"]
+        assert (entry / "warmup" / x.input_data_file).stat().st_size == 4 * int(np.prod(x.dims))
+    assert cli("triton", "--check", entry).code == 0
