@@ -354,6 +354,8 @@ class GraphCtx:
         self._casts, self.maybe_dead = None, None
         self.pass_state.clear()
         total, kept = len(nodes), 0
+        if len(container) != total:
+            raise ValueError(f"commit: the view holds {total} nodes, the node list {len(container)}")
         rank: list[int] = []
         for k, n in enumerate(nodes):
             if not n.alive:
