@@ -4,7 +4,9 @@ Lookup order L1 -> L2 -> L3 (as configured). A request that is not reproducible 
 up nor stored unless ``cache_sampled``. An L2 or L3 hit is copied into L1. A stale L2 entry (past its logical
 expiry, inside the grace period) is served, and exactly one caller (``Lookup.refresh``) is told to recompute it.
 A corrupt entry is counted and ignored, never served. Use ``serve(request, compute)`` on the request path:
-``compute`` runs (submits to the scheduler) only on a miss or for the one refreshing caller.
+``compute`` runs (submits to the scheduler) only on a miss or for the one refreshing caller. ``serve`` never fails a
+request the cache cannot key: one the key contract cannot read (``lookup`` raises InputError) goes to ``compute``
+uncached, and the scheduler answers or refuses it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trtforge.build_engine.core.errors import InputError
+
 from .entry import CacheConfig, Entry
 from .keys import CacheKey, make_key
 from .l1 import L1
+
+UNKEYED = CacheKey("", "", "", None, False)  # the key of a request the key contract cannot read (``serve``)
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__ (1.9 us against 0.4 us),
@@ -172,8 +178,15 @@ class ResponseCache:
         return entry
 
     def serve(self, request: Any, compute: Callable[[Any], Any]) -> tuple[Any, Lookup]:
-        """The request path: answer from the cache, or ``compute(request)`` (the scheduler) and remember it."""
-        got = self.lookup(request)
+        """The request path: answer from the cache, or ``compute(request)`` (the scheduler) and remember it. A request
+        the key contract cannot read (a list ``prompt``, a message without a role...) is not the cache's to refuse:
+        it is computed, not stored, and counted ``uncacheable`` with layer ``unkeyable``."""
+        try:
+            got = self.lookup(request)
+        except InputError:
+            if self.metrics is not None:
+                self.metrics.count("uncacheable", "unkeyable")
+            return compute(request), Lookup(UNKEYED)
         if got.hit and not got.refresh:
             return got.value, got
         value = compute(request)

@@ -87,6 +87,26 @@ def test_prompt_over_the_size_limit_is_served_not_refused() -> None:
                                                              layer="all") == 2
 
 
+@pytest.mark.parametrize("request_", [
+    {"model": "m", "prompt": ["a list", "of prompts"], "temperature": 0},  # completions' list form: not keyed here
+    {"model": "m", "messages": [{"content": "no role"}], "temperature": 0},
+    {"model": "m", "temperature": 0},  # neither messages nor prompt: the scheduler's to refuse, not the cache's
+])
+def test_serve_passes_a_request_it_cannot_key_to_the_scheduler(request_: dict) -> None:
+    """``lookup`` refuses these (InputError names the field); ``serve`` computes them uncached instead of failing
+    the request, counts them, and never stores them (a second identical request is computed again)."""
+    cache = ResponseCache(CacheConfig())
+    with pytest.raises(InputError):
+        cache.lookup(request_)
+    calls: list[object] = []
+    for expected_calls in (1, 2):
+        value, got = cache.serve(request_, lambda r: calls.append(r) or f"answer {len(calls)}")
+        assert value == f"answer {expected_calls}" and not got.hit and len(calls) == expected_calls
+        assert calls[-1] is request_
+    assert cache.metrics is not None
+    assert cache.metrics.value("cache_access_total", result="uncacheable", layer="unkeyable") == 2
+
+
 def test_simulated_cache_keys_the_cap_and_salt_as_the_real_one_does() -> None:
     """The simulator's front served a repeat of a prompt under another ``max_tokens`` cap (or cache_salt) from the
     cache: the real key (``max_tokens`` exact) misses there."""
