@@ -246,9 +246,12 @@ def _constant_trip_count(graph: Any, name: str) -> int | None:
     for t in graph.initializer:
         if t.name == name:
             return int(numpy_helper.to_array(t).reshape(-1)[0]) if t.data_location != TensorProto.EXTERNAL else None
+    from ..passes.protos import constant_node_tensor
+
     for n in graph.node:
-        if n.op_type == "Constant" and name in n.output and n.attribute and n.attribute[0].name == "value":
-            return int(numpy_helper.to_array(n.attribute[0].t).reshape(-1)[0])
+        if n.op_type == "Constant" and name in n.output:  # value, value_int(s), ... (not a function attr reference)
+            t = constant_node_tensor(n)
+            return None if t is None else int(numpy_helper.to_array(t).reshape(-1)[0])
     return None
 
 

@@ -95,11 +95,12 @@ def _static_shape(model: Any, name: str) -> tuple[int, ...] | None:
             dims = vi.type.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims):
                 return tuple(d.dim_value for d in dims)
+    from ..passes.protos import constant_node_tensor
+
     for node in model.graph.node:
-        if node.op_type == "Constant" and name in node.output:
-            for a in node.attribute:
-                if a.name == "value":
-                    return tuple(a.t.dims)
+        if node.op_type == "Constant" and name in node.output:  # value, value_int(s), value_float(s)
+            t = constant_node_tensor(node)
+            return None if t is None else tuple(t.dims)
     return None
 
 

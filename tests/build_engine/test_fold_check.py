@@ -158,6 +158,14 @@ def test_loop_with_a_huge_constant_trip_count_exit_2_promptly(cli, tmp_path: Pat
     assert_fold_check_refused(cli, tmp_path, m, "could not check this model", "op Loop")
 
 
+def test_loop_with_a_huge_value_int_constant_trip_count_exit_2_promptly(cli, tmp_path: Path) -> None:
+    # a Constant written with value_int (not a value tensor) was not read as the trip count: the check ran 10**12 trips
+    nodes = [h.make_node("Constant", [], ["M"], value_int=10**12)] + counting_loop("M")
+    m = graph_model(nodes, [("x", T.FLOAT, [1])], [("y", T.FLOAT, [1])])
+    onnx.checker.check_model(m, full_check=True)
+    assert_fold_check_refused(cli, tmp_path, m, "could not check this model", "op Loop")
+
+
 def test_loop_whose_trip_count_is_an_input_is_still_checked() -> None:
     m = graph_model(counting_loop("M"), [("x", T.FLOAT, [1]), ("M", T.INT64, [])], [("y", T.FLOAT, [1])])
     res = fold(m)
