@@ -118,7 +118,7 @@ def _at_opset(model: ModelProto, mode: str) -> ModelProto:
     newest); model-local functions (which the converter drops) and metadata are the source's."""
     from onnx import version_converter
 
-    from ..core.onnx_skeleton import skeleton
+    from ..core.onnx_skeleton import skeleton, without_initializers
 
     opset = max((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), default=0)
     if opset >= MIN_OPSET[mode]:
@@ -137,10 +137,9 @@ def _at_opset(model: ModelProto, mode: str) -> ModelProto:
     inputs = [i for i in g.input if i.name not in stood_in]
     del g.input[:]
     g.input.extend(inputs)
-    g.initializer.extend(t for t in model.graph.initializer if t.name not in small)
-    out = ModelProto()
-    out.CopyFrom(model)
+    out = without_initializers(model)  # the source's fields (functions, metadata), its weights not copied
     out.graph.CopyFrom(g)
+    out.graph.initializer.extend(t for t in model.graph.initializer if t.name not in small)  # the one weight copy
     del out.opset_import[:]
     out.opset_import.extend(converted.opset_import)
     out.ir_version = max(model.ir_version, MIN_IR[mode])
