@@ -244,7 +244,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     # never copied (most become converted copies); the ones still used as they are are copied back at the end.
     types = _value_types(model)
     consts = _constant_tensors(model)
-    decisions = decide(model, types, set(consts), to, keep_ops, wide=beyond_fp16(consts, to))
+    decisions = decide(model, types, set(consts), to, keep_ops, wide=beyond_fp16(consts, to, data_dir))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):

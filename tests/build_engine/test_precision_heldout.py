@@ -4,6 +4,9 @@ the constants clipped to 65504 (a third of the output's scale wrong); such nodes
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -256,3 +259,29 @@ def test_wide_value_also_read_by_a_subgraph_still_spreads(rng: np.random.Generat
     add = next(i for i, nd in enumerate(src.graph.node) if nd.output[0] == "y")
     assert decisions[add].mode.value == "keep" and "beyond the fp16 range" in decisions[add].reason
     onnx.checker.check_model(convert_precision(src, "fp16").model, full_check=True)
+
+
+def test_mask_beyond_fp16_kept_fp32_when_it_stays_on_disk(cli: Any, tmp_path: Path, rng: np.random.Generator) -> None:
+    """A 1 MiB causal mask holding ``finfo(float32).min``, saved as external data: ``trtforge precision`` loads it
+    lazily (it stays on disk), and rule 8 used to read only weights in memory, so the Add reading it ran in fp16 on
+    the mask clipped to -65504. The weight is now read from its file: the Add stays fp32 on the unclipped mask."""
+    n, vi = h.make_node, h.make_tensor_value_info
+    mask = np.triu(np.full((512, 512), np.finfo(np.float32).min, np.float32), 1)
+    nodes = [n("MatMul", ["x", "W"], ["s"]), n("Add", ["s", "M"], ["sm"]), n("Softmax", ["sm"], ["y"], axis=-1)]
+    graph = h.make_graph(nodes, "mask", [vi("x", T.FLOAT, [512, 512])], [vi("y", T.FLOAT, [512, 512])],
+                         [_c("W", rng.standard_normal((512, 512)) * 0.05), nh.from_array(mask, "M")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    src, out = tmp_path / "in" / "m.onnx", tmp_path / "out" / "m16.onnx"
+    src.parent.mkdir()
+    out.parent.mkdir()
+    onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data")
+    res = cli("precision", str(src), "--to", "fp16", "-o", str(out))
+    assert res.code == 0, res.err
+    got = onnx.load(out)
+    onnx.checker.check_model(got, full_check=True)
+    add = next(x for x in got.graph.node if x.op_type == "Add")
+    kept = {t.name: nh.to_array(t, base_dir=str(out.parent)) for t in got.graph.initializer}
+    assert kept[add.input[1]].dtype == np.float32 and np.array_equal(kept[add.input[1]], mask)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*got.graph.value_info, *got.graph.output]}
+    assert types.get(add.output[0]) == T.FLOAT, types
