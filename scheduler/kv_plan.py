@@ -55,6 +55,8 @@ class ModelSpec:
     max_position_embeddings: int = 131072
     #: Mixtral-style MoE (``num_local_experts``): every layer holds this many MLPs of ``intermediate_size``
     num_experts: int = 1
+    #: ``rope_scaling.factor`` where it stretches ``max_position_embeddings`` (``max_seq_len``)
+    rope_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
@@ -62,9 +64,18 @@ class ModelSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InputError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
+        factor = self.rope_factor
+        if not isinstance(factor, int | float) or isinstance(factor, bool) or not 0 < factor < math.inf:
+            raise InputError(f"model {self.name}: rope_scaling factor must be a positive number, got {factor!r}")
         if self.num_heads % self.num_kv_heads:
             raise InputError(f"model {self.name}: num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}; fix config.json")
+
+    @property
+    def max_seq_len(self) -> int:
+        """Tokens one request may hold: ``max_position_embeddings`` times the rope factor, as TensorRT-LLM sets its
+        default ``max_seq_len`` (``builder._init_max_seq_len``)."""
+        return int(self.max_position_embeddings * self.rope_factor)
 
     @property
     def num_params(self) -> int:
@@ -120,12 +131,28 @@ class ModelSpec:
                        vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
                        max_position_embeddings=given("max_position_embeddings", 131072),
-                       num_experts=cfg.get("num_local_experts") or 1)
+                       num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source))
         except InputError as exc:  # name the file once, and the config's key, not ours
             text = exc.message.removeprefix(f"model {name}: ")
             for ours, key in _HF_KEYS.items():
                 text = text.replace(f"{ours} ", f"{key} ", 1) if text.startswith(ours + " ") else text
             raise InputError(f"{source}: {text}") from exc
+
+
+#: rope types whose ``max_position_embeddings`` is already the stretched context (TensorRT-LLM multiplies the others')
+_ROPE_PRESTRETCHED = ("su", "longrope", "llama3")
+
+
+def _rope_factor(cfg: dict[str, Any], source: str) -> Any:
+    """``rope_scaling.factor`` for the rope types that stretch the context (linear, dynamic, yarn, ...), else 1."""
+    rope = cfg.get("rope_scaling")
+    if rope is None:
+        return 1.0
+    if not isinstance(rope, dict):
+        raise InputError(f"{source}: rope_scaling must be an object or null, got {rope!r}")
+    if rope.get("type", rope.get("rope_type")) in _ROPE_PRESTRETCHED:
+        return 1.0
+    return rope.get("factor", 1.0)
 
 
 #: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)
@@ -226,6 +253,7 @@ class KVPlan:
     num_blocks: int
     max_tokens: int
     request_tokens: int
+    max_seq_len: int
     blocks_per_request: int
     requests_that_fit: int
 
@@ -270,18 +298,19 @@ def fp8_allowed(profile: Any) -> bool:
 
 
 def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str | None = None,
-            weights_dtype: str | None = None, request_tokens: int = 4096, max_num_tokens: int = 8192,
+            weights_dtype: str | None = None, request_tokens: int | None = None, max_num_tokens: int = 8192,
             max_batch: int = 256, memory_fraction: float | None = None,
             tokens_per_block: int | None = None) -> KVPlan:
     """Plan the KV cache of ``model_spec`` on ``profile`` (a ``trtforge.profiles.loader.Profile``).
 
-    Raises InputError (exit 2) when the model does not fit, naming the sizes and what to change.
+    ``request_tokens``: prompt + output of one request, for ``requests_that_fit``; default 4096, or the model's
+    ``max_seq_len`` if shorter. Raises InputError (exit 2) when the model does not fit, naming the sizes and what to
+    change, and for a ``request_tokens`` beyond ``max_seq_len`` (no engine built for the model runs such a request).
     """
     if tp < 1:
         raise InputError(f"--tp must be >= 1, got {tp}")
     _check_tp(model_spec, tp)
-    if request_tokens < 1:
-        raise InputError(f"--request-tokens must be >= 1, got {request_tokens}")
+    request_tokens = _request_tokens(model_spec, request_tokens)
     if max_num_tokens < 1:
         raise InputError(f"--max-num-tokens must be >= 1, got {max_num_tokens}")
     wdt = weights_dtype or profile.precision.dtype
@@ -323,5 +352,18 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
                   reserve_bytes=RUNTIME_RESERVE_BYTES, free_bytes=free, memory_fraction=fraction,
                   kv_cache_bytes=kv_bytes, kv_bytes_per_token=per_token, tokens_per_block=tpb,
                   bytes_per_block=block_bytes, num_blocks=int(num_blocks), max_tokens=int(num_blocks) * tpb,
-                  request_tokens=request_tokens, blocks_per_request=per_req,
+                  request_tokens=request_tokens, max_seq_len=model_spec.max_seq_len, blocks_per_request=per_req,
                   requests_that_fit=int(num_blocks) // per_req)
+
+
+def _request_tokens(spec: ModelSpec, given: int | None) -> int:
+    if given is None:
+        return min(4096, spec.max_seq_len)
+    if given < 1:
+        raise InputError(f"--request-tokens must be >= 1, got {given}")
+    if given > spec.max_seq_len:
+        rope = f" x rope factor {spec.rope_factor:g}" if spec.rope_factor != 1 else ""
+        raise InputError(f"--request-tokens {given}: model {spec.name} runs at most {spec.max_seq_len} tokens per "
+                         f"request (max_position_embeddings {spec.max_position_embeddings}{rope}, TensorRT-LLM's "
+                         f"max_seq_len); use --request-tokens <= {spec.max_seq_len}")
+    return given

@@ -19,8 +19,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8", "int8"), default=None,
                    help="KV cache dtype (default: the profile's precision); fp8 and int8 hold half the bytes per "
                         "token of fp16/bf16; fp8 only on profiles that allow it (compute capability >= 8.9)")
-    p.add_argument("--request-tokens", type=int, default=4096,
-                   help="prompt + generated tokens of one request, for 'requests that fit' (default 4096)")
+    p.add_argument("--request-tokens", type=int, default=None,
+                   help="prompt + generated tokens of one request, for 'requests that fit' (default 4096, or the "
+                        "model's context if shorter; more than the context is refused)")
     p.add_argument("--max-num-tokens", type=int, default=8192,
                    help="tokens in the largest forward (sizes the activation reserve; default 8192)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the plan as JSON")
@@ -50,7 +51,8 @@ def _run(args: Namespace) -> int:
     print(f"  KV per token   {plan.kv_bytes_per_token} bytes ({plan.kv_dtype}); block = {plan.tokens_per_block} "
           f"tokens = {plan.bytes_per_block} bytes")
     print(f"  blocks         {plan.num_blocks}  ->  max tokens {plan.max_tokens}")
-    print(f"  requests of {plan.request_tokens} tokens that fit at once: {plan.requests_that_fit}")
+    print(f"  requests of {plan.request_tokens} tokens that fit at once: {plan.requests_that_fit} (context "
+          f"{plan.max_seq_len} tokens)")
     if args.json:
         print(json.dumps({"json": args.json}))
     return 0

@@ -152,7 +152,7 @@ def _run(args: Namespace) -> int:
     adapters = tuple(sorted({r.adapter for r in reqs if r.adapter is not None}))
     blocks = _blocks(kv, args, profile.name)
     cfg = SchedulerConfig(num_blocks=blocks, tokens_per_block=kv.tokens_per_block, policy=args.policy,
-                          max_seq_len=spec.max_position_embeddings, token_budget=args.token_budget,
+                          max_seq_len=spec.max_seq_len, token_budget=args.token_budget,
                           max_running=args.max_running, lora_slots=args.lora_slots, adapters=adapters)
     model = StepTimeModel.from_profile(profile, spec, kv_dtype=kv.kv_dtype)
     res, cache_summary = _replay(args, reqs, partial(

@@ -58,3 +58,37 @@ def test_kv_numbers_by_hand(kv_heads: int | None, head_dim: int | None, kdt: str
     free = 80 * GIB - plan.weights_bytes - plan.activation_bytes - GIB
     assert plan.num_blocks == int(free * 0.9) // (per_token * 64)
     assert plan.max_tokens == plan.num_blocks * 64 and plan.requests_that_fit == plan.num_blocks // 64
+
+
+SMALL = {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 4,
+         "num_hidden_layers": 8, "vocab_size": 32000, "max_position_embeddings": 2048}
+
+
+@pytest.mark.parametrize(("rope", "context"), [
+    (None, 2048),
+    ({"type": "linear", "factor": 4.0}, 8192),  # TensorRT-LLM stretches max_seq_len by the factor
+    ({"rope_type": "dynamic", "factor": 2}, 4096),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 256}, 2048),  # already stretched
+])
+def test_request_tokens_bounded_by_the_models_context(tmp_path, cli, rope: dict | None, context: int) -> None:
+    """A 2048-position model was planned for 4096-token requests ("1118 fit"): no engine built for it runs one.
+    The default is now the context when shorter, and more than the context is refused, naming the limit."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(SMALL | {"rope_scaling": rope}))
+    spec = ModelSpec.from_hf_config(p)
+    assert spec.max_seq_len == context
+    plan = plan_kv(load_profile("a100"), spec)
+    assert plan.request_tokens == min(4096, context) and plan.max_seq_len == context
+    assert plan.requests_that_fit == plan.num_blocks // math.ceil(plan.request_tokens / plan.tokens_per_block)
+    assert plan_kv(load_profile("a100"), spec, request_tokens=context).request_tokens == context
+    res = cli("kv-plan", "--profile", "a100", "--model", str(p), "--request-tokens", str(context + 1))
+    assert res.code == 2 and f"at most {context} tokens per request" in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1 and f"--request-tokens <= {context}" in res.err
+
+
+@pytest.mark.parametrize("rope", [{"type": "linear", "factor": 0}, {"type": "linear", "factor": "4"}, [4]])
+def test_bad_rope_scaling_is_named(tmp_path, rope: object) -> None:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(SMALL | {"rope_scaling": rope}))
+    with pytest.raises(InputError, match="rope_scaling"):
+        ModelSpec.from_hf_config(p)
