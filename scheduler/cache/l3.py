@@ -9,7 +9,9 @@ not paraphrases with other words; plug a sentence encoder for those.
 
 A candidate whose numbers (digit runs, in order) differ from the query's is never served, however similar: texts
 differing only in an id, an amount or a date are near-duplicates to an n-gram embedding (customer 1043 and 1044:
-0.95) but not the same question. Similarities are float32 inner products: one within ``SIM_TOLERANCE`` (1e-5) below
+0.95) but not the same question. Likewise a candidate whose negations differ (``not``, ``no``, ``never``,
+``without``, ``n't``..., in order): "drinks with alcohol" and "drinks without alcohol" are 0.9 apart by n-grams and
+opposite questions. Similarities are float32 inner products: one within ``SIM_TOLERANCE`` (1e-5) below
 the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of another size than
 ``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the tier is created.
 One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are swept out of the
@@ -50,6 +52,28 @@ def _numbers(text: str) -> list[str]:
     """The numbers of a text, in order: a near-duplicate that differs in one (an id, an amount, a date, a count) asks
     something else (n-gram similarity of "orders over $100" and "... $1000" is 0.98), so it is never served."""
     return _NUMBER.findall(text)
+
+
+_WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?")
+_NEGATIONS = frozenset({"not", "no", "never", "none", "nor", "neither", "without", "cannot", "nobody", "nothing",
+                        "nowhere", "except", "excluding", "nope", "non"})
+
+
+def _negations(text: str) -> list[str]:
+    """The negation words of a text, in order, contractions as ``not`` ("can't", "don\u2019t"): a near-duplicate that
+    adds or drops one asks the opposite question, so it is never served."""
+    out = []
+    for word in _WORD.findall(text.lower()):
+        if word in _NEGATIONS:
+            out.append(word)
+        elif word.endswith(("n't", "n\u2019t")):
+            out.append("not")
+    return out
+
+
+def _same_question(candidate: str, query: str) -> bool:
+    """Near-duplicates that may share an answer: the same numbers and the same negations, in order."""
+    return _numbers(candidate) == _numbers(query) and _negations(candidate) == _negations(query)
 
 
 def ngram_embedding(dim: int = 256) -> Embedding:
@@ -181,7 +205,7 @@ class L3:
                         return None
                     entry = self._entries.get(int(i))
                     if (entry is not None and entry.version == version and entry.fresh(now)
-                            and _numbers(entry.text) == _numbers(text)):
+                            and _same_question(entry.text, text)):
                         return entry, float(sim)
                 if k >= index.ntotal:
                     return None

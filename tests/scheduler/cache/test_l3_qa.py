@@ -114,3 +114,22 @@ def test_near_duplicate_with_other_numbers_is_never_served() -> None:
         assert not cache.lookup(_req(other)).hit, other
         typo = text.replace("contract", "contarct").replace("policy", "polcy")
         assert cache.lookup(_req(typo)).value == answer  # same numbers: still a near-duplicate
+
+
+@pytest.mark.parametrize(("text", "other"), [
+    ("Which cocktails can I make with alcohol at home?", "Which cocktails can I make without alcohol at home?"),
+    ("Is it safe to take ibuprofen with this medication?", "Is it not safe to take ibuprofen with this medication?"),
+    ("Why can I log in to my account from the app?", "Why can't I log in to my account from the app?"),
+    ("List the hotels in Paris that allow pets and have parking.",
+     "List the hotels in Paris that allow no pets and have parking."),
+])
+def test_near_duplicate_with_other_negations_is_never_served(text: str, other: str) -> None:
+    """n-gram similarity of a question and its negation is ~0.9 ("with"/"without alcohol": 0.91): at the default
+    threshold L3 served the opposite question's answer. A typo that keeps the negations is still served."""
+    cache = _cache()
+    cache.store(cache.lookup(_req(text)).key, "answer")
+    assert not cache.lookup(_req(other)).hit, other
+    cache.store(cache.lookup(_req(other)).key, "negated")
+    typo = other.replace("at home", "at hom").replace("ibuprofen", "ibuprofn").replace("account", "acount") \
+        .replace("parking", "parkng")
+    assert cache.lookup(_req(typo)).value == "negated", typo
