@@ -57,6 +57,9 @@ class ModelSpec:
     num_experts: int = 1
     #: ``rope_scaling.factor`` where it stretches ``max_position_embeddings`` (``max_seq_len``)
     rope_factor: float = 1.0
+    #: the config's ``quantization_config`` in words ("awq 4-bit"), "" when none: not modelled (weights are sized
+    #: in the plan's weights dtype), so the KV capacity of such a model is a lower bound
+    quantization: str = ""
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
@@ -131,7 +134,8 @@ class ModelSpec:
                        vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
                        max_position_embeddings=given("max_position_embeddings", 131072),
-                       num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source))
+                       num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source),
+                       quantization=_quantization(cfg))
         except InputError as exc:  # name the file once, and the config's key, not ours
             text = exc.message.removeprefix(f"model {name}: ")
             for ours, key in _HF_KEYS.items():
@@ -153,6 +157,16 @@ def _rope_factor(cfg: dict[str, Any], source: str) -> Any:
     if rope.get("type", rope.get("rope_type")) in _ROPE_PRESTRETCHED:
         return 1.0
     return rope.get("factor", 1.0)
+
+
+def _quantization(cfg: dict[str, Any]) -> str:
+    q = cfg.get("quantization_config")
+    if not q:
+        return ""
+    if not isinstance(q, dict):
+        return "quantized"
+    bits = q.get("bits") or q.get("w_bit") or ("4" if q.get("load_in_4bit") else "8" if q.get("load_in_8bit") else "")
+    return " ".join(str(p) for p in (q.get("quant_method") or "quantized", f"{bits}-bit" if bits else "") if p)
 
 
 #: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)
@@ -345,7 +359,9 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
             f"model {model_spec.name} does not fit profile {profile.name}: weights {weights / g:.1f} GiB + "
             f"activations {act / g:.1f} GiB + reserve {RUNTIME_RESERVE_BYTES / g:.1f} GiB per GPU vs "
             f"{gpu / g:.1f} GiB of GPU memory at --tp {tp}; use a GPU with more memory, a larger --tp "
-            f"({hint} one {request_tokens}-token request), or fp8 weights")
+            f"({hint} one {request_tokens}-token request), or fp8 weights"
+            + (f" (its quantization_config, {model_spec.quantization}, is not modelled: weights sized as {wdt})"
+               if model_spec.quantization else ""))
     per_req = math.ceil(request_tokens / tpb)
     return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
                   gpu_memory_bytes=gpu, num_params=params, weights_bytes=weights, activation_bytes=act,

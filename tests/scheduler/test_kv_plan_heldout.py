@@ -92,3 +92,17 @@ def test_bad_rope_scaling_is_named(tmp_path, rope: object) -> None:
     p.write_text(json.dumps(SMALL | {"rope_scaling": rope}))
     with pytest.raises(InputError, match="rope_scaling"):
         ModelSpec.from_hf_config(p)
+
+
+def test_quantization_config_is_named_not_silently_ignored(tmp_path, cli) -> None:
+    """An AWQ 4-bit config was planned with bf16 weights and no word: its KV capacity is a lower bound (and a model
+    that fits quantized may be refused). Both now say that the quantization is not modelled."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(SMALL | {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}))
+    assert ModelSpec.from_hf_config(p).quantization == "awq 4-bit"
+    res = cli("kv-plan", "--profile", "a100", "--model", str(p))
+    assert res.code == 0 and "quantization_config (awq 4-bit)" in res.err and "lower bound" in res.err, res.err
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(MIXTRAL | {"quantization_config": {"quant_method": "fp8"}}))
+    res = cli("kv-plan", "--profile", "h100", "--model", str(big))
+    assert res.code == 2 and "quantization_config, fp8, is not modelled" in res.err, res.err
