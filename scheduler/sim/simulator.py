@@ -110,14 +110,17 @@ def submit(rep: _Replica, req: Request, rejected: dict[str, str], delay: float =
 
 
 def _end_of_sequence(rep: _Replica, plan: StepPlan, truth: dict[str, int], done: dict[str, float]) -> None:
-    """Requests whose true output is complete after this step stop here (before their cap)."""
+    """Requests whose true output is complete after this step stop here (before their cap), after those that
+    reached their cap (``Scheduler.update``). They free their blocks in admission order (``Seq.order``), as the
+    TensorRT-LLM adapter frees them: the free order is the prefix cache's LRU order, so it decides which cached
+    prefixes later requests find (it was: those at their first token first, then by request id as a string)."""
     s, t = rep.sched, plan.step
+    ended = []
     for rid in plan.started_decode:
         seq = s.seqs[rid]
         at = seq.dec_base + truth[rid] - seq.gen_base  # generated(at) == true length
         if at <= t:
-            s.finish(rid)
-            done[rid] = rep.clock
+            ended.append(seq)
         else:
             heapq.heappush(rep.eos, (at, seq.epoch, rid))
     heap = rep.eos
@@ -125,8 +128,10 @@ def _end_of_sequence(rep: _Replica, plan: StepPlan, truth: dict[str, int], done:
         _, epoch, rid = heapq.heappop(heap)
         seq = s.seqs[rid]
         if seq.epoch == epoch and seq.decoding:
-            s.finish(rid)
-            done[rid] = rep.clock
+            ended.append(seq)
+    for seq in sorted(ended, key=lambda q: q.order):
+        s.finish(seq.req.id)
+        done[seq.req.id] = rep.clock
 
 
 def _fast_forward(rep: _Replica, model: StepTimeModel, limit: float) -> int:
