@@ -180,6 +180,7 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             served = front.serve(reqs[i], k, t_arr) if front is not None else None
             if served is not None:  # a response-cache hit (response_cache.py) never reaches the scheduler
                 first[reqs[i].id] = done[reqs[i].id] = t_arr + served
+                router.answered_by_cache(reqs[i], k)  # nor is it load on the replica it was routed to
             else:  # a miss reaches the scheduler after the lookup that missed
                 submit(reps[k], reqs[i], rejected, front.miss_seconds(reqs[i].id) if front is not None else 0.0)
             i += 1
