@@ -1,8 +1,9 @@
 """Routing arrivals to replicas.
 
 - ``round-robin``: arrival i goes to replica i mod n.
-- ``prefix-affinity``: the replica whose prefix cache holds the longest prefix of the request, among replicas
-  within 1.25x + 8 requests of the least loaded; no cached prefix anywhere -> the least loaded.
+- ``prefix-affinity``: the replica whose prefix cache holds the longest prefix of the request that admission can
+  reuse (never the block holding the last prompt token, as ``Scheduler._try_admit``), among replicas within 1.25x
+  + 8 requests of the least loaded; no cached prefix anywhere -> the least loaded.
 - ``cache-aware`` (load-aware affinity after SGLang's cache-aware router, ``sgl-router`` ``CacheAwarePolicy``):
   round-robin, left only while the cluster has spare capacity and only where that turns this request's TTFT from
   a certain miss into a likely hit.
@@ -144,7 +145,7 @@ class Router:
             k = i % n if self.load.overloaded(req.arrival) else self._cache_aware(req, i % n, ahead)
             self.load.record(k, req.prompt_tokens)
             return k
-        keys = block_keys(req, tpb)
+        keys = block_keys(req, tpb)[:(req.prompt_tokens - 1) // tpb]  # admission never uses the last token's block
         matches = [s.cache.match(keys) if keys else ([], 0) for s in self.scheds]
         hits = [len(m[0]) for m in matches]
         loads = [len(s.queue) + len(s.running) for s in self.scheds]

@@ -1,6 +1,6 @@
-"""Held-out QA (session 26): a response-cache hit in front of the scheduler is routed (round-robin's turn counts
-it) but is no load: the cache-aware router's signals (arrived prompt tokens, each replica's drained tokens) leave
-it out."""
+"""Held-out QA (session 26), routers: a response-cache hit in front of the scheduler is routed (round-robin's turn
+counts it) but is no load: the cache-aware router's signals (arrived prompt tokens, each replica's drained tokens)
+leave it out; prefix-affinity counts only the cached blocks admission can reuse."""
 
 from __future__ import annotations
 
@@ -56,3 +56,20 @@ def test_misses_spread_when_hits_take_every_other_round_robin_turn() -> None:
     rr = simulate(reqs, partial(Scheduler, CFG), MODEL, replicas=2, router="round-robin",
                   front=CacheFront(("l1", "l2"), COSTS, ttl_s=1e6), horizon_s=300).summary
     assert rr.ttft_p99_s > 20.0  # round-robin itself does put them all on one replica
+
+
+def test_prefix_affinity_counts_only_blocks_admission_reuses() -> None:
+    # a 128-token prompt of two 64-token blocks: admission never reuses the block holding the last prompt token,
+    # so replica 0 (both blocks cached, 3 requests busy) and replica 1 (the first block cached, idle) give it the
+    # same 1-block hit; prefix-affinity counted 2 against 1 and sent it to the busier replica
+    a, b = Scheduler(CFG), Scheduler(CFG)
+    for s, hashes in ((a, (1, 2)), (b, (1, 9))):
+        s.submit(Request("warm", 0, 128, 4, hashes, 64))
+        s.step()
+        s.finish("warm")
+    for k in range(3):
+        a.submit(Request(f"busy{k}", 0, 100, 50))
+    probe = Request("probe", 0, 128, 4, (1, 2), 64)
+    assert Router("prefix-affinity", [a, b]).pick(probe, 0) == 1
+    assert [s.submit(probe).status for s in (a, b)] == ["admitted", "admitted"]
+    assert a.seqs["probe"].hits == b.seqs["probe"].hits == 1
