@@ -122,6 +122,7 @@ class Scheduler:
             budget += sum(c[2] for c in plan.context) - sum(c[2] for c in kept)
             plan.context = kept
         plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
+        plan.decode_context = self.decode_context_sum(t)  # exactly plan.decode's requests decode now
         return plan
 
     def update(self, plan: StepPlan) -> StepPlan:
@@ -168,8 +169,7 @@ class Scheduler:
             self._push_grow(seq)
 
     def context_done(self, request_id: str) -> None:
-        """The executor finished this request's prefill (TensorRT-LLM adapter): its prompt blocks become
-        findable by later requests, as ``update`` does in the simulator."""
+        """The executor ran this request's prefill (TensorRT-LLM adapter): its prompt blocks become findable."""
         seq = self._get(request_id)
         if seq.state == "running" and seq.computed < seq.prompt_len:
             seq.computed = seq.prompt_len

@@ -157,6 +157,17 @@ def _fast_forward(rep: _Replica, model: StepTimeModel, limit: float) -> int:
     return k
 
 
+def _step_seconds(model: StepTimeModel, plan: StepPlan) -> float:
+    """One step's time from its plan: the prefill chunks, and the decode context as planned
+    (``StepPlan.decode_context``; the state after the step counted the requests that just started decoding, whose
+    first decode is the next step, and missed those that reached their cap, which decoded in it)."""
+    if plan.context:
+        return model.step_seconds([(start, n) for _, start, n in plan.context], plan.decode_context,
+                                  len(plan.decode))
+    # the same function as the quiet steps fast-forwarded, so both give the same clock
+    return model.decode_seconds(plan.decode_context, len(plan.decode))
+
+
 def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: StepTimeModel, deadline: float,
             truth: dict[str, int], seen: tuple[dict[str, float], dict[str, float], dict[str, str]],
             samples: list[tuple[float, float, int]], max_samples: int, fast_forward: bool,
@@ -192,11 +203,7 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             if not s.running:  # nothing running and the queue head cannot be admitted: it never will be
                 rep.stalled = True
             continue
-        if plan.context:
-            dt = model.step_seconds([(start, n) for _, start, n in plan.context], s.decode_context_sum(plan.step),
-                                    len(plan.decode))
-        else:  # the same function as the quiet steps fast-forwarded below, so both give the same clock
-            dt = model.decode_seconds(s.decode_context_sum(plan.step), len(plan.decode))
+        dt = _step_seconds(model, plan)
         rep.clock += dt
         rep.busy_time += dt
         rep.used_time += s.used_blocks / s.config.num_blocks * dt
