@@ -27,7 +27,7 @@ from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
 from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound, reject_reason
 from .policies import Policy, get_policy
-from .prefix_cache import PrefixCache, num_block_keys, seq_keys
+from .prefix_cache import PrefixCache, keep_own_blocks, num_block_keys, seq_keys
 from .request import Request, Seq
 
 __all__ = ["RejectKind", "RejectReason", "Scheduler", "SchedulerConfig", "StepPlan", "SubmitResult"]
@@ -207,16 +207,13 @@ class Scheduler:
         return math.ceil(req.total_tokens / self.config.tokens_per_block)
 
     def quiet_steps(self) -> int:
-        """How many of the next steps are certainly pure decode with nothing to decide: nothing prefilling, no
-        admission possible (nothing changed since a pass admitted nobody), no request reaching its cap or
-        needing a block before them. The simulator replays those with ``skip`` instead of ``step``."""
+        """How many of the next steps are certainly pure decode with nothing to decide (nothing prefilling or
+        admissible, no cap reached, no block needed); the simulator replays those with ``skip``, not ``step``."""
         if self.prefilling or not self.decoding:
             return 0
         if self.queue and self._admit_seen != (self._changed, self.outside_blocks):
             return 0
-        nxt = self._finish_heap[0][0] if self._finish_heap else 1 << 62
-        if self._grow_heap:
-            nxt = min(nxt, self._grow_heap[0][0])
+        nxt = min([self._finish_heap[0][0] if self._finish_heap else 1 << 62, *(h[0] for h in self._grow_heap[:1])])
         return max(0, nxt - self.step_no - 1)
 
     def skip(self, steps: int) -> None:
@@ -357,7 +354,9 @@ class Scheduler:
         return next(reversed(self.running.values()))
 
     def _preempt(self, seq: Seq, plan: StepPlan, t: int) -> None:
-        generated = seq.generated(t - 1)
+        generated = seq.generated(t - 1)  # the K/V of all but the last one sampled is written
+        keep_own_blocks(self.cache, seq, self.config.tokens_per_block,
+                        seq.req.prompt_tokens + generated - 1 if seq.decoding else seq.computed)
         self._release(seq)
         seq.state = "queued"
         seq.prompt_len = seq.req.prompt_tokens + generated
