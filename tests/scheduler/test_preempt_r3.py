@@ -102,3 +102,26 @@ def test_adversarial_streams_end_and_reject_only_what_exceeds_a_limit(kind: str)
                             for r in capped)
                 want = {k: v for k, v in (("prompt-too-long", long), ("kv-never-fits", never)) if v}
                 assert sm.rejected_by_kind == want, (policy, blocks)
+
+
+def test_slot_wait_counts_only_the_time_kv_was_there() -> None:
+    # r2 waits for the one LoRA slot (r1's) with KV free; at step 3 r3 (base model) skips ahead and takes the KV,
+    # so from then on r2 waits for KV too, until r3 ends at step 27: slot_wait_s counted all 26 s (its doc: seconds
+    # requests waited with KV available but no LoRA slot), now the 3 s before r3 took the KV
+    now = [0.0]
+    s = Scheduler(SchedulerConfig(num_blocks=20, tokens_per_block=4, policy="cache-aware", token_budget=64,
+                                  max_running=8, lora_slots=1, adapters=("a", "b")), clock=lambda: now[0])
+    admitted: dict[str, float] = {}
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            now[0] += 1.0
+            admitted.update((rid, now[0]) for rid in s.step().admitted)
+
+    s.submit(Request("r1", 0, 4, 10, adapter="a"))  # 4 blocks, admitted at once
+    run(1)
+    s.submit(Request("r2", 0, 4, 16, adapter="b"))  # 5 blocks: they fit, the slot does not
+    run(1)
+    s.submit(Request("r3", 0, 40, 24))  # 16 blocks: all that is left
+    run(40)
+    assert admitted == {"r3": 3.0, "r2": 27.0} and s.slot_wait_s == 3.0
