@@ -43,6 +43,9 @@ class StepPlan:
     preempted: list[str] = field(default_factory=list)
     started_decode: list[str] = field(default_factory=list)  # finished their prefill this step, now decoding
     context_tokens: int = 0
+    # context tokens the ``decode`` requests attend to in this step (``Scheduler.decode_context_sum`` when it was
+    # planned: after ``update`` it counts the requests that just started decoding and misses those that ended)
+    decode_context: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -26,6 +26,8 @@ Baselines (each a ``Policy`` with the upstream semantics it models; the hand-com
   recently freed first. One difference: vLLM keeps ONE free queue over all free blocks, so it may evict a cached
   block while never-cached free blocks wait further down the queue; ``PrefixCache`` hands out never-cached free
   blocks first, then evicts cached-free ones in LRU order (it keeps cached prefixes at least as long).
+  A preempted request's computed blocks stay cached-free for its own recompute (vLLM finds them by their tokens;
+  here under keys only that request finds, ``prefix_cache.keep_own_blocks``), in ``max-utilization`` too.
 - ``cache-aware`` -- this project's: reserve to completion (never evicts what it admitted), count prefix blocks
   that are already cached once, reject a never-fit request at submission with a reason, and skip ahead of a
   request that does not fit *now* by at most ``skip_window`` queue entries. Each time a request is passed over

@@ -9,7 +9,9 @@ Safety conditions:
 - a cached block whose last user finished stays cached-free (reusable on a hit) until space is needed; those are
   reclaimed least-recently-freed first (LRU), and a block with a user is never reclaimed: only blocks whose
   reference count is 0 sit in the LRU;
-- ``available`` (free + cached-free) is the true allocatable capacity.
+- ``available`` (free + cached-free) is the true allocatable capacity;
+- a preempted request's computed full blocks stay cached-free under keys only it can find (``keep_own_blocks``),
+  so its recompute reuses what eviction left of them.
 """
 
 from __future__ import annotations
@@ -188,3 +190,17 @@ class PrefixCache:
 
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+
+def keep_own_blocks(cache: PrefixCache, seq: Seq, tokens_per_block: int, written: int) -> None:
+    """Before ``seq`` is preempted: make its full blocks holding ``written`` tokens of K/V findable. Past what its
+    trace hashes cover (its prompt's tail, the tokens it generated) a block's key is the request's own (its id and
+    the block's index), so only it finds them, when it recomputes: as vLLM's prefix caching and TensorRT-LLM's block
+    reuse find a preempted request's blocks by their tokens. (Without them a request with no hashes recomputed
+    from scratch, and vllm-v1 re-admitted one whose next chunk did not fit every other step, to preempt it again.)"""
+    full = min(written // tokens_per_block, len(seq.blocks))
+    keys = seq_keys(seq, tokens_per_block)
+    if full > len(keys):
+        seq.keys = keys = keys + tuple(hash(("own", seq.req.id, i)) for i in range(len(keys), full))
+        seq.num_keys = full
+    cache.register_many(seq.blocks, keys, seq.registered, full)

@@ -27,7 +27,7 @@ from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
 from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound, reject_reason
 from .policies import Policy, get_policy
-from .prefix_cache import PrefixCache, num_block_keys, seq_keys
+from .prefix_cache import PrefixCache, keep_own_blocks, num_block_keys, seq_keys
 from .request import Request, Seq
 
 __all__ = ["RejectKind", "RejectReason", "Scheduler", "SchedulerConfig", "StepPlan", "SubmitResult"]
@@ -52,16 +52,14 @@ class Scheduler:
         self._finish_heap: list[tuple[int, int, int, str]] = []  # (step, admission no., epoch, id)
         self._grow_heap: list[tuple[int, int, str]] = []  # max-utilization: step at which a block is needed
         self.counts = {"admitted": 0, "rejected": 0, "preempted": 0, "finished": 0, "cancelled": 0}
-        # blocks the executor holds outside this scheduler's accounting (the TensorRT-LLM adapter sets it from
-        # the KV cache manager's live free blocks); admission never spends them
+        # blocks the executor holds outside this accounting (the TensorRT-LLM adapter's live bound): never admitted
         self.outside_blocks = 0
         self.slot_hits = 0  # admissions whose adapter was already resident in a slot (no load)
         self.slot_wait_s = 0.0  # clock seconds requests waited with KV available but no LoRA slot
         # sum over decoding requests of (prompt + gen_base - 1 - dec_base): their attended context at step t
         # is that plus t each, so the simulator's step-time model costs O(1) per step, not O(running)
         self._decode_ctx = 0
-        # admission is skipped while nothing changed that could let a queued request in (blocks or a LoRA slot
-        # freed, the queue changed, a prefix became cached, the outside bound moved) since a pass admitted nobody
+        # admission is skipped until what could let a queued request in changed (blocks, slot, queue, prefix, bound)
         self._changed = 0
         self.queued_tokens = 0  # prompt tokens waiting in the queue (the router's load signal)
         self._admit_seen: tuple[int, int] | None = None
@@ -122,6 +120,7 @@ class Scheduler:
             budget += sum(c[2] for c in plan.context) - sum(c[2] for c in kept)
             plan.context = kept
         plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
+        plan.decode_context = self.decode_context_sum(t)  # exactly plan.decode's requests decode now
         return plan
 
     def update(self, plan: StepPlan) -> StepPlan:
@@ -168,8 +167,7 @@ class Scheduler:
             self._push_grow(seq)
 
     def context_done(self, request_id: str) -> None:
-        """The executor finished this request's prefill (TensorRT-LLM adapter): its prompt blocks become
-        findable by later requests, as ``update`` does in the simulator."""
+        """The executor ran this request's prefill (TensorRT-LLM adapter): its prompt blocks become findable."""
         seq = self._get(request_id)
         if seq.state == "running" and seq.computed < seq.prompt_len:
             seq.computed = seq.prompt_len
@@ -207,16 +205,13 @@ class Scheduler:
         return math.ceil(req.total_tokens / self.config.tokens_per_block)
 
     def quiet_steps(self) -> int:
-        """How many of the next steps are certainly pure decode with nothing to decide: nothing prefilling, no
-        admission possible (nothing changed since a pass admitted nobody), no request reaching its cap or
-        needing a block before them. The simulator replays those with ``skip`` instead of ``step``."""
+        """How many of the next steps are certainly pure decode with nothing to decide (nothing prefilling or
+        admissible, no cap reached, no block needed); the simulator replays those with ``skip``, not ``step``."""
         if self.prefilling or not self.decoding:
             return 0
         if self.queue and self._admit_seen != (self._changed, self.outside_blocks):
             return 0
-        nxt = self._finish_heap[0][0] if self._finish_heap else 1 << 62
-        if self._grow_heap:
-            nxt = min(nxt, self._grow_heap[0][0])
+        nxt = min([self._finish_heap[0][0] if self._finish_heap else 1 << 62, *(h[0] for h in self._grow_heap[:1])])
         return max(0, nxt - self.step_no - 1)
 
     def skip(self, steps: int) -> None:
@@ -268,7 +263,7 @@ class Scheduler:
         usable = (seq.prompt_len - 1) // tpb
         room = self.cache.available - self.outside_blocks
         if admit_lower_bound(self.policy, seq, usable, tpb, self.config.token_budget) > room:
-            return False  # a lower bound first: most queued requests fail here, O(1), before any hashing
+            return self._end_slot_wait(seq)  # a lower bound first: most fail here, O(1), before any hashing
         hits, idle = self.cache.match(seq_keys(seq, tpb), usable) if seq.num_keys else ([], 0)
         if self.policy.reserve_to_completion:
             tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
@@ -280,14 +275,12 @@ class Scheduler:
         fresh = total - len(hits)
         cost = fresh + idle if self.policy.credit_prefix else total
         if cost > room:
-            return False
+            return self._end_slot_wait(seq)
         if not self.lora.can_acquire(seq.req.adapter):
             if seq.slot_wait_since < 0:
                 seq.slot_wait_since = self.clock()
             return False
-        if seq.slot_wait_since >= 0:
-            self.slot_wait_s += self.clock() - seq.slot_wait_since
-            seq.slot_wait_since = -1.0
+        self._end_slot_wait(seq)
         if seq.req.adapter is not None and seq.req.adapter in self.lora.slot_of:
             self.slot_hits += 1
         self.cache.take_hits(hits, min(seq.num_keys, usable))
@@ -308,6 +301,13 @@ class Scheduler:
             self.metrics.queue_wait_seconds.observe(self.clock() - seq.queued_at)
         return True
 
+    def _end_slot_wait(self, seq: Seq) -> bool:
+        """A LoRA-slot wait (``slot_wait_s``: KV available, no slot) ends: admitted, or the KV is short now."""
+        if seq.slot_wait_since >= 0:
+            self.slot_wait_s += self.clock() - seq.slot_wait_since
+            seq.slot_wait_since = -1.0
+        return False
+
     def _register(self, seq: Seq) -> None:
         full = min(seq.computed // self.config.tokens_per_block, seq.num_keys)
         if full > seq.registered:
@@ -319,10 +319,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------- max-utilization growth
     def _push_grow(self, seq: Seq) -> None:
-        # KV tokens after step s (a decode writes the previous token's K/V): prompt + generated(s - 1), where
-        # prompt is the ORIGINAL prompt: after a recompute preemption prompt_len already holds the tokens generated
-        # before it, and generated() counts them again (gen_base), so prompt_len + generated would count them twice.
-        # Allocated blocks hold len(blocks) * tpb tokens; the next block is needed at the first s exceeding that.
+        # KV tokens after step s: prompt + generated(s - 1) (a decode writes the previous token's K/V), the ORIGINAL
+        # prompt (prompt_len holds gen_base again after a recompute); a block is due at the first s past the blocks
         s = len(seq.blocks) * self.config.tokens_per_block - seq.req.prompt_tokens - seq.gen_base + seq.dec_base + 2
         if s <= seq.dec_base + seq.req.max_new_tokens - seq.gen_base:
             heapq.heappush(self._grow_heap, (s, seq.epoch, seq.req.id))
@@ -357,7 +355,9 @@ class Scheduler:
         return next(reversed(self.running.values()))
 
     def _preempt(self, seq: Seq, plan: StepPlan, t: int) -> None:
-        generated = seq.generated(t - 1)
+        generated = seq.generated(t - 1)  # the K/V of all but the last one sampled is written
+        keep_own_blocks(self.cache, seq, self.config.tokens_per_block,
+                        seq.req.prompt_tokens + generated - 1 if seq.decoding else seq.computed)
         self._release(seq)
         seq.state = "queued"
         seq.prompt_len = seq.req.prompt_tokens + generated

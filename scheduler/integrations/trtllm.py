@@ -136,7 +136,7 @@ class CacheAwareCapacityScheduler:
 
         The order they free their blocks in is the prefix cache's LRU order, so it is the simulator's: requests
         that reached their cap first, in admission order (``Scheduler.update`` ends those), then the others
-        (end-of-sequence, cancel) in arrival order."""
+        (end-of-sequence, cancel) in admission order too (``simulator._end_of_sequence``)."""
         gone = [rid for rid in self._live if rid not in present]
         seqs = self.sched.seqs
 
@@ -144,9 +144,9 @@ class CacheAwareCapacityScheduler:
             seq, req = seqs[rid], self._live[rid]
             if seq.state == "running" and self._generated(req) >= seq.req.max_new_tokens:
                 return 0 if seq.req.max_new_tokens == 1 else 1, seq.order  # update ends cap-1 requests first
-            return 2, 0
+            return 2, seq.order if seq.state == "running" else 0  # a queued one frees no block
 
-        for rid in sorted(gone, key=capped):  # stable: arrival order within the last group
+        for rid in sorted(gone, key=capped):
             del self._live[rid]
             state = self.sched.state(rid)
             if state == "running":

@@ -1,8 +1,9 @@
 """Routing arrivals to replicas.
 
 - ``round-robin``: arrival i goes to replica i mod n.
-- ``prefix-affinity``: the replica whose prefix cache holds the longest prefix of the request, among replicas
-  within 1.25x + 8 requests of the least loaded; no cached prefix anywhere -> the least loaded.
+- ``prefix-affinity``: the replica whose prefix cache holds the longest prefix of the request that admission can
+  reuse (never the block holding the last prompt token, as ``Scheduler._try_admit``), among replicas within 1.25x
+  + 8 requests of the least loaded; no cached prefix anywhere -> the least loaded.
 - ``cache-aware`` (load-aware affinity after SGLang's cache-aware router, ``sgl-router`` ``CacheAwarePolicy``):
   round-robin, left only while the cluster has spare capacity and only where that turns this request's TTFT from
   a certain miss into a likely hit.
@@ -41,6 +42,12 @@
   a request moved off round-robin that would have met its SLO anyway only displaces a later arrival at the
   receiving replica; every such variant lost rows to round-robin (bench/RESULTS.md, issue 13, round 3).
   ``pick`` is called once per arrival, in arrival order (it updates ``Load``).
+
+With a response cache in front of the scheduler (``simulate --response-cache``) every arrival is routed (the
+replica's L1 is looked up where it lands, so round-robin's turn counts every arrival, as a load balancer in front
+of the replicas counts them), but a hit never reaches the scheduler: ``answered_by_cache`` takes it back out of
+``Load`` (it is no prompt tokens to prefill: counted, it raised the arrival rate and credited the replica with
+draining tokens it never received).
 """
 
 from __future__ import annotations
@@ -97,6 +104,11 @@ class Load:
         self.last_sent = [0] * self.n
         self.last_sent[k] = prompt_tokens
 
+    def withdraw(self, k: int, prompt_tokens: int) -> None:
+        """The arrival recorded last (to replica ``k``) never reached it: a response-cache hit."""
+        self.arrived -= prompt_tokens
+        self.last_sent[k] -= prompt_tokens
+
     def overloaded(self, t: float) -> bool:
         """lambda >= n * the slowest measured drain rate (module doc); before any replica was seen backlogged,
         n * the best prefill rate (no replica prefills faster; 0: unknown, never overloaded)."""
@@ -133,7 +145,7 @@ class Router:
             k = i % n if self.load.overloaded(req.arrival) else self._cache_aware(req, i % n, ahead)
             self.load.record(k, req.prompt_tokens)
             return k
-        keys = block_keys(req, tpb)
+        keys = block_keys(req, tpb)[:(req.prompt_tokens - 1) // tpb]  # admission never uses the last token's block
         matches = [s.cache.match(keys) if keys else ([], 0) for s in self.scheds]
         hits = [len(m[0]) for m in matches]
         loads = [len(s.queue) + len(s.running) for s in self.scheds]
@@ -141,6 +153,11 @@ class Router:
         bound = loads[least] * 1.25 + 8
         cands = [k for k in range(n) if loads[k] <= bound]
         return max(cands, key=lambda k: (hits[k], -loads[k], -k))
+
+    def answered_by_cache(self, req: Request, k: int) -> None:
+        """``req``, just picked for replica ``k``, was answered by the response cache: not load (module doc)."""
+        if self.name == "cache-aware" and len(self.scheds) > 1:
+            self.load.withdraw(k, req.prompt_tokens)
 
     def _cache_aware(self, req: Request, r: int, ahead: list[int]) -> int:
         n = len(self.scheds)

@@ -110,14 +110,17 @@ def submit(rep: _Replica, req: Request, rejected: dict[str, str], delay: float =
 
 
 def _end_of_sequence(rep: _Replica, plan: StepPlan, truth: dict[str, int], done: dict[str, float]) -> None:
-    """Requests whose true output is complete after this step stop here (before their cap)."""
+    """Requests whose true output is complete after this step stop here (before their cap), after those that
+    reached their cap (``Scheduler.update``). They free their blocks in admission order (``Seq.order``), as the
+    TensorRT-LLM adapter frees them: the free order is the prefix cache's LRU order, so it decides which cached
+    prefixes later requests find (it was: those at their first token first, then by request id as a string)."""
     s, t = rep.sched, plan.step
+    ended = []
     for rid in plan.started_decode:
         seq = s.seqs[rid]
         at = seq.dec_base + truth[rid] - seq.gen_base  # generated(at) == true length
         if at <= t:
-            s.finish(rid)
-            done[rid] = rep.clock
+            ended.append(seq)
         else:
             heapq.heappush(rep.eos, (at, seq.epoch, rid))
     heap = rep.eos
@@ -125,8 +128,10 @@ def _end_of_sequence(rep: _Replica, plan: StepPlan, truth: dict[str, int], done:
         _, epoch, rid = heapq.heappop(heap)
         seq = s.seqs[rid]
         if seq.epoch == epoch and seq.decoding:
-            s.finish(rid)
-            done[rid] = rep.clock
+            ended.append(seq)
+    for seq in sorted(ended, key=lambda q: q.order):
+        s.finish(seq.req.id)
+        done[seq.req.id] = rep.clock
 
 
 def _fast_forward(rep: _Replica, model: StepTimeModel, limit: float) -> int:
@@ -152,6 +157,17 @@ def _fast_forward(rep: _Replica, model: StepTimeModel, limit: float) -> int:
     return k
 
 
+def _step_seconds(model: StepTimeModel, plan: StepPlan) -> float:
+    """One step's time from its plan: the prefill chunks, and the decode context as planned
+    (``StepPlan.decode_context``; the state after the step counted the requests that just started decoding, whose
+    first decode is the next step, and missed those that reached their cap, which decoded in it)."""
+    if plan.context:
+        return model.step_seconds([(start, n) for _, start, n in plan.context], plan.decode_context,
+                                  len(plan.decode))
+    # the same function as the quiet steps fast-forwarded, so both give the same clock
+    return model.decode_seconds(plan.decode_context, len(plan.decode))
+
+
 def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: StepTimeModel, deadline: float,
             truth: dict[str, int], seen: tuple[dict[str, float], dict[str, float], dict[str, str]],
             samples: list[tuple[float, float, int]], max_samples: int, fast_forward: bool,
@@ -175,6 +191,7 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             served = front.serve(reqs[i], k, t_arr) if front is not None else None
             if served is not None:  # a response-cache hit (response_cache.py) never reaches the scheduler
                 first[reqs[i].id] = done[reqs[i].id] = t_arr + served
+                router.answered_by_cache(reqs[i], k)  # nor is it load on the replica it was routed to
             else:  # a miss reaches the scheduler after the lookup that missed
                 submit(reps[k], reqs[i], rejected, front.miss_seconds(reqs[i].id) if front is not None else 0.0)
             i += 1
@@ -186,11 +203,7 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             if not s.running:  # nothing running and the queue head cannot be admitted: it never will be
                 rep.stalled = True
             continue
-        if plan.context:
-            dt = model.step_seconds([(start, n) for _, start, n in plan.context], s.decode_context_sum(plan.step),
-                                    len(plan.decode))
-        else:  # the same function as the quiet steps fast-forwarded below, so both give the same clock
-            dt = model.decode_seconds(s.decode_context_sum(plan.step), len(plan.decode))
+        dt = _step_seconds(model, plan)
         rep.clock += dt
         rep.busy_time += dt
         rep.used_time += s.used_blocks / s.config.num_blocks * dt

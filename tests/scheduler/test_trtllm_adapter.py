@@ -111,10 +111,10 @@ def _simulated(stream: list[tuple[int, LlmRequest]], policy: str, iters: int) ->
                                  adapter=None if r.lora_task_id is None else f"lora-{r.lora_task_id}"))
         plan = s.step()
         batches.append(sorted({c[0] for c in plan.context} | set(plan.decode), key=int))
-        # end-of-sequence (always before the cap here), in arrival order as the executor below reports it: the
-        # order blocks are freed in decides which cached prefixes the LRU keeps
+        # end-of-sequence (always before the cap here), in admission order as the simulator and the adapter free
+        # them: the order blocks are freed in decides which cached prefixes the LRU keeps
         ended = [rid for rid in s.decoding if s.seqs[rid].generated(plan.step) >= stream[int(rid)][1].stop_at]
-        for rid in sorted(ended, key=int):
+        for rid in sorted(ended, key=lambda rid: s.seqs[rid].order):
             s.finish(rid)
     return batches
 
