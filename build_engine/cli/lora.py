@@ -24,7 +24,9 @@ def build_parser() -> ArgumentParser:
     inj.add_argument("--targets", required=True, help="comma-separated module names, e.g. q_proj,v_proj")
     inj.add_argument("--max-rank", type=int, default=16, help="pool rank R (max adapter rank), 1..64 (default 16)")
     inj.add_argument("--slots", type=int, default=8, help="adapter slots N (default 8)")
-    inj.add_argument("--tile", type=int, default=None, help="kernel tile along H (default from spec)")
+    inj.add_argument("--tile", type=int, default=None,
+                     help="fused-kernel tile along H: 32, 64, 128 or 256 (default 128; a GPU profile's [lora] tile is "
+                          "its choice)")
     inj.add_argument("--per-sequence", action="store_true", help="one slot per sequence ([batch]) not per token")
 
     dec = sub.add_parser("decompose", help="lower plugin nodes to standard ONNX ops")
