@@ -74,8 +74,10 @@ def _run(args: Namespace) -> int:
     print(f"wrote {report.model_dir}/config.pbtxt and {report.model_dir}/{args.version}/model.plan "
           f"({batching}; {cfg.instance_count} GPU instance(s), profiles {list(cfg.profiles)}; "
           f"{len(cfg.warmup)} warm-up sample(s))")
-    for note in report.notes:
-        print(f"note: {note}")
+    from ..core import log
+
+    for note in report.notes:  # on stderr as 'note: ...' (logged: --quiet drops notes, as every command's)
+        log.logger("cli.triton").info("%s", note)
     return 0
 
 
