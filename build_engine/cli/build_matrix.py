@@ -45,20 +45,23 @@ def _progress_printer(stream: Any) -> Any:
     return show
 
 
-def _table(title: str, cells: Any, started: dict[int, float] | None = None) -> Any:
+def _table(title: str, cells: Any, started: dict[int, float] | None = None, keys: bool = False) -> Any:
+    """One row per cell; ``keys`` (``--dry-run``, which promises the keys) adds each cell's cache key (its first 16
+    hex digits, as matrix.json's ``key`` starts; ``--json`` prints it in full)."""
     import time
 
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("model", "profile", "status", "seconds", "plan", "reason"):
+    for col in ("model", "profile", *(("key",) if keys else ()), "status", "seconds", "plan", "reason"):
         table.add_column(col)
     for st in cells:
         plan = f"{st.plan_bytes / 2**20:.1f} MiB" if st.plan_bytes else ""
         secs = st.seconds
         if started is not None and st.status in ("running", "retry") and id(st) in started:
             secs = time.perf_counter() - started[id(st)]
-        table.add_row(st.cell.model.name, st.cell.profile_name, st.status, f"{secs:.1f}", plan, st.reason)
+        key = (st.cell.key[:16],) if keys else ()
+        table.add_row(st.cell.model.name, st.cell.profile_name, *key, st.status, f"{secs:.1f}", plan, st.reason)
     return table
 
 
@@ -126,7 +129,8 @@ def _run(args: Any) -> int:
     else:
         from ._common import stdout_console
 
-        stdout_console().print(_table(f"build-matrix ({report.executor}, {report.seconds:.1f} s)", report.cells))
+        stdout_console().print(_table(f"build-matrix ({report.executor}, {report.seconds:.1f} s)", report.cells,
+                                      keys=args.dry_run))
     return 0 if report.ok else 1
 
 
