@@ -27,7 +27,8 @@ def build_parser() -> ArgumentParser:
                    help="local: worker processes on this machine (default); ray: tasks on a Ray cluster")
     p.add_argument("--address", default="local",
                    help="Ray cluster address (ray://host:10001 or host:6379); 'local' starts a local cluster")
-    p.add_argument("--jobs", type=int, default=2, help="builds at once (local workers, or CPUs of a local Ray cluster)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="builds at once (local workers, or CPUs of a local Ray cluster; default 2)")
     p.add_argument("--retries", type=int, default=2, help="retries of a cell whose worker died (default 2)")
     p.add_argument("--dry-run", action="store_true", help="print the cells, keys and cache state; build nothing")
     p.add_argument("--node-resources", action="store_true",

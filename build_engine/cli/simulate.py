@@ -55,7 +55,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--token-budget", "--max-num-tokens", type=int, default=8192,
                    help="tokens per step (default 8192); --max-num-tokens is the same option under trtforge kv-plan's "
                         "(and TensorRT-LLM's) name")
-    p.add_argument("--horizon", type=float, default=600.0, help="seconds simulated past the last arrival")
+    p.add_argument("--horizon", type=float, default=600.0, help="seconds simulated past the last arrival (default 600)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and of --adapters (default 0)")
     p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8", "int8"), default=None,
                    help="KV cache dtype (default: the profile's precision); as trtforge kv-plan --kv-dtype")
