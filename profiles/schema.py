@@ -28,6 +28,9 @@ BF16_MIN_CC = (8, 0)
 #: max_batch_size are 32-bit) and largest builder workspace (1 TiB, beyond any GPU); larger values are refused by
 #: name instead of overflowing inside TensorRT.
 MAX_DIM = 2**31 - 1
+#: The LoRA plugin's fused-kernel tiles (profiles imports no plugin: tests/build_engine/test_profiles.py checks they
+#: equal trtforge.plugins.lora.spec.TILE_CHOICES).
+LORA_TILES = (32, 64, 128, 256)
 MAX_WORKSPACE_MB = 2**20
 
 
@@ -83,6 +86,15 @@ def _pow2(low: int, high: int) -> Check:
         n = r.integer(v, key, low, high)
         if n & (n - 1):
             raise r.fail(key, f"value {n} not allowed; must be a power of two (e.g. 32, 64, 128)")
+        return n
+    return check
+
+
+def _choice(values: tuple[int, ...], why: str) -> Check:
+    def check(r: _Reader, v: Any, key: str) -> int:
+        n = r.integer(v, key, 1)
+        if n not in values:
+            raise r.fail(key, f"value {n} not allowed; choose one of {', '.join(map(str, values))} ({why})")
         return n
     return check
 
@@ -150,13 +162,19 @@ class BuilderSettings:
 
 @dataclass(frozen=True)
 class KVSettings:
-    tokens_per_block: int = _key(_int(1, 4096))
+    """``tokens_per_block``: a power of two, as TensorRT-LLM's paged KV cache requires ("tokens_per_block must be
+    power of 2"); 48 was planned and simulated, and no TensorRT-LLM engine takes it."""
+
+    tokens_per_block: int = _key(_pow2(1, 4096))
     memory_fraction: float = _key(_fraction)
 
 
 @dataclass(frozen=True)
 class LoraSettings:
-    tile: int = _key(_pow2(1, 4096))
+    """``tile``: one of the LoRA plugin's tiles (``plugins/lora/spec.py`` TILE_CHOICES, kept equal by a test):
+    ``trtforge lora inject --tile`` refuses any other (1 and 4096 passed here as powers of two)."""
+
+    tile: int = _key(_choice(LORA_TILES, "the LoRA plugin's tiles, as trtforge lora inject --tile"))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def _help() -> str:
     lines = [
         f"usage: trtforge [--version] [--debug] [--verbose|--quiet] COMMAND [ARGS...]   (trtforge {__version__})",
         "",
-        "Distilled transformer ONNX -> TensorRT engines for A10 / A100 / H100.",
+        "Distilled transformer ONNX -> TensorRT engines for A10 / A100 / L40S / H100.",
         "",
         "commands:",
     ]

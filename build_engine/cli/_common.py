@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from ..core.errors import InputError, TrtforgeError
+from ..core.steps import SHOW_AFTER
 
 #: Exit code of an unexpected exception (a bug in trtforge or a library), distinct from 1 (a check failed).
 INTERNAL_ERROR = 3
@@ -32,7 +33,8 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}; see '{self.prog} --help'")
 
 
-_PROGRESS_HELP = "show each step with its time on stderr even when stderr is not a terminal (on a terminal it is shown)"
+_PROGRESS_HELP = (f"show on stderr each step that took {SHOW_AFTER:g} s or more, with its time, even when stderr is "
+                  "not a terminal (on a terminal this is on, and a spinner names every step while it runs)")
 
 
 def make_parser(prog: str, description: str) -> ArgumentParser:

@@ -20,7 +20,7 @@ def build_parser() -> ArgumentParser:
         "from the profile's shape ranges; writes OUTDIR/model.plan, OUTDIR/manifest.json and OUTDIR/model.onnx.",
     )
     p.add_argument("input", help="input .onnx model")
-    p.add_argument("--profile", required=True, help="GPU profile name (a10, a100, h100) or path to a .toml")
+    p.add_argument("--profile", required=True, help="GPU profile name (a10, a100, l40s, h100) or path to a .toml")
     p.add_argument("-o", "--output", required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--backend", default="auto", choices=["auto", "tensorrt", "tensorrt-rtx"],
                    help="TensorRT flavour (auto: full TensorRT if it can target the GPU, else TensorRT-RTX)")

@@ -27,7 +27,8 @@ def build_parser() -> ArgumentParser:
                    help="local: worker processes on this machine (default); ray: tasks on a Ray cluster")
     p.add_argument("--address", default="local",
                    help="Ray cluster address (ray://host:10001 or host:6379); 'local' starts a local cluster")
-    p.add_argument("--jobs", type=int, default=2, help="builds at once (local workers, or CPUs of a local Ray cluster)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="builds at once (local workers, or CPUs of a local Ray cluster; default 2)")
     p.add_argument("--retries", type=int, default=2, help="retries of a cell whose worker died (default 2)")
     p.add_argument("--dry-run", action="store_true", help="print the cells, keys and cache state; build nothing")
     p.add_argument("--node-resources", action="store_true",
@@ -45,20 +46,23 @@ def _progress_printer(stream: Any) -> Any:
     return show
 
 
-def _table(title: str, cells: Any, started: dict[int, float] | None = None) -> Any:
+def _table(title: str, cells: Any, started: dict[int, float] | None = None, keys: bool = False) -> Any:
+    """One row per cell; ``keys`` (``--dry-run``, which promises the keys) adds each cell's cache key (its first 16
+    hex digits, as matrix.json's ``key`` starts; ``--json`` prints it in full)."""
     import time
 
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("model", "profile", "status", "seconds", "plan", "reason"):
+    for col in ("model", "profile", *(("key",) if keys else ()), "status", "seconds", "plan", "reason"):
         table.add_column(col)
     for st in cells:
         plan = f"{st.plan_bytes / 2**20:.1f} MiB" if st.plan_bytes else ""
         secs = st.seconds
         if started is not None and st.status in ("running", "retry") and id(st) in started:
             secs = time.perf_counter() - started[id(st)]
-        table.add_row(st.cell.model.name, st.cell.profile_name, st.status, f"{secs:.1f}", plan, st.reason)
+        key = (st.cell.key[:16],) if keys else ()
+        table.add_row(st.cell.model.name, st.cell.profile_name, *key, st.status, f"{secs:.1f}", plan, st.reason)
     return table
 
 
@@ -126,7 +130,8 @@ def _run(args: Any) -> int:
     else:
         from ._common import stdout_console
 
-        stdout_console().print(_table(f"build-matrix ({report.executor}, {report.seconds:.1f} s)", report.cells))
+        stdout_console().print(_table(f"build-matrix ({report.executor}, {report.seconds:.1f} s)", report.cells,
+                                      keys=args.dry_run))
     return 0 if report.ok else 1
 
 

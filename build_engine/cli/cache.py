@@ -35,7 +35,9 @@ def build_parser() -> ArgumentParser:
         if name == "invalidate":
             sp.add_argument("engine", type=Path, help="engine folder (manifest.json) now deployed")
         sp.add_argument("--redis-url", required=True, help="redis://host:port/db")
-        sp.add_argument("--namespace", default="trtforge:rc", help="key prefix shared by the replicas")
+        sp.add_argument("--namespace", default="trtforge:rc",
+                        help="key prefix shared by the replicas (default trtforge:rc)" if name == "invalidate" else
+                        "accepted so ping takes invalidate's options; ping only checks that the server answers")
     return p
 
 

@@ -17,7 +17,8 @@ from ._common import make_parser, run_command, stdout_console
 
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge demo", "Run the whole pipeline on the bundled example Llama: fold, precision, LoRA "
-                    "inject, TensorRT-RTX builds for a10 and a100, Triton repository, diffs, kv-plan, simulate.")
+                    "inject, TensorRT-RTX builds for a10 and a100, Triton repository, diffs, kv-plan, simulate, and "
+                    "quantize int8 / int4-wo / fp8 with builds for a100 and l40s.")
     p.add_argument("--workdir", type=Path, default=Path("trtforge-demo"),
                    help="folder for every step's output (default ./trtforge-demo; reused if it exists)")
     return p

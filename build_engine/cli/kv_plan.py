@@ -12,7 +12,7 @@ from ._common import ArgumentParser, make_parser, run_command
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge kv-plan", "KV-cache capacity of a decoder on a GPU profile (TensorRT-LLM's formula "
                                         "family: free memory after weights and activations x fraction / block)")
-    p.add_argument("--profile", required=True, help="GPU profile name (a10, a100, h100) or a .toml path")
+    p.add_argument("--profile", required=True, help="GPU profile name (a10, a100, l40s, h100) or a .toml path")
     p.add_argument("--model", required=True, help="HF config.json path or a preset (llama-3.1-8b, llama-3.1-70b, "
                                                   "mistral-7b)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (default 1)")

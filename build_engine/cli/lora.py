@@ -11,6 +11,9 @@ from ..core import steps
 from ..core.errors import InputError
 from ._common import ArgumentParser, add_debug, make_parser, run_command
 
+#: ``lora pack --dtype`` in the spelling of precision --to / diff --precision / kv-plan --kv-dtype -> the pool's.
+_POOL_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
 
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge lora", "Inject or decompose LoRAOpPluginDynamic nodes; pack PEFT adapters into pools.")
@@ -24,7 +27,9 @@ def build_parser() -> ArgumentParser:
     inj.add_argument("--targets", required=True, help="comma-separated module names, e.g. q_proj,v_proj")
     inj.add_argument("--max-rank", type=int, default=16, help="pool rank R (max adapter rank), 1..64 (default 16)")
     inj.add_argument("--slots", type=int, default=8, help="adapter slots N (default 8)")
-    inj.add_argument("--tile", type=int, default=None, help="kernel tile along H (default from spec)")
+    inj.add_argument("--tile", type=int, default=None,
+                     help="fused-kernel tile along H: 32, 64, 128 or 256 (default 128; a GPU profile's [lora] tile is "
+                          "its choice)")
     inj.add_argument("--per-sequence", action="store_true", help="one slot per sequence ([batch]) not per token")
 
     dec = sub.add_parser("decompose", help="lower plugin nodes to standard ONNX ops")
@@ -41,8 +46,9 @@ def build_parser() -> ArgumentParser:
     src = pk.add_mutually_exclusive_group()
     src.add_argument("--model", type=Path, help="injected ONNX model whose lora_* inputs fix names, shapes and dtype")
     src.add_argument("--targets", help="comma-separated module names to pack (without --model)")
-    pk.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default=None,
-                    help="pool dtype (default: the model's, else float32)")
+    pk.add_argument("--dtype", choices=(*_POOL_DTYPES, *_POOL_DTYPES.values()), default=None,
+                    help="pool dtype: fp16, bf16 or fp32 as the other commands spell them (or float16, bfloat16, "
+                         "float32); default: the model's, else float32")
     return p
 
 
@@ -120,17 +126,18 @@ def _pack(args: argparse.Namespace) -> int:
 
     check_outputs(("-o", args.output), inputs=[*(("ADAPTER", a) for a in args.adapters), ("--model", args.model)])
     adapters = [pk.load_adapter(Path(a)) for a in args.adapters]
+    dtype = _POOL_DTYPES.get(args.dtype, args.dtype)
     if args.model is not None:
         layout = pk.layout_from_model(args.model)
         over = {"max-rank": (args.max_rank, layout.max_rank), "slots": (args.slots, layout.num_slots),
-                "dtype": (args.dtype, layout.dtype)}
+                "dtype": (dtype, layout.dtype)}
         for key, (value, model_value) in over.items():
             if value is not None and value != model_value:
                 raise InputError(f"--{key} {value} disagrees with {args.model} ({model_value}); drop the option "
                                  "or re-inject")
     else:
         targets = _targets(args.targets) if args.targets is not None else None  # '' is refused, not 'all'
-        layout = pk.layout_from_adapters(adapters, targets, args.max_rank, args.slots, args.dtype or "float32")
+        layout = pk.layout_from_adapters(adapters, targets, args.max_rank, args.slots, dtype or "float32")
     tensors = pk.pack(adapters, layout)
     pk.write_pool(tensors, adapters, args.output)
     print(f"{args.output}: {len(adapters)} adapter(s) in {layout.num_slots} slots, rank {layout.max_rank}, "

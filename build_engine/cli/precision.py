@@ -50,9 +50,12 @@ def _run(args: Any) -> int:
           + (f", fold {folded.nodes_before} -> {folded.nodes_after} nodes" if folded else "")
           + f"; {steps.elapsed():.2f} s in all (load to save)")
     other = _other_16bit(result.model, args.to)
-    if other:
-        print(f"note: {args.input} already holds {other}; conversion rewrites float32 only (16-bit to 16-bit would "
-              f"round twice), so they stay as they are: convert the fp32 model for an all-{args.to} one")
+    if other:  # on stderr as 'note: ...' (logged: --quiet drops notes, as every command's)
+        from ..core import log
+
+        log.logger("cli.precision").info(
+            "%s already holds %s; conversion rewrites float32 only (16-bit to 16-bit would round twice), so they "
+            "stay as they are: convert the fp32 model for an all-%s one", args.input, other, args.to)
     return 0
 
 

@@ -21,7 +21,7 @@ def build_parser() -> ArgumentParser:
     p = make_parser("trtforge simulate", "replay a trace (Azure CSV, Mooncake JSONL or synthetic) against the "
                                          "scheduler with a roofline step-time model of the profile's GPU")
     p.add_argument("--trace", required=True, help="Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N'")
-    p.add_argument("--profile", required=True, help="GPU profile (a10, a100, h100) or a .toml path")
+    p.add_argument("--profile", required=True, help="GPU profile (a10, a100, l40s, h100) or a .toml path")
     p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
     p.add_argument("--policy", required=True, choices=POLICY_NAMES,
                    help="admission policy (fcfs-no-evict is trtllm-1.2-no-evict's older name)")
@@ -52,9 +52,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival times (0.5 = twice the arrival rate)")
     p.add_argument("--max-running", type=int, default=256, help="max concurrent requests (default 256)")
-    p.add_argument("--token-budget", type=int, default=8192, help="tokens per step (default 8192)")
-    p.add_argument("--horizon", type=float, default=600.0, help="seconds simulated past the last arrival")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
+    p.add_argument("--token-budget", "--max-num-tokens", type=int, default=8192,
+                   help="tokens per step (default 8192); --max-num-tokens is the same option under trtforge kv-plan's "
+                        "(and TensorRT-LLM's) name")
+    p.add_argument("--horizon", type=float, default=600.0, help="seconds simulated past the last arrival (default 600)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and of --adapters (default 0)")
     p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8", "int8"), default=None,
                    help="KV cache dtype (default: the profile's precision); as trtforge kv-plan --kv-dtype")
     p.add_argument("--json", metavar="OUT", default=None, help="write the metrics JSON here")
@@ -103,7 +105,9 @@ def _blocks(kv: Any, args: Namespace, profile: str) -> int:
 def _check(args: Namespace) -> None:
     """Every flag's range, before anything is read or written (exit 2 with the flag named)."""
     from ..core.errors import InputError
+    from ._bounds import check_seed
 
+    check_seed(args.seed)  # random.Random seeds with |seed|: --seed -1 replayed --seed 1's trace
     _check_sizes(args)
     if not 0 < args.kv_scale <= 1:
         raise InputError(f"--kv-scale must be in (0, 1], got {args.kv_scale}")

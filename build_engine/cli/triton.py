@@ -26,7 +26,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--name", help="model name (folder name under REPO): [A-Za-z0-9_.-], not starting with '.'")
     p.add_argument("--version", type=int, default=1, help="version folder (integer >= 1; default 1)")
     p.add_argument("--max-batch", type=int, default=None,
-                   help="max_batch_size (default: the engine's largest batch; 0 disables Triton batching)")
+                   help="max_batch_size (default: the largest batch every optimization profile admits, i.e. the "
+                        "smallest profile maximum; 0 when the first dim is not a dynamic batch from 1; 0 disables "
+                        "Triton batching)")
     p.add_argument("--instances", type=int, default=1, help="GPU instances (instance_group count; default 1)")
     p.add_argument("--warmup", action=BooleanOptionalAction, default=True,
                    help="write Triton model_warmup samples, one per optimization profile at its opt shape, with "
@@ -74,8 +76,10 @@ def _run(args: Namespace) -> int:
     print(f"wrote {report.model_dir}/config.pbtxt and {report.model_dir}/{args.version}/model.plan "
           f"({batching}; {cfg.instance_count} GPU instance(s), profiles {list(cfg.profiles)}; "
           f"{len(cfg.warmup)} warm-up sample(s))")
-    for note in report.notes:
-        print(f"note: {note}")
+    from ..core import log
+
+    for note in report.notes:  # on stderr as 'note: ...' (logged: --quiet drops notes, as every command's)
+        log.logger("cli.triton").info("%s", note)
     return 0
 
 

@@ -156,31 +156,14 @@ def _has_external(model: Any) -> bool:
 
 def _runner(path: str, name: str, optimize: bool) -> Any:
     """An ``OnnxrtRunner`` over the deterministic session of ``sessions.make_session`` (each op as written, no
-    weight pre-packing, one thread) unless ``optimize``; an engine folder gets ``_engine_runner``."""
+    weight pre-packing, one thread) unless ``optimize``; an engine folder gets ``engine_runner.engine_runner``."""
     if Path(path).is_dir():
-        return _engine_runner(Path(path), name)
+        from .engine_runner import engine_runner
+
+        return engine_runner(Path(path), name)
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
     return OnnxrtRunner(lambda: make_session(path, optimize=optimize), name=name)
-
-
-def _engine_runner(engine_dir: Path, name: str) -> Any:
-    """Polygraphy TrtRunner over ``engine_dir/model.plan`` (needs full TensorRT and a GPU; not run in CI)."""
-    from ..engine.manifest import Manifest
-
-    manifest = Manifest.load(engine_dir)
-    try:
-        from polygraphy.backend.common import BytesFromPath
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
-        from polygraphy.mod.trt_importer import lazy_import_trt
-    except ImportError as exc:
-        raise InputError(f"{engine_dir}: comparing an engine needs polygraphy's TensorRT backend ({exc})") from exc
-    trt = lazy_import_trt()
-    if manifest.plugins:
-        from ..engine.polygraphy_plugin import register_plugins
-
-        register_plugins(trt)
-    return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest.plan))), name=name)
 
 
 def _load(path: Path) -> Any:

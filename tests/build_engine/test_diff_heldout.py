@@ -3,16 +3,18 @@ outputs compared with itself used to fail (inf - inf is NaN, which Polygraphy's 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from trtforge.build_engine.verify.compare import compare_arrays
-from trtforge_testing import assert_one_line_error
+from trtforge_testing import assert_one_line_error, run_console
 
 
 def _inf_model(path: Path, zero: float) -> Path:
@@ -107,3 +109,27 @@ def test_output_shapes_that_differ_are_named(cli, tmp_path: Path, rng: np.random
     a, b = save(tmp_path / "a.onnx", False), save(tmp_path / "b.onnx", True)
     res = cli("diff", a, b)
     assert_one_line_error(res, 1, "y (shapes differ: A [2, 3] vs B [3, 2])")
+
+
+def test_engine_side_that_cannot_run_here_names_the_fix(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    """diff A.onnx ENGINE_DIR ('where TensorRT and a GPU exist'): a TensorRT-RTX plan was handed to full TensorRT
+    (Polygraphy's default), and here the error was Polygraphy's 'set POLYGRAPHY_AUTOINSTALL_DEPS=1' (it would
+    pip-install PyPI's tensorrt placeholder) followed by 'check the models run in onnxruntime'."""
+    pytest.importorskip("tensorrt_rtx")
+    from trtforge.build_engine.engine.backend import local_gpu_compute_capabilities
+
+    if "8.6" in local_gpu_compute_capabilities():
+        pytest.skip("an SM 8.6 GPU is here: the plan can run")
+    vi = h.make_tensor_value_info
+    w = nh.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g", [vi("x", T.FLOAT, ["batch", "sequence", 8])],
+                     [vi("y", T.FLOAT, ["batch", "sequence", 4])], [w])
+    model, eng = tmp_path / "m.onnx", tmp_path / "eng"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), model)
+    assert cli("build", model, "--profile", "a10", "-o", eng, "--no-progress").code == 0
+    env = {k: v for k, v in os.environ.items() if k != "POLYGRAPHY_USE_TENSORRT_RTX"}
+    res = run_console(["diff", str(eng), str(model)], env=env)  # Polygraphy reads the variable at import
+    assert_one_line_error(res, 2, str(eng), "built by tensorrt_rtx", "POLYGRAPHY_USE_TENSORRT_RTX=1")
+    res = run_console(["diff", str(model), str(eng)], env={**env, "POLYGRAPHY_USE_TENSORRT_RTX": "1"})
+    assert_one_line_error(res, 2, str(eng), "sm 8.6", str(eng / "model.onnx"))
+    assert "AUTOINSTALL" not in res.err

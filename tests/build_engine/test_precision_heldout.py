@@ -181,10 +181,14 @@ def test_fp16_model_to_bf16_says_what_stays_fp16(cli, tmp_path, rng: np.random.G
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "f16.onnx")
     res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "o.onnx", "--to", "bf16")
     assert res.code == 0, res.err
-    assert "already holds 1 float16 initializer;" in res.out and "convert the fp32 model" in res.out
+    assert "note: " in res.err and "already holds 1 float16 initializer;" in res.err
+    assert "convert the fp32 model" in res.err
     assert onnx.load(tmp_path / "o.onnx").graph.initializer[0].data_type == T.FLOAT16
     res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "p.onnx", "--to", "fp16")
-    assert res.code == 0 and "note:" not in res.out
+    assert res.code == 0 and "note:" not in res.out + res.err
+    # -q: "log only warnings and errors (no notes)"; the note went to stdout whatever -q said
+    res = cli("precision", tmp_path / "f16.onnx", "-o", tmp_path / "q.onnx", "--to", "bf16", "-q")
+    assert res.code == 0 and "note:" not in res.out + res.err
 
 
 def test_castlike_to_a_float32_target_stays_float32(rng: np.random.Generator) -> None:

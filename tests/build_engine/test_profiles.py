@@ -92,7 +92,11 @@ def test_unknown_key_names_nearest(tmp_path: Path, cli, old: str, new: str, need
     ("aux_streams = 0", "aux_streams = -1", ["builder.aux_streams", "-1", ">= 0"]),
     ("min = 1, opt = 4, max = 8", "min = 1, opt = 16, max = 8", ["shapes[0].batch", "opt=16", "min <= opt <= max"]),
     ('compute_capability = "8.6"', "compute_capability = 8.6", ["hardware.compute_capability", "string"]),
-    ("tile = 32", "tile = 48", ["lora.tile", "48", "power of two"]),
+    ("tile = 32", "tile = 48", ["lora.tile", "48", "32, 64, 128, 256"]),
+    # held out: values the schema took as powers of two, which lora inject --tile and TensorRT-LLM refuse
+    ("tile = 32", "tile = 1", ["lora.tile", "value 1", "32, 64, 128, 256"]),
+    ("tile = 32", "tile = 4096", ["lora.tile", "value 4096", "32, 64, 128, 256"]),
+    ("tokens_per_block = 32", "tokens_per_block = 48", ["kv.tokens_per_block", "48", "power of two"]),
     ("sm_count = 72", "sm_count = 72\nfp8_tflops = 250.0", ["hardware.fp8_tflops", "8.6"]),
     ('name = "decode"', 'name = "prefill"', ["shapes[1].name", "duplicate"]),
 ])
@@ -222,3 +226,13 @@ def test_cli_rows_and_json_follow_the_fields() -> None:
     assert [k for k in keys if k.startswith("shapes.")] == [f"shapes.{s.name}.{a}" for s in p.shapes
                                                              for a in ("batch", "sequence")]
     assert set(profile_to_dict(p)) == {f.name for f in dataclasses.fields(Profile)}
+
+
+def test_lora_tiles_are_the_plugins() -> None:
+    """A profile's [lora] tile is what ``trtforge lora inject --tile`` takes for that GPU: the same choices."""
+    from trtforge.plugins.lora.spec import TILE_CHOICES
+    from trtforge.profiles.schema import LORA_TILES
+
+    assert LORA_TILES == TILE_CHOICES
+    for name in ("a10", "a100", "h100", "l40s"):
+        assert load_profile(name).lora.tile in TILE_CHOICES

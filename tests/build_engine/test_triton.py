@@ -199,7 +199,9 @@ def test_real_engine_from_trtforge_build(tmp_path: Path, cli) -> None:
     assert [list(i.dims) for i in proto.input] == [t["shape"][1:] for t in manifest["inputs"]]
     plan = (tmp_path / "eng" / "model.plan").read_bytes()
     assert (tmp_path / "repo" / "llama" / "1" / "model.plan").read_bytes() == plan
-    assert "TensorRT-RTX" in res.out  # the runtime caveat is printed
+    assert "note: " in res.err and "TensorRT-RTX" in res.err  # the runtime caveat is a note on stderr
+    quiet = cli("triton", tmp_path / "eng", "--repo", tmp_path / "repo", "--name", "quiet", "-q")
+    assert quiet.code == 0 and "note:" not in quiet.err + quiet.out  # --quiet: no notes (it printed on stdout)
     assert cli("triton", "--check", tmp_path / "repo" / "llama").code == 0
 
 

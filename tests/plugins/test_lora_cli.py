@@ -118,6 +118,9 @@ def test_pack_with_targets_and_errors(cli, tmp_path):
     assert cli("lora", "pack", tmp_path / "ok", "--dtype", "bfloat16", "-o", tmp_path / "bf.safetensors").code == 0
     bf = read_safetensors(tmp_path / "bf.safetensors")[f"lora_a.{q0}"]
     assert str(bf.dtype) == "bfloat16" and bf.shape == (1, 32, 4) and bf.astype(np.float32).any()
+    # --dtype as precision --to / diff --precision / kv-plan --kv-dtype spell it (was a usage error): the same file
+    assert cli("lora", "pack", tmp_path / "ok", "--dtype", "bf16", "-o", tmp_path / "bf2.safetensors").code == 0
+    assert (tmp_path / "bf2.safetensors").read_bytes() == (tmp_path / "bf.safetensors").read_bytes()
 
     _adapter(tmp_path / "big", 32, 8.0, {q0: (32, 16)})
     res = cli("lora", "pack", tmp_path / "big", "--targets", "q_proj", "--max-rank", "16", "-o", tmp_path / "p2.st")

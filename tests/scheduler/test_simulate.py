@@ -126,3 +126,20 @@ def test_cli_simulate_errors(cli, tmp_path) -> None:
     assert_one_line_error(res, 2, "t.jsonl:1", "input_length")
     res = cli("simulate", "--trace", "synthetic", "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "lifo")
     assert_one_line_error(res, 2, "--policy")
+
+
+def test_cli_max_num_tokens_is_token_budget(cli, tmp_path) -> None:
+    """kv-plan's (and TensorRT-LLM's) --max-num-tokens is simulate's --token-budget under another name: the alias
+    gives the same run (it was a usage error)."""
+    runs = []
+    for flag in ("--token-budget", "--max-num-tokens"):
+        out = tmp_path / f"{flag.strip('-')}.json"
+        res = cli("simulate", "--trace", "synthetic:60", "--profile", "h100", "--model", "llama-3.1-8b",
+                  "--policy", "cache-aware", flag, "512", "--json", out)
+        assert res.code == 0, res.err
+        runs.append(json.loads(out.read_text()))
+    assert runs[0] == runs[1]
+    default = tmp_path / "default.json"
+    assert cli("simulate", "--trace", "synthetic:60", "--profile", "h100", "--model", "llama-3.1-8b",
+               "--policy", "cache-aware", "--json", default).code == 0
+    assert json.loads(default.read_text())["ttft_p99_s"] != runs[0]["ttft_p99_s"]  # 512 is not the default 8192

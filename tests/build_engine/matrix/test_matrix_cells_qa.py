@@ -42,6 +42,17 @@ def test_profile_listed_twice_is_one_cell(tmp_path: Path, rng: np.random.Generat
     assert [c.cell.label for c in report.cells] == ["llama/a100", "llama/a10"]
 
 
+def test_dry_run_table_shows_the_keys(tmp_path: Path, rng: np.random.Generator,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """--help: '--dry-run: print the cells, keys and cache state'; the table had no key (only --json had it)."""
+    mx = _setup(tmp_path, rng, '["a100", "a10"]')
+    assert main(["build-matrix", str(mx), "-o", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    keys = [c.cell.key for c in run_matrix(load_matrix(mx), tmp_path / "out", dry_run=True).cells]
+    assert len(set(keys)) == 2 and all(k[:16] in out for k in keys) and "planned" in out
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("profiles", "prof_name", "needle"), [
     ('["a100", "prof.toml"]', None, "both named 'a100'"),  # another profile of the same name: one folder for two
     ('["prof.toml"]', "../../victim", "cannot name a cell folder"),  # would publish over tmp_path/victim
