@@ -216,16 +216,19 @@ def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool
     return PrecisionResult(model=out, report=report)
 
 
-def node_decisions(model: ModelProto, to: str = "fp16",
-                   keep_ops: frozenset[str] = KEEP_OPS) -> dict[int, NodeDecision]:
+def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str] = KEEP_OPS,
+                   fp16_range: bool = True) -> dict[int, NodeDecision]:
     """The policy's decision for each top-level node (by index), without converting anything.
 
     ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
     ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
-    by their op contract), not a second list.
+    by their op contract), not a second list. It passes ``fp16_range=False``: rule 8 (a constant beyond +-65504
+    keeps its consumers fp32) is about fp16 storage, while a quantized projection's scales and every float part of
+    a quantized model stay float32 (``build`` builds it as it is).
     """
     consts = _constant_tensors(model)
-    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=beyond_fp16(consts, to))
+    wide = beyond_fp16(consts, to) if fp16_range else frozenset()
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide)
 
 
 @steps.timed("convert")

@@ -1,0 +1,146 @@
+"""The numbers ``trtforge quantize`` writes, recomputed here from the ONNX spec on weights built to hit the edge
+cases (an outlier, all-equal, all-zero, subnormal and 1e-11 channels; values beyond fp16's range), and what
+onnxruntime computes from them, bit for bit, on held-out inputs beyond the calibrated range."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtforge.build_engine.cli import main
+from trtforge.build_engine.quantize.numerics import fake_quant_act
+
+K, N = 64, 16
+QMAX = {"int8": 127.0, "int4-wo": 7.0, "fp8": 448.0}
+BLOCK = 16
+
+
+def _model(w: np.ndarray) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"), helper.make_node("Tanh", ["h"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, N])], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _edge_weights(rng: np.random.Generator) -> np.ndarray:
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    w[3, 0] = 40.0                      # an outlier
+    w[:, 1] = 0.7                       # all equal
+    w[:, 2] = 0.0                       # all zero: scale 0 would be 0 / 0
+    w[:, 3] = rng.standard_normal(K).astype(np.float32) * np.float32(1e-39)  # subnormal
+    w[:, 4] = -0.7                      # all equal, negative
+    w[:, 5] = rng.standard_normal(K).astype(np.float32) * np.float32(1e-11)  # tiny, still normal
+    return w
+
+
+def _quantize(tmp_path: Path, w: np.ndarray, calib: np.ndarray, mode: str) -> tuple[onnx.ModelProto, dict]:
+    src, out, npz, rep = (tmp_path / n for n in ("in.onnx", f"{mode}.onnx", "calib.npz", "r.json"))
+    onnx.save(_model(w), src)
+    np.savez(npz, x=calib)
+    code = main(["quantize", str(src), "-o", str(out), "--mode", mode, "--calib", str(npz), "--int4-method", "rtn",
+                 "--block-size", str(BLOCK), "--report", str(rep)])
+    assert code == 0
+    report = json.loads(rep.read_text())
+    assert [n["name"] for n in report["nodes"]] == ["proj"], report["excluded"]
+    return onnx.load(out), report
+
+
+def _migration(w: np.ndarray, calib: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """SmoothQuant's s (``smoothquant`` docstring), from the calibration inputs (x is the graph input)."""
+    xa = np.abs(calib).reshape(-1, K).max(0).astype(np.float64)
+    wa = np.abs(w).max(1).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = xa ** alpha / wa ** (1 - alpha)
+    return np.clip(np.where((xa > 0) & (wa > 0) & np.isfinite(s), s, 1.0), 1e-4, 1e4).astype(np.float32)
+
+
+def _expected_weight(ws: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, stored values) by the spec: scale = max(range, 1e-12) / qmax in float64, then float32;
+    QuantizeLinear: x / scale in float32, round half to even, saturate."""
+    a = np.abs(ws.astype(np.float64))
+    amax = a.reshape(K // BLOCK, BLOCK, N).max(1) if mode == "int4-wo" else a.max(0)
+    scale = (np.maximum(amax, 1e-12) / QMAX[mode]).astype(np.float32)
+    full = np.repeat(scale, BLOCK, axis=0) if mode == "int4-wo" else scale[None, :]
+    if mode == "fp8":
+        q = np.clip(ws / full, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    else:
+        q = np.clip(np.rint(ws / full), -8 if mode == "int4-wo" else -127, QMAX[mode])
+    return scale, q
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> bytes:
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    model.graph.output.extend(inferred[n] for n in names)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4-wo", "fp8"])
+def test_written_scales_and_values_are_the_spec_arithmetic(mode: str, tmp_path: Path,
+                                                           rng: np.random.Generator) -> None:
+    import onnxruntime as ort
+
+    w = _edge_weights(rng)
+    calib = (rng.standard_normal((3, 1, 5, K)) * rng.uniform(0.5, 3.0, K)).astype(np.float32)
+    model, report = _quantize(tmp_path, w, calib, mode)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    s = _migration(w, calib) if mode == "int8" else np.ones(K, np.float32)
+    if mode == "int8":
+        np.testing.assert_array_equal(inits["x_migration_inv_scale"], (1.0 / s).astype(np.float32))
+    ws = w * s[:, None]
+    scale, q = _expected_weight(ws, mode)
+    np.testing.assert_array_equal(inits["w_scale"], scale)  # exact: float64 division rounded once to float32
+    stored = inits["w_quantized"].astype(np.float64)
+    np.testing.assert_array_equal(stored, q)
+    assert np.all(stored[:, 2] == 0) and np.all(inits["w_scale"] > 0)  # the zero channel: 0, positive scale
+    tiny = np.abs(stored[:, 5]).reshape(-1, BLOCK).max(1) if mode == "int4-wo" else np.abs(stored[:, 5]).max()
+    assert np.all(tiny == QMAX[mode])  # 1e-11 weights keep every step (a 1e-12 floor on the scale zeroed them)
+    # onnxruntime on inputs 3x beyond the calibrated range: every Q/DQ output is the NumPy arithmetic, bit for bit
+    x = (calib[0] * 3).astype(np.float32)
+    x[0, 0] = -3 * np.abs(calib).reshape(-1, K).max(0)  # 3x below every channel's calibrated range
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "w_quantized")
+    act = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n is not dq]
+    names = [dq.output[0]] + [n.output[0] for n in act]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(_with_outputs(model, names), options, providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x}), strict=True))
+    full = np.repeat(scale, BLOCK, axis=0) if mode == "int4-wo" else scale[None, :]
+    np.testing.assert_array_equal(got[dq.output[0]], (q.astype(np.float32) * full).astype(np.float32))
+    assert len(act) == (0 if mode == "int4-wo" else 1)
+    for node in act:
+        amax = report["nodes"][0]["act_amax"]
+        expected = fake_quant_act(x * (1.0 / s).astype(np.float32) if mode == "int8" else x, amax, mode)
+        np.testing.assert_array_equal(got[node.output[0]], expected)
+        if mode == "int8":
+            assert float(got[node.output[0]].min()) == pytest.approx(-128 * float(inits["x_act_scale"]))
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4-wo", "fp8"])
+def test_weights_beyond_the_fp16_range_are_quantized(mode: str, tmp_path: Path, rng: np.random.Generator) -> None:
+    """The precision policy's fp16-range rule kept such a projection float ('nothing to quantize', exit 2): a
+    quantized model's scales and float parts are float32, so fp16's range is no limit."""
+    import onnxruntime as ort
+
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    w[:, :4] *= np.float32(1e5)
+    calib = rng.standard_normal((3, 1, 5, K)).astype(np.float32)
+    model, _ = _quantize(tmp_path, w, calib, mode)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    x = calib[0]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    mm = next(n for n in probe.graph.node if n.op_type == "MatMul")
+    got = ort.InferenceSession(_with_outputs(probe, [mm.output[0]]), options,
+                               providers=["CPUExecutionProvider"]).run([mm.output[0]], {"x": x})[0]
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    rel = np.linalg.norm(got - ref, axis=(0, 1)) / np.linalg.norm(ref, axis=(0, 1))
+    bound = 0.2 if mode == "int4-wo" else 0.1  # 4-bit steps of a 16-row block: ~0.1 per channel
+    assert rel[:4].max() < bound and np.linalg.norm(got - ref) < bound * np.linalg.norm(ref), rel
