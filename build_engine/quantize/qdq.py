@@ -87,6 +87,12 @@ def _weight_node(plan: WeightPlan, mode: str, new: Namer, inits: list[TensorProt
     return node, out
 
 
+def _same_storage(a: WeightPlan, b: WeightPlan) -> bool:
+    if a.block != b.block or (a.clip is None) != (b.clip is None) or not np.array_equal(a.weight, b.weight):
+        return False
+    return a.clip is None or b.clip is None or np.array_equal(a.clip, b.clip)
+
+
 def _bump_opset(model: ModelProto, mode: str) -> None:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx") and imp.version < MIN_OPSET[mode]:
@@ -108,9 +114,16 @@ def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan], weights
         before.setdefault(min(edge.consumers), []).extend(nodes)
         for i in edge.consumers:
             g.node[i].input[0] = edge_out[x]
+    made: dict[str, list[tuple[WeightPlan, str]]] = {}  # source weight -> the plans written for it, their outputs
     for plan in weights:
-        node, w_out = _weight_node(plan, mode, new, inits)
-        before.setdefault(plan.target.index, []).append(node)
+        # a weight shared by projections is stored once per distinct stored form (same migrated values, block and
+        # clip: fp8, rtn, or one SmoothQuant/AWQ group), not once per reader; ``weights`` are in node order, so the
+        # DequantizeLinear sits before its first reader
+        w_out = next((out for done, out in made.get(plan.target.weight, []) if _same_storage(done, plan)), None)
+        if w_out is None:
+            node, w_out = _weight_node(plan, mode, new, inits)
+            before.setdefault(plan.target.index, []).append(node)
+            made.setdefault(plan.target.weight, []).append((plan, w_out))
         g.node[plan.target.index].input[1] = w_out
     nodes = []
     for i, node in enumerate(g.node):

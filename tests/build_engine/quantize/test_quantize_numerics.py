@@ -144,3 +144,36 @@ def test_weights_beyond_the_fp16_range_are_quantized(mode: str, tmp_path: Path, 
     rel = np.linalg.norm(got - ref, axis=(0, 1)) / np.linalg.norm(ref, axis=(0, 1))
     bound = 0.2 if mode == "int4-wo" else 0.1  # 4-bit steps of a 16-row block: ~0.1 per channel
     assert rel[:4].max() < bound and np.linalg.norm(got - ref) < bound * np.linalg.norm(ref), rel
+
+
+@pytest.mark.parametrize(("mode", "copies"), [("fp8", 1), ("int4-wo", 1), ("int8", 2)])
+def test_weight_shared_by_two_projections_is_stored_once_per_distinct_form(mode: str, copies: int, tmp_path: Path,
+                                                                           rng: np.random.Generator) -> None:
+    """One weight read by two MatMuls on different activations (ALBERT-style shared layers) was stored quantized
+    once per reader, identical copies included (fp8, rtn): the quantized model grew with every reader. int8's two
+    SmoothQuant migrations make two different stored weights, which both stay."""
+    import onnxruntime as ort
+
+    w = (rng.standard_normal((K, K)) / np.sqrt(K)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="layer0"), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("MatMul", ["t", "w"], ["h2"], name="layer1"), helper.make_node("Tanh", ["h2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, K])],
+                              [numpy_helper.from_array(w, "w")])
+    src, out, npz = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "calib.npz"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), src)
+    calib = rng.standard_normal((3, 1, 5, K)).astype(np.float32)
+    np.savez(npz, x=calib)
+    assert main(["quantize", str(src), "-o", str(out), "--mode", mode, "--calib", str(npz), "--int4-method", "rtn",
+                 "--block-size", str(BLOCK)]) == 0
+    q = onnx.load(out)
+    onnx.checker.check_model(q, full_check=True)
+    stored = [t for t in q.graph.initializer if t.name.startswith("w_quantized")]
+    assert len(stored) == copies
+    reads = {n.name: n.input[1] for n in q.graph.node if n.op_type == "MatMul"}
+    assert (reads["layer0"] == reads["layer1"]) == (copies == 1)
+    # the shared form computes what two copies would: the float model's result within the mode's error
+    x = calib[1]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = np.tanh(np.tanh(x @ w) @ w)
+    assert np.linalg.norm(got - ref) < 0.2 * np.linalg.norm(ref)
