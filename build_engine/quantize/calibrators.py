@@ -149,5 +149,5 @@ def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample],
             raise InputError(f"calibration: onnxruntime's {method} calibrator found no range for {name!r}")
         lo, hi = (float(np.asarray(v).max()) for v in (np.abs(data[name].range_value[0]),
                                                           np.abs(data[name].range_value[1])))
-        out[name] = max(lo, hi, 1e-8)
+        out[name] = max(lo, hi)  # 0 for an all-zero activation: ``numerics.act_scale`` floors every range alike
     return out

@@ -177,3 +177,19 @@ def test_weight_shared_by_two_projections_is_stored_once_per_distinct_form(mode:
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     ref = np.tanh(np.tanh(x @ w) @ w)
     assert np.linalg.norm(got - ref) < 0.2 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("calibrator", ["max", "percentile", "entropy"])
+def test_small_activation_range_is_the_same_for_every_calibrator(calibrator: str, tmp_path: Path,
+                                                                 rng: np.random.Generator) -> None:
+    """percentile / entropy floored their range at 1e-8 (the max calibrator and act_scale at 1e-12): an activation
+    of range 5e-10 got 20x too coarse a scale (every value in the lowest ~22 of 448 fp8 steps)."""
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    calib = np.full((2, 1, 5, K), 5e-10, np.float32)
+    src, out, npz = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "calib.npz"
+    onnx.save(_model(w), src)
+    np.savez(npz, x=calib)
+    assert main(["quantize", str(src), "-o", str(out), "--mode", "fp8", "--calib", str(npz),
+                 "--calibrator", calibrator]) == 0
+    scale = next(numpy_helper.to_array(t) for t in onnx.load(out).graph.initializer if t.name == "x_act_scale")
+    assert float(scale) == pytest.approx(5e-10 / 448, rel=1e-6)
