@@ -4,6 +4,7 @@ onnxruntime computes from them, bit for bit, on held-out inputs beyond the calib
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -193,3 +194,27 @@ def test_small_activation_range_is_the_same_for_every_calibrator(calibrator: str
                  "--calibrator", calibrator]) == 0
     scale = next(numpy_helper.to_array(t) for t in onnx.load(out).graph.initializer if t.name == "x_act_scale")
     assert float(scale) == pytest.approx(5e-10 / 448, rel=1e-6)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt_rtx not installed")
+@pytest.mark.parametrize(("mode", "profile"), [("int8", "a100"), ("int4-wo", "a100"), ("fp8", "l40s")])
+def test_edge_case_weights_and_a_shared_weight_build(mode: str, profile: str, tmp_path: Path,
+                                                     rng: np.random.Generator) -> None:
+    """TensorRT-RTX builds what the numbers above write: scales down to 1e-12 / qmax (zero and subnormal
+    channels), a channel beyond fp16's range, and one DequantizeLinear read by two MatMuls."""
+    w = _edge_weights(rng)
+    w[:, 6] = rng.standard_normal(K).astype(np.float32) * np.float32(1e6)
+    sq = rng.standard_normal((N, N)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("MatMul", ["t", "sq"], ["h2"], name="shared0"), helper.make_node("Tanh", ["h2"], ["u"]),
+             helper.make_node("MatMul", ["u", "sq"], ["h3"], name="shared1"), helper.make_node("Tanh", ["h3"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, N])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(sq, "sq")])
+    src, out, engine = tmp_path / "in.onnx", tmp_path / "q.onnx", tmp_path / "engine"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), src)
+    assert main(["quantize", str(src), "-o", str(out), "--mode", mode, "--calib-size", "2", "--int4-method", "rtn",
+                 "--block-size", str(BLOCK)]) == 0
+    assert main(["build", str(out), "--profile", profile, "-o", str(engine), "--no-progress"]) == 0
+    assert json.loads((engine / "manifest.json").read_text())["quantization"]["quantized"] == 3
+    assert (engine / "model.plan").stat().st_size > 0
