@@ -217,17 +217,17 @@ def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool
 
 
 def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str] = KEEP_OPS,
-                   fp16_range: bool = True) -> dict[int, NodeDecision]:
+                   range_exempt: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
     """The policy's decision for each top-level node (by index), without converting anything.
 
     ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
     ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
-    by their op contract), not a second list. It passes ``fp16_range=False``: rule 8 (a constant beyond +-65504
-    keeps its consumers fp32) is about fp16 storage, while a quantized projection's scales and every float part of
-    a quantized model stay float32 (``build`` builds it as it is).
+    by their op contract), not a second list. ``range_exempt``: constants rule 8 (a constant beyond +-65504 keeps
+    its consumers fp32) does not apply to; quantize exempts projection weights, which it stores with float32
+    per-channel / per-block scales (a value computed from another wide constant, a mask sentinel, still counts).
     """
     consts = _constant_tensors(model)
-    wide = beyond_fp16(consts, to) if fp16_range else frozenset()
+    wide = beyond_fp16(consts, to) - range_exempt
     return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide)
 
 

@@ -218,3 +218,28 @@ def test_edge_case_weights_and_a_shared_weight_build(mode: str, profile: str, tm
     assert main(["build", str(out), "--profile", profile, "-o", str(engine), "--no-progress"]) == 0
     assert json.loads((engine / "manifest.json").read_text())["quantization"]["quantized"] == 3
     assert (engine / "model.plan").stat().st_size > 0
+
+
+def test_an_activation_from_a_wide_constant_still_keeps_its_projection_float(tmp_path: Path,
+                                                                              rng: np.random.Generator) -> None:
+    """Only the projection's own weight is exempt from the fp16-range rule: an activation plus a -1e9 mask
+    sentinel would set its per-tensor scale (every other value quantized to 0), so its reader stays float."""
+    mask = np.zeros((1, 5, K), np.float32)
+    mask[0, 0, :8] = -1e9
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    w[:, 0] *= np.float32(1e5)
+    nodes = [helper.make_node("Add", ["x", "mask"], ["xm"]), helper.make_node("MatMul", ["xm", "w1"], ["h1"],
+                                                                              name="masked"),
+             helper.make_node("Tanh", ["h1"], ["y1"]), helper.make_node("MatMul", ["x", "w"], ["h2"], name="wide"),
+             helper.make_node("Tanh", ["h2"], ["y2"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, K])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 5, N]) for y in ("y1", "y2")],
+                              [numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), "w1")])
+    src, out, rep = tmp_path / "in.onnx", tmp_path / "q.onnx", tmp_path / "r.json"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), src)
+    assert main(["quantize", str(src), "-o", str(out), "--mode", "int8", "--calib-size", "2",
+                 "--report", str(rep)]) == 0
+    report = json.loads(rep.read_text())
+    assert [n["name"] for n in report["nodes"]] == ["wide"]
+    assert [(e["name"], "fp16 range" in e["reason"]) for e in report["excluded"]] == [("masked", True)]
