@@ -6,7 +6,8 @@ The Mul and the Q/DQ pair sit on the projections' edge only: any other reader of
 residual) keeps the float ``x``. For each weight: the stored int8 / fp8 / int4 initializer and its float32 scales
 behind one ``DequantizeLinear`` (per output channel, ``axis=1``; int4 per block, ``axis=0, block_size``). Every
 scale is float32, so both operands of a MatMul dequantize to one type (TensorRT refuses a MatMul whose operand
-scales differ in type). Weight-only (int4) edges get the migration Mul and no activation Q/DQ.
+scales differ in type). Weight-only (int4) edges get the migration Mul and no activation Q/DQ. An int4 weight of one
+block and one output channel has one scale: it is written per tensor (no ``block_size``), which TensorRT builds.
 """
 
 from __future__ import annotations
@@ -77,11 +78,15 @@ def _edge_nodes(edge: EdgePlan, mode: str, new: Namer, inits: list[TensorProto])
 def _weight_node(plan: WeightPlan, mode: str, new: Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
     t, block = plan.target, plan.block
     q, scale = quantize_weight(plan.weight, mode, block, plan.clip)
+    attrs: dict[str, Any] = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
+    if mode == "int4-wo" and scale.size == 1:
+        # one block of one output channel ([block, 1]: a value head): TensorRT refuses a one-element block scale
+        # ("ScaleMode is illegal"); the per-tensor form with the same scale is the same arithmetic and builds
+        scale, attrs = scale.reshape(()), {}
     qname, sname = new(f"{t.weight}_quantized"), new(f"{t.weight}_scale")
     inits.append(numpy_helper.from_array(q, qname))
     inits.append(numpy_helper.from_array(scale, sname))
     out = new(f"{t.weight}_dequantized")
-    attrs: dict[str, Any] = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
     node = helper.make_node("DequantizeLinear", [qname, sname], [out], name=new(f"{t.name}/weight/DequantizeLinear"),
                             **attrs)
     return node, out

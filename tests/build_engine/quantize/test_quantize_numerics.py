@@ -267,3 +267,37 @@ def test_awq_report_states_the_error_of_the_written_weights(tmp_path: Path, rng:
     true = np.linalg.norm(xm.astype(np.float64) @ deq - ref) / np.linalg.norm(ref)
     assert 0.01 < true < 0.3
     assert reported == pytest.approx(true, rel=0.01), (note, true)
+
+
+@pytest.mark.parametrize("k", [16, 128])
+def test_int4_value_head_of_one_block_builds(k: int, tmp_path: Path, rng: np.random.Generator) -> None:
+    """A [K, 1] weight of one block (a value / reward head) had a one-element block scale [1, 1], which TensorRT-RTX
+    refuses ("ScaleMode is illegal"): quantize exited 0, build exited 2. It is written per tensor (one scale, no
+    block_size): the same numbers, checked here, and it builds."""
+    import onnxruntime as ort
+
+    w = rng.standard_normal((k, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="value_head"), helper.make_node("Tanh", ["h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])], [numpy_helper.from_array(w, "w")])
+    src, out = tmp_path / "in.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), src)
+    assert main(["quantize", str(src), "-o", str(out), "--mode", "int4-wo", "--int4-method", "rtn", "--calib-size",
+                 "2", "--block-size", str(k)]) == 0
+    q = onnx.load(out)
+    onnx.checker.check_model(q, full_check=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    scale = np.float32(np.abs(w.astype(np.float64)).max() / 7)
+    assert inits["w_scale"].shape == () and inits["w_scale"] == scale
+    expected = np.clip(np.rint(w / scale), -8, 7)
+    np.testing.assert_array_equal(inits["w_quantized"].astype(np.float64), expected)
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    x = rng.uniform(-1, 1, (2, k)).astype(np.float32)
+    got = ort.InferenceSession(_with_outputs(q, [dq.output[0]]), options,
+                               providers=["CPUExecutionProvider"]).run([dq.output[0]], {"x": x})[0]
+    np.testing.assert_array_equal(got, (expected * scale).astype(np.float32))
+    if importlib.util.find_spec("tensorrt_rtx") is not None:
+        assert main(["build", str(out), "--profile", "a100", "-o", str(tmp_path / "engine"), "--no-progress"]) == 0
