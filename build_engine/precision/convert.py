@@ -216,16 +216,19 @@ def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool
     return PrecisionResult(model=out, report=report)
 
 
-def node_decisions(model: ModelProto, to: str = "fp16",
-                   keep_ops: frozenset[str] = KEEP_OPS) -> dict[int, NodeDecision]:
+def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str] = KEEP_OPS,
+                   range_exempt: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
     """The policy's decision for each top-level node (by index), without converting anything.
 
     ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
     ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
-    by their op contract), not a second list.
+    by their op contract), not a second list. ``range_exempt``: constants rule 8 (a constant beyond +-65504 keeps
+    its consumers fp32) does not apply to; quantize exempts projection weights, which it stores with float32
+    per-channel / per-block scales (a value computed from another wide constant, a mask sentinel, still counts).
     """
     consts = _constant_tensors(model)
-    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=beyond_fp16(consts, to))
+    wide = beyond_fp16(consts, to) - range_exempt
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide)
 
 
 @steps.timed("convert")

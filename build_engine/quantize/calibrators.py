@@ -26,6 +26,7 @@ from onnx import ModelProto, TensorProto, helper
 from trtforge.plugins.lora.decompose import decompose
 
 from ..core.errors import InputError
+from ..core.graph import PROTO_LIMIT
 from ..verify.sessions import make_session
 from .calib_data import Sample
 
@@ -48,8 +49,28 @@ def _with_outputs(model: ModelProto, tensors: Sequence[str]) -> ModelProto:
     return m
 
 
-def _session(model: ModelProto) -> Any:
+def _session(model: ModelProto | str) -> Any:
     return make_session(model, threads=2)  # graph optimizations off: exact fp32, no fusions
+
+
+def _weight_bytes(model: ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+@contextlib.contextmanager
+def _runnable(model: ModelProto) -> Iterator[ModelProto | str]:
+    """``model`` itself, or, when its weights near protobuf's 2 GiB limit, the path of a temporary copy with external
+    data: onnxruntime serialises a model given in memory, which fails for every model over 2 GiB (any 1B-parameter
+    fp32 LLM), and so did quantize's calibration."""
+    if _weight_bytes(model) < PROTO_LIMIT:
+        yield model
+        return
+    from ..core.onnx_save import save_model
+
+    with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        save_model(model, path, external_data=True)
+        yield str(path)
 
 
 def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
@@ -68,7 +89,12 @@ def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
 def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], keep_rows: bool,
             seed: int = 0) -> dict[str, ActStats]:
     tensors = list(dict.fromkeys(tensors))
-    sess = _session(_with_outputs(model, tensors))
+    with _runnable(_with_outputs(model, tensors)) as source:
+        return _collect(_session(source), tensors, samples, keep_rows, seed)
+
+
+def _collect(sess: Any, tensors: list[str], samples: Sequence[Sample], keep_rows: bool,
+             seed: int) -> dict[str, ActStats]:
     amax: dict[str, np.ndarray] = {}
     total: dict[str, np.ndarray] = {}
     count: dict[str, int] = {}
@@ -121,7 +147,7 @@ def _calibrator_class(method: str) -> tuple[type, dict[str, Any]]:
 
 def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], method: str) -> dict[str, float]:
     """Per-tensor |x| bound of each activation in ``tensors`` by the named onnxruntime calibrator."""
-    import onnx
+    from ..core.onnx_save import save_model
 
     base, kwargs = _calibrator_class(method)
     wanted = set(tensors)
@@ -133,9 +159,10 @@ def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample],
 
     with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
         path = Path(tmp) / "model.onnx"
-        onnx.save(decompose(model), path)
+        big = _weight_bytes(model) >= PROTO_LIMIT  # onnx.save / the augmented model: external data past 2 GiB
+        save_model(decompose(model), path, external_data=big)
         cal = Selected(path, op_types_to_calibrate=None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                       **kwargs)
+                       use_external_data_format=big, **kwargs)
         cal.augment_graph()
         cal.create_inference_session()
         # onnxruntime's calibrators print progress on stdout ("Collecting tensor data and making histogram ...");
@@ -149,5 +176,5 @@ def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample],
             raise InputError(f"calibration: onnxruntime's {method} calibrator found no range for {name!r}")
         lo, hi = (float(np.asarray(v).max()) for v in (np.abs(data[name].range_value[0]),
                                                           np.abs(data[name].range_value[1])))
-        out[name] = max(lo, hi, 1e-8)
+        out[name] = max(lo, hi)  # 0 for an all-zero activation: ``numerics.act_scale`` floors every range alike
     return out

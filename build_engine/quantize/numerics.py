@@ -6,6 +6,11 @@ explicit quantization requires.
 - fp8: per output channel, scale = max|W[:, n]| / 448 (E4M3's largest finite), round-to-nearest-even via ml_dtypes;
 - int4: per block of ``block`` input rows and output channel (DequantizeLinear ``axis=0, block_size=block``),
   scale = max|block| / 7, values in [-8, 7] (the last block may be short: ONNX scales have ceil(in / block) rows).
+
+Every range (weight channel, block, activation) below 1e-12 counts as 1e-12 (scale ``max(amax, 1e-12) / qmax``): an
+all-zero channel gets a positive scale (QuantizeLinear divides by it; TensorRT refuses scales <= 0). The floor is
+on the range, not on the scale: a channel of max |W| = 1e-11 still gets its 127 int8 steps (a floor of 1e-12 on the
+scale stored it as codes 0..11, and a smaller one as all zeros).
 """
 
 from __future__ import annotations
@@ -52,15 +57,15 @@ def quantize_weight(w: np.ndarray, mode: str, block: int = 128,
         import ml_dtypes
 
         amax = _block_amax(w, block) * (1.0 if clip is None else clip)
-        scale = np.maximum(amax / INT4_MAX, _TINY).astype(np.float32)
+        scale = (np.maximum(amax, _TINY) / INT4_MAX).astype(np.float32)
         full = np.repeat(scale, block, axis=0)[: w.shape[0]]
         return np.clip(np.rint(w / full), -8, 7).astype(ml_dtypes.int4), scale
     amax = np.abs(w).max(0)
     if mode == "int8":
-        scale = np.maximum(amax / INT8_MAX, _TINY).astype(np.float32)
+        scale = (np.maximum(amax, _TINY) / INT8_MAX).astype(np.float32)
         return np.clip(np.rint(w / scale), -INT8_MAX, INT8_MAX).astype(np.int8), scale
     if mode == "fp8":
-        scale = np.maximum(amax / FP8_MAX, _TINY).astype(np.float32)
+        scale = (np.maximum(amax, _TINY) / FP8_MAX).astype(np.float32)
         return _fp8(w / scale), scale
     raise ValueError(f"unknown mode {mode!r}")
 
@@ -76,15 +81,17 @@ def fake_quant_weight(w: np.ndarray, mode: str, block: int = 128,
     if mode == "int4-wo":  # the same arithmetic as quantize_weight, kept in float32 (AWQ's search calls it often)
         w = w.astype(np.float32)
         amax = _block_amax(w, block) * clip
-        full = np.repeat(np.maximum(amax / INT4_MAX, _TINY), block, axis=0)[: w.shape[0]]
+        full = np.repeat(np.maximum(amax, _TINY) / INT4_MAX, block, axis=0)[: w.shape[0]]
         return np.clip(np.rint(w / full), -8, 7) * full
     q, s = quantize_weight(w, mode, block)
     return dequantize_weight(q, s, mode, block)
 
 
 def fake_quant_act(x: np.ndarray, amax: float, mode: str) -> np.ndarray:
-    """Per-tensor symmetric activation quantization, as the inserted QuantizeLinear/DequantizeLinear compute it."""
+    """Per-tensor symmetric activation quantization, as the inserted QuantizeLinear/DequantizeLinear compute it
+    (onnxruntime bit for bit): int8 QuantizeLinear saturates to [-128, 127], so an input below the calibrated range
+    reaches -128 (weights are stored in [-127, 127])."""
     scale = act_scale(amax, mode)
     if mode == "int8":
-        return np.clip(np.rint(x / scale), -INT8_MAX, INT8_MAX).astype(np.float32) * scale
+        return np.clip(np.rint(x / scale), -INT8_MAX - 1, INT8_MAX).astype(np.float32) * scale
     return _fp8(x / scale).astype(np.float32) * scale

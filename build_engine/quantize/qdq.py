@@ -6,7 +6,8 @@ The Mul and the Q/DQ pair sit on the projections' edge only: any other reader of
 residual) keeps the float ``x``. For each weight: the stored int8 / fp8 / int4 initializer and its float32 scales
 behind one ``DequantizeLinear`` (per output channel, ``axis=1``; int4 per block, ``axis=0, block_size``). Every
 scale is float32, so both operands of a MatMul dequantize to one type (TensorRT refuses a MatMul whose operand
-scales differ in type). Weight-only (int4) edges get the migration Mul and no activation Q/DQ.
+scales differ in type). Weight-only (int4) edges get the migration Mul and no activation Q/DQ. An int4 weight of one
+block and one output channel has one scale: it is written per tensor (no ``block_size``), which TensorRT builds.
 """
 
 from __future__ import annotations
@@ -77,14 +78,24 @@ def _edge_nodes(edge: EdgePlan, mode: str, new: Namer, inits: list[TensorProto])
 def _weight_node(plan: WeightPlan, mode: str, new: Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
     t, block = plan.target, plan.block
     q, scale = quantize_weight(plan.weight, mode, block, plan.clip)
+    attrs: dict[str, Any] = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
+    if mode == "int4-wo" and scale.size == 1:
+        # one block of one output channel ([block, 1]: a value head): TensorRT refuses a one-element block scale
+        # ("ScaleMode is illegal"); the per-tensor form with the same scale is the same arithmetic and builds
+        scale, attrs = scale.reshape(()), {}
     qname, sname = new(f"{t.weight}_quantized"), new(f"{t.weight}_scale")
     inits.append(numpy_helper.from_array(q, qname))
     inits.append(numpy_helper.from_array(scale, sname))
     out = new(f"{t.weight}_dequantized")
-    attrs: dict[str, Any] = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
     node = helper.make_node("DequantizeLinear", [qname, sname], [out], name=new(f"{t.name}/weight/DequantizeLinear"),
                             **attrs)
     return node, out
+
+
+def _same_storage(a: WeightPlan, b: WeightPlan) -> bool:
+    if a.block != b.block or (a.clip is None) != (b.clip is None) or not np.array_equal(a.weight, b.weight):
+        return False
+    return a.clip is None or b.clip is None or np.array_equal(a.clip, b.clip)
 
 
 def _bump_opset(model: ModelProto, mode: str) -> None:
@@ -108,9 +119,16 @@ def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan], weights
         before.setdefault(min(edge.consumers), []).extend(nodes)
         for i in edge.consumers:
             g.node[i].input[0] = edge_out[x]
+    made: dict[str, list[tuple[WeightPlan, str]]] = {}  # source weight -> the plans written for it, their outputs
     for plan in weights:
-        node, w_out = _weight_node(plan, mode, new, inits)
-        before.setdefault(plan.target.index, []).append(node)
+        # a weight shared by projections is stored once per distinct stored form (same migrated values, block and
+        # clip: fp8, rtn, or one SmoothQuant/AWQ group), not once per reader; ``weights`` are in node order, so the
+        # DequantizeLinear sits before its first reader
+        w_out = next((out for done, out in made.get(plan.target.weight, []) if _same_storage(done, plan)), None)
+        if w_out is None:
+            node, w_out = _weight_node(plan, mode, new, inits)
+            before.setdefault(plan.target.index, []).append(node)
+            made.setdefault(plan.target.weight, []).append((plan, w_out))
         g.node[plan.target.index].input[1] = w_out
     nodes = []
     for i, node in enumerate(g.node):

@@ -60,7 +60,8 @@ def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
             choice = awq.search(stats[x], ws, blocks[x])
             if choice.alpha > 0:
                 scales[x] = choice.scales
-            notes[x] = (f"awq alpha={choice.alpha:.2f} (calibration rel. error {choice.error:.3g}, "
+            # the error of the written weights (after the clipping search) is filled in by ``_awq_notes``
+            notes[x] = (f"awq alpha={choice.alpha:.2f} (calibration rel. error {{error:.3g}}, "
                         f"rtn {choice.error_rtn:.3g})")
         else:
             notes[x] = "none"
@@ -92,6 +93,8 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
                          else None, amax.get(x)) for x, ts in groups.items()}
     plans = [_weight_plan(t, weights[t.weight], scales.get(t.x), blocks[t.x], stats.get(t.x), cfg)
              for t in sel.targets]
+    if cfg.mode == "int4-wo" and cfg.int4_method == "awq":
+        notes = _awq_notes(notes, groups, plans, weights, scales, stats, blocks)
     quantized = rewrite(model, cfg.mode, edges, plans)
     folded = fold(quantized)
     report = QuantReport(
@@ -206,6 +209,22 @@ def _weight_plan(t: Target, w: np.ndarray, s: np.ndarray | None, block: int, sta
         rows = stats.rows / s if s is not None else stats.rows
         clip = awq.clip_search(rows, w, block)
     return WeightPlan(t, w, block, clip)
+
+
+def _awq_notes(notes: dict[str, str], groups: dict[str, list[Target]], plans: list[WeightPlan],
+               weights: dict[str, np.ndarray], scales: dict[str, np.ndarray],
+               stats: dict[str, calibrators.ActStats], blocks: dict[str, int]) -> dict[str, str]:
+    """Each AWQ note with the calibration error of the weights as written (scales and clipping both applied)."""
+    out = dict(notes)
+    for x, ts in groups.items():
+        rows = stats[x].rows
+        mine = [p for p in plans if p.target.x == x]
+        if rows is None or not mine:
+            continue
+        err = awq.written_error(rows, [weights[t.weight] for t in ts], [p.weight for p in mine],
+                                [p.clip for p in mine], scales.get(x), blocks[x])
+        out[x] = notes[x].format(error=err)
+    return out
 
 
 def block_for(in_features: int, wanted: int) -> int:

@@ -10,7 +10,9 @@ Activation x activation MatMuls (attention scores, probabilities x values) are n
 candidate stays float when:
 
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
-   the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values;
+   the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values, or
+   reads an activation computed from a constant beyond fp16's range (a mask sentinel would set its per-tensor
+   scale); its own weight beyond +-65504 does not keep it float (per-channel float32 scales store it);
 2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
    data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
    last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
@@ -157,7 +159,9 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     """Targets and excluded candidates of ``model`` (see the module docstring)."""
     inits = {t.name: t for t in model.graph.initializer}
     fed = {vi.name for vi in model.graph.input}
-    decisions = node_decisions(model, "fp16")
+    weights = frozenset(n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
+                        and n.input[1] in inits and n.input[0] not in inits)
+    decisions = node_decisions(model, "fp16", range_exempt=weights)  # stored with float32 scales
     heads = _lm_heads(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     targets: list[Target] = []
