@@ -38,7 +38,8 @@ def build_parser() -> ArgumentParser:
                    help="sequence length of generated samples (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated samples and AWQ row sampling (default 0)")
     p.add_argument("--exclude", default="", help="comma-separated node-name patterns kept in float (fnmatch globs; "
-                                                 "a pattern without *?[ matches as a substring)")
+                                                 "a pattern without *?[ matches as a substring; one that matches no "
+                                                 "node name is refused)")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength for int8 (default 0.5)")
     p.add_argument("--calibrator", default="max", choices=["max", "percentile", "entropy"],
                    help="activation range calibrator for int8/fp8 (default max; percentile and entropy are "

@@ -40,6 +40,7 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from trtforge.plugins.lora import spec as lora_spec
 
+from ..core.errors import InputError
 from ..precision.convert import node_decisions
 from ..precision.policy import Mode
 
@@ -78,6 +79,15 @@ def _matches(name: str, patterns: Sequence[str]) -> str | None:
         if hit:
             return p
     return None
+
+
+def _check_patterns(model: ModelProto, patterns: Sequence[str]) -> None:
+    labels = [node_label(n, i) for i, n in enumerate(model.graph.node)]
+    for p in patterns:
+        if not any(_matches(label, (p,)) for label in labels):
+            sample = ", ".join(repr(x) for x in [n for n in labels if n][:3])
+            raise InputError(f"--exclude {p!r} matches no node name (they read like {sample}); check the spelling: a "
+                             "pattern is a substring of a name, or an fnmatch glob with * ? [")
 
 
 def _is_bias(node: NodeProto, value: str, inits: Collection[str]) -> bool:
@@ -156,7 +166,9 @@ def node_label(node: object, index: int) -> str:
 
 
 def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False) -> Selection:
-    """Targets and excluded candidates of ``model`` (see the module docstring)."""
+    """Targets and excluded candidates of ``model`` (see the module docstring). An ``exclude`` pattern that matches
+    no node name is an InputError (a typo would otherwise quantize what it meant to keep)."""
+    _check_patterns(model, exclude)
     inits = {t.name: t for t in model.graph.initializer}
     fed = {vi.name for vi in model.graph.input}
     weights = frozenset(n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2

@@ -99,6 +99,15 @@ def test_exclude_and_lm_head_flags(cli, tiny_path: Path, tmp_path: Path) -> None
     assert "float: /model/layers.0/self_attn/o_proj/MatMul (--exclude 'o_proj')" in res.out
 
 
+def test_exclude_pattern_that_matches_nothing_is_refused(cli, tiny_path: Path, tmp_path: Path) -> None:
+    """``--exclude o_prj`` (a typo of o_proj) matched no node and was silently ignored: every projection was
+    quantized, the one meant to stay float included. Each pattern must now match a node name, or exit 2."""
+    out = tmp_path / "q.onnx"
+    res = cli("quantize", tiny_path, "-o", out, "--mode", "int8", "--exclude", "o_proj,o_prj", "--calib-size", "2")
+    assert res.code == 2 and "--exclude 'o_prj' matches no node name" in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_policy_keeps_index_chain_matmul_float() -> None:
     """A MatMul on position arithmetic (Cast(Range) @ W) is what `trtforge precision` keeps in fp32: not quantized."""
     from trtforge.build_engine.quantize.targets import select
