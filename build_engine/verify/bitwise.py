@@ -12,7 +12,9 @@ A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both mo
 only by its condition is run as the model says, and one that never stops would not let the check stop either.
 Both models run on the same inputs in the same runtime,
 compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
-must match bitwise, including the sign of zero.
+must match bitwise, including the sign of zero. A difference counts only when the original, run again on the same
+inputs, repeats its own outputs; when it does not (a random op without a seed), ``CannotCheck``: no comparison of
+two runs can judge the fold.
 """
 
 from __future__ import annotations
@@ -328,13 +330,36 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
             bad.extend(names)
             worst = float("inf")
             continue
-        for name, a, b in zip(names, outs_a, outs_b, strict=True):
-            ok, diff = compare_values(a, b)
+        results = [compare_values(a, b) for a, b in zip(outs_a, outs_b, strict=True)]
+        if not all(ok for ok, _ in results):
+            _reproducible(original, feeds, runtime, path_a, outs_a)
+        for name, (ok, diff) in zip(names, results, strict=True):
             if not ok:
                 passed = False
                 bad.append(name)
             worst = max(worst, diff)
     return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)), ran)
+
+
+#: Ops that draw random values (Dropout: in training mode); without a ``seed`` two runs of one model differ.
+_RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+               "Dropout")
+
+
+def _reproducible(original: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str, path: str | None,
+                  outs: Sequence[Any]) -> None:
+    """Before a difference counts against the fold: the original, run again on the same ``feeds``, gives ``outs``
+    again; else ``CannotCheck`` (no verdict: a random op without a seed makes every run differ, so a fold that
+    changed nothing would fail the check), naming the random op the model holds."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = run_model(original, feeds, runtime, path)
+    if all(compare_values(a, b)[0] for a, b in zip(outs, again, strict=True)):
+        return
+    ops = sorted({n.op_type for n in model_nodes(original) if n.op_type in _RANDOM_OPS})
+    raise CannotCheck(f"could not check this model: its outputs differ between two {runtime} runs on the same "
+                      f"inputs ({'op ' + ops[0] if ops else 'op unknown'}: random values without a seed?), so no "
+                      "bit-for-bit comparison can judge the fold; fold without --check, or give the op a seed")
 
 
 def first_mismatch(outs_a: Sequence[Any], outs_b: Sequence[Any]) -> int | None:
