@@ -28,13 +28,13 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--report", help="write the fold report (JSON) here")
     p.add_argument("--check", action="store_true",
                    help="run both models on the same seeded inputs (typical values, then every value class of each "
-                        "dtype: +-0, +-inf, NaN, extremes, subnormals; Loop bodies run, If conditions both ways) "
-                        "with onnx.reference, or onnxruntime with optimizations off where onnx.reference cannot run "
-                        "the model; fail (exit 1) unless every output is bit-identical; exit 2 'could not check this "
-                        "model' naming the op when neither runtime runs it (or naming the input that is not a "
-                        "tensor or has over 2**28 elements, or the Loop with a constant trip count over 10,000), "
-                        "and when the original's own outputs differ between two runs on the same inputs (a random op "
-                        "without a seed)")
+                        "dtype: +-0, +-inf, NaN, extremes, subnormals, precision edges; Loop bodies run, If "
+                        "conditions both ways) with onnx.reference, or onnxruntime with optimizations off where "
+                        "onnx.reference cannot run the model; fail (exit 1) unless every output is bit-identical; "
+                        "exit 2 'could not check this model' naming the op when neither runtime runs it (or naming "
+                        "the input that is not a tensor or has over 2**28 elements, or the Loop with a constant "
+                        "trip count over 10,000), and when the original's own outputs differ between two runs on "
+                        "the same inputs (a random op without a seed)")
     p.add_argument("--seed", type=int, default=0, help="seed for --check's random inputs (default 0)")
     return p
 

@@ -38,3 +38,32 @@ def test_a_seeded_random_op_is_still_judged() -> None:
 
     assert check_equivalent(model(True), model(True)).passed
     assert not check_equivalent(model(True), model(False)).passed
+
+
+def _cast_chain(src: int, types: list[int], dst: int, clip: int | None = None) -> onnx.ModelProto:
+    """x (src) [-> Min/Max to +-clip] -> Cast to each of ``types`` in turn -> y (dst)."""
+    nodes, cur, inits = [], "x", []
+    if clip is not None:
+        inits = [nh.from_array(np.array([clip], np.int32), "hi"), nh.from_array(np.array([-clip], np.int32), "lo")]
+        nodes += [h.make_node("Min", ["x", "hi"], ["a"]), h.make_node("Max", ["a", "lo"], ["b"])]
+        cur = "b"
+    for k, t in enumerate(types):
+        nodes.append(h.make_node("Cast", [cur], [f"c{k}"], to=t))
+        cur = f"c{k}"
+    nodes.append(h.make_node("Identity", [cur], ["y"]))
+    m = graph_model(nodes, [("x", src, [6])], [("y", dst, [6])], inits=inits)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_double_rounding_or_a_lost_integer_bit_is_caught(seed: int) -> None:
+    # both hand-made corruptions passed --check for every seed: no drawn value was at a precision edge
+    # float64 -> float32 -> float16 rounds twice: differs from the one rounding on 1 + 2**-11 + 2**-40 alone
+    one, two = _cast_chain(T.DOUBLE, [T.FLOAT16], T.FLOAT16), _cast_chain(T.DOUBLE, [T.FLOAT, T.FLOAT16], T.FLOAT16)
+    assert not check_equivalent(one, two, seed=seed).passed
+    # int32 clipped to +-2**25 through float32: only the integers past 2**24 float32 cannot hold show it
+    same = _cast_chain(T.INT32, [], T.INT32, clip=2**25)
+    lossy = _cast_chain(T.INT32, [T.FLOAT, T.INT32], T.INT32, clip=2**25)
+    assert not check_equivalent(same, lossy, seed=seed).passed
+    assert check_equivalent(lossy, lossy, seed=seed).passed
