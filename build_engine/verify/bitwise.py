@@ -34,7 +34,7 @@ from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
-from .inputs import MAX_SHAPE_ELEMENTS, plan_feeds, random_feeds
+from .inputs import MAX_SHAPE_ELEMENTS, draw_feeds, graph_inputs, plan_feeds
 from .sessions import make_session
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
@@ -198,24 +198,28 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
             errors.append((runtime, exc))
     last_runtime, last = errors[-1]
     first = errors[0]
-    raise CannotCheck(f"could not check this model: {first[0]} cannot run it ({_first_line(first[1])}; "
+    on = ", ".join(f"{n} {list(a.shape)}" for n, a in list(feeds.items())[:4]) + (", ..." if len(feeds) > 4 else "")
+    raise CannotCheck(f"could not check this model: {first[0]} cannot run it on inputs {on or 'none'} "
+                      f"({_first_line(first[1])}; "
                       f"{_culprit(original, str(first[1]))})" + (
                           f", nor can {last_runtime} ({_first_line(last)}; {_culprit(original, str(last))})"
                           if len(errors) > 1 else "") + "; fold without --check, or check with another tool") from last
 
 
-def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
+def _trials(original: ModelProto, seed: int, trials: int,
+            sizes: Mapping[str, tuple[int, ...]] | None = None) -> list[tuple[str, dict[str, np.ndarray]]]:
     """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways. A graph
     input with an initializer (IR >= 4: a default the caller may override) keeps its default in those draws and gets
     every value class in one more draw, so a fold that took such a default for a constant is seen too. An input that
-    decides a tensor's size (``fold_feeds.sizing_inputs``) keeps its typical values."""
+    decides a tensor's size (``fold_feeds.sizing_inputs``) keeps its typical values. ``sizes``: input shapes instead
+    of the planned ones (``_runtime_and_plan``)."""
     pins, branch_inputs = control_pins(original)
     sizing = sizing_inputs(original)  # typical values only: a value class there allocates gigabytes
     inits = {t.name: list(t.dims) for t in original.graph.initializer}
     defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits and vi.name not in sizing}
     out = []
     for k in range(trials):
-        typical = random_feeds(original, seed + k)
+        typical = draw_feeds(plan_feeds(original, sizes), seed + k)
         shapes = {n: list(a.shape) for n, a in typical.items()}
         extreme = {**extreme_inputs(original, shapes, seed + k, k), **{n: typical[n] for n in sizing if n in typical}}
         # integers of every class often index out of range (token ids): also a draw with typical integers
@@ -232,6 +236,27 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
             for flag in ((True, False) if branch_inputs else (True,)):
                 out.append((kind, pinned(feeds, pins, branch_inputs, flag)))
     return out
+
+
+def _runtime_and_plan(original: ModelProto, seed: int, trials: int, preferred: str | None,
+                      path: str | None) -> tuple[str, list[tuple[str, dict[str, np.ndarray]]]]:
+    """The judge (``_pick_runtime``) and the draws (``_trials``). When no runtime runs the original on the planned
+    sizes of its dynamic dims (2 first, 4 after), every dynamic dim is tried at 1 (what broadcasts against any
+    size: ``Add(x[N], b[4])`` runs only for N in {1, 4}); the first refusal is the one reported."""
+    plan = _trials(original, seed, trials)
+    try:
+        return _pick_runtime(original, plan[0][1], preferred, path), plan
+    except CannotCheck as first:
+        dims = {vi.name: vi.type.tensor_type.shape.dim for vi in graph_inputs(original)}
+        ones = {name: tuple(d.dim_value if d.HasField("dim_value") else 1 for d in ds)
+                for name, ds in dims.items() if not all(d.HasField("dim_value") for d in ds)}
+        if not ones:
+            raise
+        plan = _trials(original, seed, trials, ones)
+        try:
+            return _pick_runtime(original, plan[0][1], preferred, path), plan
+        except CannotCheck:
+            raise first from None
 
 
 #: A Loop whose trip count is a constant above this is not run by ``--check`` (onnx.reference interprets every
@@ -306,8 +331,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_skeleton.weightless``)."""
     path_a, path_b = paths if paths is not None else (None, None)
     _check_runnable(original)
-    plan = _trials(original, seed, trials)
-    runtime = _pick_runtime(original, plan[0][1], runtime, path_a)
+    runtime, plan = _runtime_and_plan(original, seed, trials, runtime, path_a)
     names = [o.name for o in original.graph.output]
     passed, worst, bad, ran = True, 0.0, [], 0
     for kind, feeds in plan:
