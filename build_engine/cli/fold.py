@@ -20,9 +20,11 @@ def build_parser() -> ArgumentParser:
                                      "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
                                      "Cast chains, replaces a Cast of a constant (and the constant expression "
                                      "feeding it, when every op in it is exactly specified) by the constant it "
-                                     "computes, and removes nodes of ANY op whose outputs nothing reads (dead "
-                                     "Constant, Shape, Concat, ... nodes) and unread initializers. The summary and "
-                                     "--report count removed nodes per op type.")
+                                     "computes, and removes nodes of ANY ONNX op whose outputs nothing reads (dead "
+                                     "Constant, Shape, Concat, RandomNormal, ... nodes) and unread initializers; "
+                                     "nodes of other domains (ai.onnx.ml, com.microsoft, plugins, model-local "
+                                     "functions) are kept, read or not. The summary and --report count removed nodes "
+                                     "per op type.")
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")
