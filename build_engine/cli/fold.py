@@ -80,14 +80,17 @@ def _run(args: Any) -> int:
     # in-memory onnxruntime session both need the serialised model): onnxruntime (optimizations off, as the
     # fallback judge) then runs both models from their files.
     by_path = bool(args.check and weight_bytes >= PROTO_LIMIT)
+    # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
+    reference = onnx_skeleton.weightless(model) if by_path else model
+    # Folded as loaded, --check or not (the weights still on disk are not folded): --check judges the model that
+    # fold writes without it too. Their bytes are read afterwards, into both models, for the in-memory check.
+    result = fold(model, inplace=by_path or not args.check)
+    folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
     if args.check and not by_path and external:
         import onnx
 
-        onnx.external_data_helper.load_external_data_for_model(model, str(source_dir))  # the in-memory check
-    # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
-    reference = onnx_skeleton.weightless(model) if by_path else model
-    result = fold(model, inplace=by_path or not args.check)
-    folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
+        for m in (reference, folded):
+            onnx.external_data_helper.load_external_data_for_model(m, str(source_dir))
     del result, model
     passed = True
     if by_path:

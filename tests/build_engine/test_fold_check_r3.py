@@ -108,3 +108,23 @@ def test_onnxruntime_kernel_errors_stay_off_stderr(tmp_path: Path) -> None:
             assert_one_line_error(res, 2, "could not check this model", "on inputs x [2, 4]", "op MatMul")
         else:
             assert res.err == "" and "onnxruntime" in res.out
+
+
+def test_check_judges_the_model_fold_writes_without_it(cli, tmp_path: Path) -> None:
+    # a Cast of an external weight of >= 1 MiB (left on disk, so not folded) was folded under --check only, whose
+    # external data is read first: 'fold --check' wrote (and proved) another model than 'fold'
+    w = nh.from_array(np.linspace(-3, 3, 1 << 20).astype(np.float16), "w")
+    m = graph_model([h.make_node("Cast", ["w"], ["wf"], to=T.FLOAT), h.make_node("Add", ["x", "wf"], ["y"])],
+                    [("x", T.FLOAT, [1 << 20])], [("y", T.FLOAT, [1 << 20])], inits=[w])
+    src = tmp_path / "m.onnx"
+    onnx.save_model(m, src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    outs = [tmp_path / "plain.onnx", tmp_path / "checked.onnx"]
+    for out, extra in zip(outs, ([], ["--check"]), strict=True):
+        res = cli("fold", src, "-o", out, *extra)
+        assert res.code == 0, res.err
+    plain, checked = (onnx.load(str(o), load_external_data=False) for o in outs)
+    assert plain.graph.node == checked.graph.node  # the data files differ in name only (below)
+    assert [(t.name, t.data_type, list(t.dims)) for t in plain.graph.initializer] == [
+        (t.name, t.data_type, list(t.dims)) for t in checked.graph.initializer]
+    assert [n.op_type for n in checked.graph.node] == ["Cast", "Add"]
+    assert (tmp_path / "plain.onnx.data").read_bytes() == (tmp_path / "checked.onnx.data").read_bytes()
