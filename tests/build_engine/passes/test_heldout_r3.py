@@ -1,10 +1,11 @@
 """Held-out fold cases, round 3: what dead-node elimination takes (fold --help: nodes of any ONNX op whose outputs
-nothing reads; nodes of other domains are kept)."""
+nothing reads; nodes of other domains are kept), and which constant expressions have one value in every runtime."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -29,3 +30,20 @@ def test_dead_onnx_nodes_go_and_other_domains_stay() -> None:
     assert [n.op_type for n in res.model.graph.node] == ["Abs", "Binarizer", "Gelu"]
     assert not res.model.graph.initializer
     assert res.report.removed == {"Neg": 1, "RandomNormal": 1}
+
+
+@pytest.mark.parametrize(("a", "b", "folds"), [
+    ([1.0, -2.0], [3.0, -1.0], True),  # one answer everywhere
+    ([0.0, 1.0], [-0.0, 2.0], False),  # max(+0.0, -0.0): numpy's float32 gives its second argument, float16 its first
+    ([np.nan, 1.0], [1.0, 2.0], False),  # NaN: numpy propagates it, fmax-style runtimes drop it
+])
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_float_min_max_fold_only_when_every_runtime_agrees(kit, folded, op: str, a: list, b: list,
+                                                           folds: bool) -> None:
+    nodes = [h.make_node(op, ["ca", "cb"], ["m"]), h.make_node("Cast", ["m"], ["md"], to=T.DOUBLE),
+             h.make_node("Cast", ["x"], ["xd"], to=T.DOUBLE), h.make_node("Add", ["xd", "md"], ["y"])]
+    inits = [nh.from_array(np.array(a, np.float32), "ca"), nh.from_array(np.array(b, np.float32), "cb")]
+    m = kit.make_model(nodes, [("x", T.FLOAT, [2])], [("y", T.DOUBLE, [2])], inits)
+    out, rep = folded(m)
+    assert (op not in kit.ops(out)) == folds, kit.ops(out)
+    assert bool(rep["rules"].get("constant_expression")) == folds
