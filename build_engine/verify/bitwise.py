@@ -8,8 +8,9 @@ planner ``inputs.random_feeds``) and every value class of each dtype (``fold_fee
 conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
 Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor or that has more
 than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS``.
-A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 9); a Loop bounded
-only by its condition is run as the model says, and one that never stops would not let the check stop either.
+A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 9), and a Loop
+bounded only by its condition gets that cap as its trip count (``while v < lim: v *= 2`` never ends for the value
+class v = 0.0, and such a Loop hung the check).
 Both models run on the same inputs in the same runtime,
 compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
 must match bitwise, including the sign of zero. A difference counts only when the original, run again on the same
@@ -93,8 +94,8 @@ def _runnable_loops(model: ModelProto) -> ModelProto:
     condition input reads a constant true (what the spec says an absent condition means: onnx.reference runs no
     iteration of such a Loop, hiding any change in its body), and from opset 9 on (int64 Constant, Min or Less and
     Where) its trip count is capped at ``MAX_LOOP_TRIPS`` (one computed from the inputs, ``n + 1`` for a value-class
-    ``n`` of 2**62, never ended). Both models of a check get the same change, so a difference in the first
-    ``MAX_LOOP_TRIPS`` iterations still shows."""
+    ``n`` of 2**62, never ended; one without a trip count gets the cap as its trip count). Both models of a check
+    get the same change, so a difference in the first ``MAX_LOOP_TRIPS`` iterations still shows."""
     if not any(n.op_type == "Loop" for g, _ in _bodies(model) for n in g.node):
         return model
     copy = ModelProto()
@@ -109,13 +110,16 @@ def _runnable_loops(model: ModelProto) -> ModelProto:
                 n.input[1] = f"{tag}_true"
                 added.append(helper.make_node("Constant", [], [n.input[1]],
                                               value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
-            if n.input and n.input[0] and opset >= 9:  # int64 Constant, Less and Where from 9; Min from 12
+            if n.input and opset >= 9:  # int64 Constant, Less and Where from 9; Min from 12
                 m, cap, trips = n.input[0], f"{tag}_cap", f"{tag}_trips"
                 added.append(helper.make_node("Constant", [], [cap],
                                               value=helper.make_tensor("", TensorProto.INT64, [], [MAX_LOOP_TRIPS])))
-                added += ([helper.make_node("Min", [m, cap], [trips])] if opset >= 12 else
-                          [helper.make_node("Less", [m, cap], [f"{tag}_less"]),
-                           helper.make_node("Where", [f"{tag}_less", m, cap], [trips])])
+                if not m:  # bounded by its condition alone: the cap is its trip count
+                    trips = cap
+                else:
+                    added += ([helper.make_node("Min", [m, cap], [trips])] if opset >= 12 else
+                              [helper.make_node("Less", [m, cap], [f"{tag}_less"]),
+                               helper.make_node("Where", [f"{tag}_less", m, cap], [trips])])
                 n.input[0] = trips
             for a in reversed(added):
                 g.node.insert(k, a)

@@ -128,3 +128,24 @@ def test_check_judges_the_model_fold_writes_without_it(cli, tmp_path: Path) -> N
         (t.name, t.data_type, list(t.dims)) for t in checked.graph.initializer]
     assert [n.op_type for n in checked.graph.node] == ["Cast", "Add"]
     assert (tmp_path / "plain.onnx.data").read_bytes() == (tmp_path / "checked.onnx.data").read_bytes()
+
+
+def test_a_loop_bounded_by_its_condition_alone_ends() -> None:
+    # while v < 1e30: v = 2 |v| -- never ends for the value classes +-0.0 (the check hung): capped now
+    body = h.make_graph([h.make_node("Abs", ["v"], ["a"]), h.make_node("Mul", ["a", "two"], ["v2"]),
+                         h.make_node("Less", ["v2", "lim"], ["c2"])],
+                        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, [1]),
+                                 h.make_tensor_value_info("v", T.FLOAT, [1])],
+                        [h.make_tensor_value_info("c2", T.BOOL, [1]), h.make_tensor_value_info("v2", T.FLOAT, [1])],
+                        initializer=[nh.from_array(np.array([2.0], np.float32), "two")])
+    lim = nh.from_array(np.array([1e30], np.float32), "lim")
+
+    def model(tail: str) -> onnx.ModelProto:
+        nodes = [h.make_node("Less", ["x", "lim"], ["c0"]), h.make_node("Loop", ["", "c0", "x"], ["v"], body=body),
+                 h.make_node(tail, ["v"], ["y"])]
+        return graph_model(nodes, [("x", T.FLOAT, [1])], [("y", T.FLOAT, [1])], inits=[lim])
+
+    same, changed = model("Identity"), model("Neg")
+    onnx.checker.check_model(same, full_check=True)
+    result = check_equivalent(same, changed)
+    assert not result.passed and result.runs > 2
