@@ -27,10 +27,11 @@ _PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
 
 
 #: Values at a narrower float's precision edge: a float16 rounding tie, the same tie plus 2**-40 (rounded to a tie by
-#: a float64 -> float32 -> float16 path, not by one rounding: double rounding), a bfloat16 near-tie, and the first
-#: integers float16, float32 and float64 cannot hold (a round trip through them, or a double rounding, shows here).
-_PRECISION_EDGES = (1 + 2.0**-11, 1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-8 + 2.0**-30), 2.0**11 + 1, 2.0**24 + 1,
-                    -(2.0**24 + 3), 2.0**53 + 2)
+#: a float64 -> float32 -> float16 path, not by one rounding: double rounding), a bfloat16 near-tie, float8 e4m3 and
+#: e5m2 ties plus 2**-12 (a float16 or bfloat16 step on the way rounds them to the tie), and the first integers
+#: float16, float32 and float64 cannot hold (a round trip through them, or a double rounding, shows here).
+_PRECISION_EDGES = (1 + 2.0**-11, 1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-8 + 2.0**-30), 1 + 2.0**-4 + 2.0**-12,
+                    -(1 + 2.0**-3 + 2.0**-12), 2.0**11 + 1, 2.0**24 + 1, -(2.0**24 + 3), 2.0**53 + 2)
 _INT_EDGES = (2**8 + 1, 2**11 + 1, 2**24 + 1, -(2**24 + 1), 2**53 + 1, -(2**53 + 1))
 
 

@@ -40,7 +40,7 @@ def test_a_seeded_random_op_is_still_judged() -> None:
     assert not check_equivalent(model(True), model(False)).passed
 
 
-def _cast_chain(src: int, types: list[int], dst: int, clip: int | None = None) -> onnx.ModelProto:
+def _cast_chain(src: int, types: list[int], dst: int, clip: int | None = None, opset: int = 17) -> onnx.ModelProto:
     """x (src) [-> Min/Max to +-clip] -> Cast to each of ``types`` in turn -> y (dst)."""
     nodes, cur, inits = [], "x", []
     if clip is not None:
@@ -51,7 +51,7 @@ def _cast_chain(src: int, types: list[int], dst: int, clip: int | None = None) -
         nodes.append(h.make_node("Cast", [cur], [f"c{k}"], to=t))
         cur = f"c{k}"
     nodes.append(h.make_node("Identity", [cur], ["y"]))
-    m = graph_model(nodes, [("x", src, [6])], [("y", dst, [6])], inits=inits)
+    m = graph_model(nodes, [("x", src, [6])], [("y", dst, [6])], inits=inits, opsets=(("", opset),))
     onnx.checker.check_model(m, full_check=True)
     return m
 
@@ -67,6 +67,11 @@ def test_a_double_rounding_or_a_lost_integer_bit_is_caught(seed: int) -> None:
     lossy = _cast_chain(T.INT32, [T.FLOAT, T.INT32], T.INT32, clip=2**25)
     assert not check_equivalent(same, lossy, seed=seed).passed
     assert check_equivalent(lossy, lossy, seed=seed).passed
+    # float32 -> float8 through float16 or bfloat16: a second rounding only at a float8 tie + 2**-12
+    for f8 in (T.FLOAT8E4M3FN, T.FLOAT8E5M2):
+        direct = _cast_chain(T.FLOAT, [f8], f8, opset=21)
+        for mid in (T.FLOAT16, T.BFLOAT16):
+            assert not check_equivalent(direct, _cast_chain(T.FLOAT, [mid, f8], f8, opset=21), seed=seed).passed
 
 
 def _round_trip_after(nodes: list, inputs: list, inits: list, out_shape: list) -> onnx.ModelProto:
