@@ -20,19 +20,23 @@ def build_parser() -> ArgumentParser:
                                      "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
                                      "Cast chains, replaces a Cast of a constant (and the constant expression "
                                      "feeding it, when every op in it is exactly specified) by the constant it "
-                                     "computes, and removes nodes of ANY op whose outputs nothing reads (dead "
-                                     "Constant, Shape, Concat, ... nodes) and unread initializers. The summary and "
-                                     "--report count removed nodes per op type.")
+                                     "computes, and removes nodes of ANY ONNX op whose outputs nothing reads (dead "
+                                     "Constant, Shape, Concat, RandomNormal, ... nodes) and unread initializers; "
+                                     "nodes of other domains (ai.onnx.ml, com.microsoft, plugins, model-local "
+                                     "functions) are kept, read or not. The summary and --report count removed nodes "
+                                     "per op type.")
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")
     p.add_argument("--check", action="store_true",
                    help="run both models on the same seeded inputs (typical values, then every value class of each "
-                        "dtype: +-0, +-inf, NaN, extremes, subnormals; Loop bodies run, If conditions both ways) "
-                        "with onnx.reference, or onnxruntime with optimizations off where onnx.reference cannot run "
-                        "the model; fail (exit 1) unless every output is bit-identical; exit 2 'could not check this "
-                        "model' naming the op when neither runtime runs it (or naming the input that is not a "
-                        "tensor or has over 2**28 elements, or the Loop with a constant trip count over 10,000)")
+                        "dtype: +-0, +-inf, NaN, extremes, subnormals, precision edges; Loop bodies run, If "
+                        "conditions both ways) with onnx.reference, or onnxruntime with optimizations off where "
+                        "onnx.reference cannot run the model; fail (exit 1) unless every output is bit-identical; "
+                        "exit 2 'could not check this model' naming the op when neither runtime runs it (or naming "
+                        "the input that is not a tensor or has over 2**28 elements, or the Loop with a constant "
+                        "trip count over 10,000), and when the original's own outputs differ between two runs on "
+                        "the same inputs (a random op without a seed)")
     p.add_argument("--seed", type=int, default=0, help="seed for --check's random inputs (default 0)")
     return p
 
@@ -76,14 +80,17 @@ def _run(args: Any) -> int:
     # in-memory onnxruntime session both need the serialised model): onnxruntime (optimizations off, as the
     # fallback judge) then runs both models from their files.
     by_path = bool(args.check and weight_bytes >= PROTO_LIMIT)
+    # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
+    reference = onnx_skeleton.weightless(model) if by_path else model
+    # Folded as loaded, --check or not (the weights still on disk are not folded): --check judges the model that
+    # fold writes without it too. Their bytes are read afterwards, into both models, for the in-memory check.
+    result = fold(model, inplace=by_path or not args.check)
+    folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
     if args.check and not by_path and external:
         import onnx
 
-        onnx.external_data_helper.load_external_data_for_model(model, str(source_dir))  # the in-memory check
-    # Without an in-memory check the input is not used again: fold it in place (no copy of the weights).
-    reference = onnx_skeleton.weightless(model) if by_path else model
-    result = fold(model, inplace=by_path or not args.check)
-    folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
+        for m in (reference, folded):
+            onnx.external_data_helper.load_external_data_for_model(m, str(source_dir))
     del result, model
     passed = True
     if by_path:

@@ -47,7 +47,10 @@ class FoldConstantExpression(GraphPass):
       the node runs, ``_evaluate``);
     - the Cast of the value would not fold (``exact_cast`` refuses: out-of-range float->int, ...): nothing is gained;
     - the Constant schema at this opset does not hold the value's type (int64 before opset 9);
-    - onnx.reference cannot evaluate it.
+    - onnx.reference cannot evaluate it;
+    - a float Min or Max has a NaN among its inputs, or zeros of both signs (IEEE 754 leaves ``max(-0.0, +0.0)``
+      and NaN handling to the implementation: numpy returns its second argument for float32 and its first for
+      float16, ``fmax`` drops the NaN).
     """
 
     name = "constant_expression"
@@ -186,6 +189,8 @@ def _evaluate(ctx: GraphCtx, cone: list[Node], out: str) -> np.ndarray | None:
                 return None
             if t is not None:
                 inputs.append(t)
+        if n.op in ("Min", "Max") and not _order_free(inputs):
+            return None
         outs = _run_node(n, inputs, ctx.opset)
         if outs is None:
             return None
@@ -197,6 +202,19 @@ def _evaluate(ctx: GraphCtx, cone: list[Node], out: str) -> np.ndarray | None:
                     return None
     found = values.get(out)
     return None if found is None else numpy_helper.to_array(found)
+
+
+def _order_free(inputs: list[TensorProto]) -> bool:
+    """A Min/Max over these values has one answer in every runtime: integers, or floats without NaN and without
+    zeros of both signs (the only floats that compare equal with other bits)."""
+    arrays = [numpy_helper.to_array(t) for t in inputs]
+    if not arrays or arrays[0].dtype.kind not in "fV":  # ml_dtypes' bfloat16 is kind 'V'
+        return True
+    wide = [a.astype(np.float64) for a in arrays]
+    if any(np.isnan(a).any() for a in wide):
+        return False
+    zeros = [a[a == 0] for a in wide]
+    return not (any(np.signbit(z).any() for z in zeros) and any((~np.signbit(z)).any() for z in zeros))
 
 
 def _value(ctx: GraphCtx, values: dict[str, TensorProto], name: str) -> TensorProto | None:

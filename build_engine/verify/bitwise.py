@@ -8,11 +8,14 @@ planner ``inputs.random_feeds``) and every value class of each dtype (``fold_fee
 conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
 Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor or that has more
 than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS``.
-A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 9); a Loop bounded
-only by its condition is run as the model says, and one that never stops would not let the check stop either.
+A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 9), and a Loop
+bounded only by its condition gets that cap as its trip count (``while v < lim: v *= 2`` never ends for the value
+class v = 0.0, and such a Loop hung the check).
 Both models run on the same inputs in the same runtime,
 compared by ``compare.compare_arrays``: NaN equals NaN (payloads are not part of ONNX semantics); everything else
-must match bitwise, including the sign of zero.
+must match bitwise, including the sign of zero. A difference counts only when the original, run again on the same
+inputs, repeats its own outputs; when it does not (a random op without a seed), ``CannotCheck``: no comparison of
+two runs can judge the fold.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
 from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
-from .inputs import MAX_SHAPE_ELEMENTS, plan_feeds, random_feeds
+from .inputs import MAX_SHAPE_ELEMENTS, draw_feeds, graph_inputs, plan_feeds
 from .sessions import make_session
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
@@ -91,8 +94,8 @@ def _runnable_loops(model: ModelProto) -> ModelProto:
     condition input reads a constant true (what the spec says an absent condition means: onnx.reference runs no
     iteration of such a Loop, hiding any change in its body), and from opset 9 on (int64 Constant, Min or Less and
     Where) its trip count is capped at ``MAX_LOOP_TRIPS`` (one computed from the inputs, ``n + 1`` for a value-class
-    ``n`` of 2**62, never ended). Both models of a check get the same change, so a difference in the first
-    ``MAX_LOOP_TRIPS`` iterations still shows."""
+    ``n`` of 2**62, never ended; one without a trip count gets the cap as its trip count). Both models of a check
+    get the same change, so a difference in the first ``MAX_LOOP_TRIPS`` iterations still shows."""
     if not any(n.op_type == "Loop" for g, _ in _bodies(model) for n in g.node):
         return model
     copy = ModelProto()
@@ -107,13 +110,16 @@ def _runnable_loops(model: ModelProto) -> ModelProto:
                 n.input[1] = f"{tag}_true"
                 added.append(helper.make_node("Constant", [], [n.input[1]],
                                               value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
-            if n.input and n.input[0] and opset >= 9:  # int64 Constant, Less and Where from 9; Min from 12
+            if n.input and opset >= 9:  # int64 Constant, Less and Where from 9; Min from 12
                 m, cap, trips = n.input[0], f"{tag}_cap", f"{tag}_trips"
                 added.append(helper.make_node("Constant", [], [cap],
                                               value=helper.make_tensor("", TensorProto.INT64, [], [MAX_LOOP_TRIPS])))
-                added += ([helper.make_node("Min", [m, cap], [trips])] if opset >= 12 else
-                          [helper.make_node("Less", [m, cap], [f"{tag}_less"]),
-                           helper.make_node("Where", [f"{tag}_less", m, cap], [trips])])
+                if not m:  # bounded by its condition alone: the cap is its trip count
+                    trips = cap
+                else:
+                    added += ([helper.make_node("Min", [m, cap], [trips])] if opset >= 12 else
+                              [helper.make_node("Less", [m, cap], [f"{tag}_less"]),
+                               helper.make_node("Where", [f"{tag}_less", m, cap], [trips])])
                 n.input[0] = trips
             for a in reversed(added):
                 g.node.insert(k, a)
@@ -196,24 +202,28 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
             errors.append((runtime, exc))
     last_runtime, last = errors[-1]
     first = errors[0]
-    raise CannotCheck(f"could not check this model: {first[0]} cannot run it ({_first_line(first[1])}; "
+    on = ", ".join(f"{n} {list(a.shape)}" for n, a in list(feeds.items())[:4]) + (", ..." if len(feeds) > 4 else "")
+    raise CannotCheck(f"could not check this model: {first[0]} cannot run it on inputs {on or 'none'} "
+                      f"({_first_line(first[1])}; "
                       f"{_culprit(original, str(first[1]))})" + (
                           f", nor can {last_runtime} ({_first_line(last)}; {_culprit(original, str(last))})"
                           if len(errors) > 1 else "") + "; fold without --check, or check with another tool") from last
 
 
-def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dict[str, np.ndarray]]]:
+def _trials(original: ModelProto, seed: int, trials: int,
+            sizes: Mapping[str, tuple[int, ...]] | None = None) -> list[tuple[str, dict[str, np.ndarray]]]:
     """Typical feeds, then every value class; each with Loop bodies running and each If condition both ways. A graph
     input with an initializer (IR >= 4: a default the caller may override) keeps its default in those draws and gets
     every value class in one more draw, so a fold that took such a default for a constant is seen too. An input that
-    decides a tensor's size (``fold_feeds.sizing_inputs``) keeps its typical values."""
+    decides a tensor's size (``fold_feeds.sizing_inputs``) keeps its typical values. ``sizes``: input shapes instead
+    of the planned ones (``_runtime_and_plan``)."""
     pins, branch_inputs = control_pins(original)
     sizing = sizing_inputs(original)  # typical values only: a value class there allocates gigabytes
     inits = {t.name: list(t.dims) for t in original.graph.initializer}
     defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits and vi.name not in sizing}
     out = []
     for k in range(trials):
-        typical = random_feeds(original, seed + k)
+        typical = draw_feeds(plan_feeds(original, sizes), seed + k)
         shapes = {n: list(a.shape) for n, a in typical.items()}
         extreme = {**extreme_inputs(original, shapes, seed + k, k), **{n: typical[n] for n in sizing if n in typical}}
         # integers of every class often index out of range (token ids): also a draw with typical integers
@@ -230,6 +240,27 @@ def _trials(original: ModelProto, seed: int, trials: int) -> list[tuple[str, dic
             for flag in ((True, False) if branch_inputs else (True,)):
                 out.append((kind, pinned(feeds, pins, branch_inputs, flag)))
     return out
+
+
+def _runtime_and_plan(original: ModelProto, seed: int, trials: int, preferred: str | None,
+                      path: str | None) -> tuple[str, list[tuple[str, dict[str, np.ndarray]]]]:
+    """The judge (``_pick_runtime``) and the draws (``_trials``). When no runtime runs the original on the planned
+    sizes of its dynamic dims (2 first, 4 after), every dynamic dim is tried at 1 (what broadcasts against any
+    size: ``Add(x[N], b[4])`` runs only for N in {1, 4}); the first refusal is the one reported."""
+    plan = _trials(original, seed, trials)
+    try:
+        return _pick_runtime(original, plan[0][1], preferred, path), plan
+    except CannotCheck as first:
+        dims = {vi.name: vi.type.tensor_type.shape.dim for vi in graph_inputs(original)}
+        ones = {name: tuple(d.dim_value if d.HasField("dim_value") else 1 for d in ds)
+                for name, ds in dims.items() if not all(d.HasField("dim_value") for d in ds)}
+        if not ones:
+            raise
+        plan = _trials(original, seed, trials, ones)
+        try:
+            return _pick_runtime(original, plan[0][1], preferred, path), plan
+        except CannotCheck:
+            raise first from None
 
 
 #: A Loop whose trip count is a constant above this is not run by ``--check`` (onnx.reference interprets every
@@ -304,8 +335,7 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     path (``run_model``); ``original`` and ``folded`` may then be weight-free views (``onnx_skeleton.weightless``)."""
     path_a, path_b = paths if paths is not None else (None, None)
     _check_runnable(original)
-    plan = _trials(original, seed, trials)
-    runtime = _pick_runtime(original, plan[0][1], runtime, path_a)
+    runtime, plan = _runtime_and_plan(original, seed, trials, runtime, path_a)
     names = [o.name for o in original.graph.output]
     passed, worst, bad, ran = True, 0.0, [], 0
     for kind, feeds in plan:
@@ -328,13 +358,36 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
             bad.extend(names)
             worst = float("inf")
             continue
-        for name, a, b in zip(names, outs_a, outs_b, strict=True):
-            ok, diff = compare_values(a, b)
+        results = [compare_values(a, b) for a, b in zip(outs_a, outs_b, strict=True)]
+        if not all(ok for ok, _ in results):
+            _reproducible(original, feeds, runtime, path_a, outs_a)
+        for name, (ok, diff) in zip(names, results, strict=True):
             if not ok:
                 passed = False
                 bad.append(name)
             worst = max(worst, diff)
     return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)), ran)
+
+
+#: Ops that draw random values (Dropout: in training mode); without a ``seed`` two runs of one model differ.
+_RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+               "Dropout")
+
+
+def _reproducible(original: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str, path: str | None,
+                  outs: Sequence[Any]) -> None:
+    """Before a difference counts against the fold: the original, run again on the same ``feeds``, gives ``outs``
+    again; else ``CannotCheck`` (no verdict: a random op without a seed makes every run differ, so a fold that
+    changed nothing would fail the check), naming the random op the model holds."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = run_model(original, feeds, runtime, path)
+    if all(compare_values(a, b)[0] for a, b in zip(outs, again, strict=True)):
+        return
+    ops = sorted({n.op_type for n in model_nodes(original) if n.op_type in _RANDOM_OPS})
+    raise CannotCheck(f"could not check this model: its outputs differ between two {runtime} runs on the same "
+                      f"inputs ({'op ' + ops[0] if ops else 'op unknown'}: random values without a seed?), so no "
+                      "bit-for-bit comparison can judge the fold; fold without --check, or give the op a seed")
 
 
 def first_mismatch(outs_a: Sequence[Any], outs_b: Sequence[Any]) -> int | None:

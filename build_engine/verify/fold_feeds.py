@@ -3,8 +3,10 @@
 An exactness check is only as good as its inputs. Beside typical values (``inputs.random_feeds``: small
 integers that index validly, normal floats), ``extreme_inputs`` fills every input with all the value classes its
 dtype has, shuffled: for floats +-0.0, +-inf, NaN, the largest and smallest finite values, the smallest normal and
-subnormal values of both signs, halves (rounding ties) and wide-range random values; for integers the minimum, the
-maximum, 0, +-1 and random values over the whole range (so out-of-range narrowing and float conversions are hit);
+subnormal values of both signs, halves (rounding ties), values at a narrower float's precision edge
+(``_PRECISION_EDGES``: a double rounding shows there) and wide-range random values; for integers the minimum, the
+maximum, 0, +-1, the first integers float16/float32/float64 cannot hold and random values over the whole range (so
+out-of-range narrowing and float conversions are hit);
 for bool both values. ``control_pins`` finds graph inputs that decide control flow: a Loop's trip count and
 condition are pinned so the body runs (trip count 3, condition true; Loops at any depth), and each If condition of
 the main graph is tried both ways, so a body the fold changed is executed.
@@ -24,6 +26,15 @@ from ..core.graph import all_graphs, free_names, subgraphs
 _PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
 
 
+#: Values at a narrower float's precision edge: a float16 rounding tie, the same tie plus 2**-40 (rounded to a tie by
+#: a float64 -> float32 -> float16 path, not by one rounding: double rounding), a bfloat16 near-tie, float8 e4m3 and
+#: e5m2 ties plus 2**-12 (a float16 or bfloat16 step on the way rounds them to the tie), and the first integers
+#: float16, float32 and float64 cannot hold (a round trip through them, or a double rounding, shows here).
+_PRECISION_EDGES = (1 + 2.0**-11, 1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-8 + 2.0**-30), 1 + 2.0**-4 + 2.0**-12,
+                    -(1 + 2.0**-3 + 2.0**-12), 2.0**11 + 1, 2.0**24 + 1, -(2.0**24 + 3), 2.0**53 + 2)
+_INT_EDGES = (2**8 + 1, 2**11 + 1, 2**24 + 1, -(2**24 + 1), 2**53 + 1, -(2**53 + 1))
+
+
 def _float_classes(d: np.dtype) -> np.ndarray:
     # ml_dtypes' finfo answers for numpy's float types too; numpy's rejects every ml_dtypes type, float8_e5m2
     # included, although that one reports numpy kind "f"
@@ -32,7 +43,7 @@ def _float_classes(d: np.dtype) -> np.ndarray:
     f = ml_dtypes.finfo(d)
     vals = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 0.5, 2.5, -1.5, float(f.max), float(f.min),
             float(f.tiny), -float(f.tiny), float(f.smallest_subnormal), -float(f.smallest_subnormal),
-            65504.0, 65520.0, 2.0**31, -2.0**31 - 1, 2.0**32, 2.0**63, 1e-30]
+            65504.0, 65520.0, 2.0**31, -2.0**31 - 1, 2.0**32, 2.0**63, 1e-30, *_PRECISION_EDGES]
     with np.errstate(all="ignore"):
         return np.array(vals, np.float64).astype(d)
 
@@ -52,7 +63,8 @@ def _int_info(d: np.dtype) -> Any:
 
 def _int_classes(d: np.dtype) -> np.ndarray:
     i = _int_info(d)
-    vals = {int(i.min), int(i.max), 0, 1, int(i.max) - 1, 127, 128, 255, 256, 32767, 32768, 65535, 2**31 - 1, 2**31}
+    vals = {int(i.min), int(i.max), 0, 1, int(i.max) - 1, 127, 128, 255, 256, 32767, 32768, 65535, 2**31 - 1, 2**31,
+            *_INT_EDGES}
     if i.min < 0:
         vals |= {-1, int(i.min) + 1, -128, -129, -32769}
     carrier = np.int64 if i.max < 2**63 else object  # ml_dtypes' sub-byte ints convert from int64, not object

@@ -9,7 +9,10 @@ A deterministic session runs each op as written, in the same order, every time:
   and a plain initializer in the other (exactly what folding produces) would differ in the last bit;
 - one intra-op thread by default: no scheduling-dependent reductions (calibration, which only collects ranges,
   asks for two);
-- log severity "error": onnxruntime's warnings (unused initializers, ...) say nothing about the comparison.
+- log severity "fatal" for the session, "error" for the process-wide logger: onnxruntime's warnings (unused
+  initializers, ...) say nothing about the comparison, and a failing kernel's own error line (which onnxruntime
+  also raises, as the exception trtforge reports or skips) would precede the one-line ``error:`` on stderr, or
+  stand on the stderr of a check that passed (a value-class draw the original rejects is skipped).
 
 ``optimize=True`` (``diff --ort-optimize``) keeps onnxruntime's defaults for graph optimization and pre-packing,
 to compare what a production session computes; the thread count and log severity stay deterministic.
@@ -22,6 +25,7 @@ from typing import Any
 from onnx import ModelProto
 
 _LOG_ERROR = 3  # onnxruntime severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
+_LOG_FATAL = 4
 
 
 def quiet_onnxruntime() -> None:
@@ -44,7 +48,7 @@ def session_options(*, optimize: bool = False, threads: int = 1) -> Any:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.add_session_config_entry("session.disable_prepacking", "1")
     opts.intra_op_num_threads = threads
-    opts.log_severity_level = _LOG_ERROR
+    opts.log_severity_level = _LOG_FATAL
     return opts
 
 
