@@ -23,6 +23,8 @@ Under failure (each case was a replica serving another engine's answers, or a ve
 - The version key comes back by itself: every ``KEEP_S`` a replica that holds a version writes it again if the key
   is gone (``SET NX``: FLUSHALL, an eviction under ``allkeys-lru`` where this rarely read key goes first, a restart
   without persistence), and a replica without a version (``engine_sha="none"``) keeps looking for one to adopt.
+- A catch-up read that fails on an outage (no pooled connection free, a timeout, LOADING) is tried again at the next
+  reconnect, not taken for "nothing stored" (the missed invalidation was lost for good).
 """
 
 from __future__ import annotations
@@ -61,14 +63,26 @@ class Invalidation:
         self._thread.start()
         self._ready.wait(2.0)
 
-    def stored(self) -> tuple[str, int] | None:
+    def stored(self, raising: bool = False) -> tuple[str, int] | None:
+        """The stored version; None when there is none, it is foreign, or (unless ``raising``) Redis fails the read.
+        The subscriber's catch-up raises on an outage (no pooled connection free, a timeout, Redis still loading its
+        data after a restart): a read that failed is not "nothing stored", it is tried again (a missed invalidation
+        was lost for good). A refused command (e.g. WRONGTYPE) is a foreign value."""
+        from redis import ConnectionError as Outage  # BusyLoadingError is a ConnectionError
+        from redis import TimeoutError as Slow
+
         try:
             raw = self.client.get(self.version_key)
+        except Exception as exc:  # Redis down or refusing: keep the local version
+            if raising and isinstance(exc, Outage | Slow | OSError):
+                raise
+            return None
+        try:
             if raw is None:
                 return None
             d = json.loads(raw)
             return str(d["engine"]), int(d["index"])
-        except Exception:  # Redis down or a foreign value: keep the local version
+        except (ValueError, KeyError, TypeError):  # a foreign value: keep the local version
             return None
 
     def _message(self, engine: str, index: int) -> str:
@@ -120,7 +134,7 @@ class Invalidation:
                 elif subscribed_before or (self.adopt and self.last is None):
                     self._catch_up()  # back after an outage (or first contact): the version key has what was missed
                 elif self.last is None:  # first contact of a replica with its own version: remember, do not apply
-                    self.last = self.stored()
+                    self.last = self.stored(raising=True)
                 subscribed_before = True
                 self._ready.set()
                 keep = time.monotonic() + KEEP_S
@@ -149,7 +163,7 @@ class Invalidation:
             log.debug("response cache: version upkeep failed (%s)", type(exc).__name__)
 
     def _catch_up(self) -> None:
-        got = self.stored()
+        got = self.stored(raising=True)  # a failed read: the subscriber reconnects and catches up again
         if got is not None and got != self.last:
             self.last = got
             self.apply(*got)

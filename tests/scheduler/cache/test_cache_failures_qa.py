@@ -131,3 +131,33 @@ def test_every_tier_honours_the_lookups_now(redis_server) -> None:  # type: igno
     finally:
         a.close()
         b.close()
+
+
+def test_a_failed_catch_up_read_is_tried_again(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """The reconnecting subscriber read the version key to catch up on what it missed; a read that failed (here:
+    no pooled connection free, as when a Redis restart leaves them all reconnecting; or LOADING) counted as
+    "nothing stored", so an invalidation published while the subscriber was away was lost for good."""
+    import redis
+
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace=f"t:retry{time.time_ns()}")
+    a, b = ResponseCache(cfg, engine_sha="old"), ResponseCache(cfg, engine_sha="old")
+    assert a.l2 is not None and b.l2 is not None
+    held = []
+    try:
+        a.l2.client.client_kill_filter(_type="pubsub")  # b's subscriber is away for a second
+        a.set_engine("new")  # published while b cannot hear it
+        while True:  # every other connection of b's pool: b's subscriber comes back, its catch-up read cannot
+            try:
+                held.append(b.l2.pool.get_connection())
+            except redis.ConnectionError:
+                break
+        time.sleep(1.5)  # the subscriber is back (it has the dead subscription's connection) and tried to catch up
+    finally:
+        for conn in held:
+            b.l2.pool.release(conn)
+    try:
+        _until(lambda: b.engine_sha == "new", 5.0)
+        assert b.engine_sha == "new"
+    finally:
+        a.close()
+        b.close()
