@@ -23,6 +23,7 @@ Under failure (each case was a replica serving another engine's answers, or a ve
 - The version key comes back by itself: every ``KEEP_S`` a replica that holds a version writes it again if the key
   is gone (``SET NX``: FLUSHALL, an eviction under ``allkeys-lru`` where this rarely read key goes first, a restart
   without persistence), and a replica without a version (``engine_sha="none"``) keeps looking for one to adopt.
+- Concurrent deploys converge: a message is applied as the stored version read after it (``_handle``).
 - A catch-up read that fails on an outage (no pooled connection free, a timeout, LOADING) is tried again at the next
   reconnect, not taken for "nothing stored" (the missed invalidation was lost for good).
 """
@@ -89,9 +90,11 @@ class Invalidation:
         return json.dumps({"engine": engine, "index": index, "origin": self.origin})
 
     def send(self, engine: str, index: int) -> None:
-        """Store and publish the version; raises the Redis error when it cannot (the CLI names it)."""
+        """Store and publish the version, in one MULTI/EXEC: both or neither (at maxmemory the SET was refused and the
+        PUBLISH went out, so replicas heard a version the key did not hold); raises the Redis error when it cannot
+        (the CLI names it)."""
         msg = self._message(engine, index)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=True)
         pipe.set(self.version_key, msg)
         pipe.publish(self.channel, msg)
         pipe.execute()
@@ -170,16 +173,27 @@ class Invalidation:
             self.received += 1
 
     def _handle(self, data: bytes) -> None:
+        """A message is applied as the *stored* version read after it (the message's own when the read fails): two
+        replicas deploying at once each applied the other's message and kept the swapped versions for good; the
+        key holds the last one written, which every replica reads after the last message (its own included)."""
         try:
             d = json.loads(data)
-            if d.get("origin") == self.origin:
-                return
-            self.last = (str(d["engine"]), int(d["index"]))
-            self.pending = None  # another replica's publish, heard after ours failed, supersedes it
-            self.apply(*self.last)
-            self.received += 1  # after applying: a caller that sees the count sees the new version
+            heard = (str(d["engine"]), int(d["index"]))
         except (ValueError, KeyError, TypeError):
             log.warning("response cache: ignored a malformed invalidation message")
+            return
+        try:
+            got = self.stored(raising=True) or heard
+        except Exception:  # an outage: the message's version, as before; a reconnect catches up
+            got = heard
+        own = d.get("origin") == self.origin
+        if own and got == self.last:
+            return
+        if not own:
+            self.pending = None  # another replica's publish, heard after ours failed, supersedes it
+        self.last = got
+        self.apply(*got)
+        self.received += 1  # after applying: a caller that sees the count sees the new version
 
     def close(self) -> None:
         self._closed.set()

@@ -161,3 +161,60 @@ def test_a_failed_catch_up_read_is_tried_again(redis_server) -> None:  # type: i
     finally:
         a.close()
         b.close()
+
+
+def _deploy_at_once(cfg: CacheConfig, trial: int) -> None:
+    a, b = ResponseCache(cfg, engine_sha="v0"), ResponseCache(cfg, engine_sha="v0")
+    barrier = threading.Barrier(2)
+
+    def deploy(cache: ResponseCache, sha: str) -> None:
+        barrier.wait()
+        cache.set_engine(sha)
+
+    threads = [threading.Thread(target=deploy, args=(a, f"x{trial}")),
+               threading.Thread(target=deploy, args=(b, f"y{trial}"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert a.invalidation is not None
+    inv = a.invalidation
+    try:
+        _until(lambda: a.engine_sha == b.engine_sha == (inv.stored() or ("",))[0], 3.0)
+        assert a.engine_sha == b.engine_sha == (inv.stored() or ("",))[0], trial
+    finally:
+        a.close()
+        b.close()
+
+
+def test_concurrent_deploys_converge_on_one_version(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """Two replicas publishing different versions at once each applied the other's message and kept the swapped
+    versions for good (20 of 20 trials), while the key held one of them for replicas started later."""
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace=f"t:race{time.time_ns()}")
+    for trial in range(4):
+        _deploy_at_once(cfg, trial)
+
+
+def test_deploy_at_maxmemory_keeps_its_version_and_reaches_the_others(own_redis, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """At maxmemory (noeviction) the version key's SET was refused while the PUBLISH went out: replicas heard a
+    version the key did not hold (later ones adopted the old one); now neither goes out until Redis takes both,
+    the deploying replica keeps its version meanwhile, and the others follow once memory is back."""
+    monkeypatch.setattr(pubsub, "KEEP_S", 0.2)
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:oom")
+    a = ResponseCache(cfg, engine_sha="x")
+    a.set_engine("old")
+    b = ResponseCache(cfg)
+    assert a.l2 is not None and a.invalidation is not None
+    try:
+        a.l2.client.config_set("maxmemory-policy", "noeviction")
+        a.l2.client.config_set("maxmemory", "1")
+        a.set_engine("new")
+        time.sleep(0.5)  # a few upkeep rounds, refused
+        assert a.engine_sha == "new" and a.invalidation.pending == ("new", 1)
+        assert b.engine_sha in ("old", "new")
+        a.l2.client.config_set("maxmemory", "0")
+        _until(lambda: b.engine_sha == "new" and a.invalidation.pending is None)  # type: ignore[union-attr]
+        assert (a.engine_sha, b.engine_sha, a.invalidation.stored()) == ("new", "new", ("new", 1))
+    finally:
+        a.close()
+        b.close()
