@@ -13,7 +13,8 @@
   for ``retry_s`` with an "unreachable" warning, and most lookups then missed, while Redis answered).
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
   is answered from L1 or computed), writes are dropped with a count, one warning is logged per outage, and
-  ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout.
+  ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout. With no traffic the
+  flusher PINGs once per ``retry_s``, so the gauge and the warnings follow Redis on an idle replica too.
 - Key names carry the cache version, so entries of an old engine are never even found.
 """
 
@@ -221,10 +222,28 @@ class L2:
             self._drop("buffer_full", over)
 
     def _flusher(self) -> None:
+        probe = 0.0
         while not self._closed:
             self._wake.wait(self.cfg.flush_interval_s)
             self._wake.clear()
-            self.flush()
+            sent = self.flush()
+            if time.monotonic() >= probe:  # once per retry_s: health without traffic
+                probe = time.monotonic() + self.retry_s
+                if not sent:
+                    self._probe()
+
+    def _probe(self) -> None:
+        """PING when no flush spoke to Redis: ``cache_l2_up`` and the down/back warnings follow Redis on an idle
+        replica too (they changed only with traffic: 1 for a dead Redis, 0 and no "back" for one that returned)."""
+        if not self.up:
+            return
+        try:
+            self.client.ping()
+        except self._errors as exc:
+            if isinstance(exc, self._outage) and not _pool_busy(exc):
+                self._failed(exc)
+            return
+        self._ok()
 
     def close(self) -> None:
         self._closed = True

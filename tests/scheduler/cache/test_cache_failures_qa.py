@@ -218,3 +218,22 @@ def test_deploy_at_maxmemory_keeps_its_version_and_reaches_the_others(own_redis,
     finally:
         a.close()
         b.close()
+
+
+def test_l2_up_follows_redis_without_traffic(own_redis, caplog) -> None:  # type: ignore[no-untyped-def]
+    """``cache_l2_up`` and the warnings changed only when a request touched L2: an idle replica showed 1 for a
+    dead Redis, and 0 (no "back" warning) for one that had returned."""
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:idle")
+    cache = ResponseCache(cfg, engine_sha="e")
+    assert cache.metrics is not None
+    try:
+        own_redis.stop()
+        _until(lambda: cache.metrics.value("cache_l2_up") == 0, 5.0)  # type: ignore[union-attr]
+        assert cache.metrics.value("cache_l2_up") == 0
+        assert any("unreachable" in r.getMessage() for r in caplog.records)
+        own_redis.restart()
+        _until(lambda: cache.metrics.value("cache_l2_up") == 1, 5.0)  # type: ignore[union-attr]
+        assert cache.metrics.value("cache_l2_up") == 1
+        assert any("is back" in r.getMessage() for r in caplog.records)
+    finally:
+        cache.close()
