@@ -23,7 +23,9 @@ Under failure (each case was a replica serving another engine's answers, or a ve
 - The version key comes back by itself: every ``KEEP_S`` a replica that holds a version writes it again if the key
   is gone (``SET NX``: FLUSHALL, an eviction under ``allkeys-lru`` where this rarely read key goes first, a restart
   without persistence), and a replica without a version (``engine_sha="none"``) keeps looking for one to adopt.
-- Concurrent deploys converge: a message is applied as the stored version read after it (``_handle``).
+- Concurrent deploys converge on the last message, which the key holds (``send``, ``_handle``). At maxmemory the
+  live replicas hear a deploy at once by a bare PUBLISH; the key (for replicas started later) follows when the
+  pending publish goes through.
 - A catch-up read that fails on an outage (no pooled connection free, a timeout, LOADING) is tried again at the next
   reconnect, not taken for "nothing stored" (the missed invalidation was lost for good).
 """
@@ -90,9 +92,9 @@ class Invalidation:
         return json.dumps({"engine": engine, "index": index, "origin": self.origin})
 
     def send(self, engine: str, index: int) -> None:
-        """Store and publish the version, in one MULTI/EXEC: both or neither (at maxmemory the SET was refused and the
-        PUBLISH went out, so replicas heard a version the key did not hold); raises the Redis error when it cannot
-        (the CLI names it)."""
+        """Store and publish the version in one MULTI/EXEC, so the key always holds the last version published (two
+        pipelines could interleave: SET a, SET b, PUBLISH b, PUBLISH a); raises the Redis error when it cannot (the
+        CLI names it)."""
         msg = self._message(engine, index)
         pipe = self.client.pipeline(transaction=True)
         pipe.set(self.version_key, msg)
@@ -105,11 +107,21 @@ class Invalidation:
             self.send(engine, index)
         except Exception as exc:  # the local replica applied it; it is sent once Redis takes it again
             self.pending = (engine, index)
+            self._tell_live(engine, index)
             log.warning("response cache: could not publish the invalidation (%s); it is sent when Redis is back",
                         type(exc).__name__)
             return False
         self.pending = None
         return True
+
+    def _tell_live(self, engine: str, index: int) -> None:
+        """A refused MULTI (the SET at maxmemory): the live replicas still hear the version by a bare PUBLISH, which
+        Redis takes out of memory too (they kept serving the old engine's L1 answers for as long as Redis was full);
+        the key follows when the pending publish goes through."""
+        try:
+            self.client.publish(self.channel, self._message(engine, index))
+        except Exception as exc:  # an outage: nobody hears anything now; the pending publish tells them later
+            log.debug("response cache: no bare publish either (%s)", type(exc).__name__)
 
     def _send_pending(self) -> None:
         pending = self.pending
@@ -173,26 +185,22 @@ class Invalidation:
             self.received += 1
 
     def _handle(self, data: bytes) -> None:
-        """A message is applied as the *stored* version read after it (the message's own when the read fails): two
-        replicas deploying at once each applied the other's message and kept the swapped versions for good; the
-        key holds the last one written, which every replica reads after the last message (its own included)."""
+        """Every replica hears the messages in one order and ends on the last one: its own message too is applied
+        when another was applied since it was published (ignoring it, two replicas deploying at once each applied
+        the other's message and kept the swapped versions for good)."""
         try:
             d = json.loads(data)
             heard = (str(d["engine"]), int(d["index"]))
         except (ValueError, KeyError, TypeError):
             log.warning("response cache: ignored a malformed invalidation message")
             return
-        try:
-            got = self.stored(raising=True) or heard
-        except Exception:  # an outage: the message's version, as before; a reconnect catches up
-            got = heard
         own = d.get("origin") == self.origin
-        if own and got == self.last:
+        if own and heard == self.last:
             return
         if not own:
             self.pending = None  # another replica's publish, heard after ours failed, supersedes it
-        self.last = got
-        self.apply(*got)
+        self.last = heard
+        self.apply(*heard)
         self.received += 1  # after applying: a caller that sees the count sees the new version
 
     def close(self) -> None:

@@ -196,9 +196,10 @@ def test_concurrent_deploys_converge_on_one_version(redis_server) -> None:  # ty
 
 
 def test_deploy_at_maxmemory_keeps_its_version_and_reaches_the_others(own_redis, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """At maxmemory (noeviction) the version key's SET was refused while the PUBLISH went out: replicas heard a
-    version the key did not hold (later ones adopted the old one); now neither goes out until Redis takes both,
-    the deploying replica keeps its version meanwhile, and the others follow once memory is back."""
+    """At maxmemory (noeviction) the version key's SET is refused: the live replicas hear the deploy at once (a
+    bare PUBLISH; they must not keep serving the old engine's L1 answers while Redis is full), the deploying
+    replica keeps its version, and the key follows once memory is back (it kept the old version for good, so
+    replicas started later, or catching up after a reconnect, took the old one)."""
     monkeypatch.setattr(pubsub, "KEEP_S", 0.2)
     cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:oom")
     a = ResponseCache(cfg, engine_sha="x")
@@ -209,9 +210,10 @@ def test_deploy_at_maxmemory_keeps_its_version_and_reaches_the_others(own_redis,
         a.l2.client.config_set("maxmemory-policy", "noeviction")
         a.l2.client.config_set("maxmemory", "1")
         a.set_engine("new")
+        _until(lambda: b.engine_sha == "new", 3.0)
         time.sleep(0.5)  # a few upkeep rounds, refused
-        assert a.engine_sha == "new" and a.invalidation.pending == ("new", 1)
-        assert b.engine_sha in ("old", "new")
+        assert (a.engine_sha, b.engine_sha, a.invalidation.pending) == ("new", "new", ("new", 1))
+        assert a.invalidation.stored() == ("old", 1)
         a.l2.client.config_set("maxmemory", "0")
         _until(lambda: b.engine_sha == "new" and a.invalidation.pending is None)  # type: ignore[union-attr]
         assert (a.engine_sha, b.engine_sha, a.invalidation.stored()) == ("new", "new", ("new", 1))
