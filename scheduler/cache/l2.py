@@ -95,8 +95,19 @@ class L2:
             self.metrics.l2_up.set(0)
         if not self._warned:
             self._warned = True
-            log.warning("response cache: Redis at %s is unreachable (%s); serving from L1 only until it is back",
-                        self.cfg.redis_url, type(exc).__name__)
+            # A password set on the server mid-run (CONFIG SET requirepass) answers every new connection with an
+            # AuthenticationError: Redis is there, the URL lacks the password ("unreachable" sent operators looking
+            # for a dead server).
+            what = ("refused the login (a wrong or missing password in redis_url)" if self._auth(exc)
+                    else f"is unreachable ({type(exc).__name__})")
+            log.warning("response cache: Redis at %s %s; serving from L1 only until it is back", self.cfg.redis_url,
+                        what)
+
+    @staticmethod
+    def _auth(exc: BaseException) -> bool:
+        from redis import AuthenticationError
+
+        return isinstance(exc, AuthenticationError)
 
     def _command_failed(self, exc: BaseException) -> None:
         if not self._warned_command:

@@ -239,3 +239,30 @@ def test_l2_up_follows_redis_without_traffic(own_redis, caplog) -> None:  # type
         assert any("is back" in r.getMessage() for r in caplog.records)
     finally:
         cache.close()
+
+
+def test_a_password_set_mid_run_is_named_and_the_tier_comes_back(own_redis, caplog) -> None:  # type: ignore[no-untyped-def]
+    """CONFIG SET requirepass while replicas run: new connections are refused the login; the warning said Redis was
+    "unreachable". Requests are still answered (L1 or computed), and the tier is back once the password is gone."""
+    import redis
+
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=own_redis.url, namespace="t:auth")
+    cache = ResponseCache(cfg, engine_sha="e")
+    admin = redis.Redis.from_url(own_redis.url)
+    assert cache.l2 is not None and cache.metrics is not None
+    try:
+        cache.serve(_req("before"), lambda _r: "B")
+        cache.l2.flush()
+        admin.config_set("requirepass", "s3cret")
+        admin.client_kill_filter(_type="normal", skipme=True)  # the replica's pooled connections must log in again
+        cache.l1.clear()
+        assert cache.serve(_req("before"), lambda _r: "computed")[0] == "computed"  # answered by the scheduler
+        assert cache.metrics.value("cache_l2_up") == 0
+        assert any("password" in r.getMessage() for r in caplog.records)
+        assert not any("unreachable" in r.getMessage() for r in caplog.records)
+        admin.config_set("requirepass", "")
+        _until(lambda: cache.metrics.value("cache_l2_up") == 1, 5.0)  # type: ignore[union-attr]
+        cache.l1.clear()
+        assert cache.lookup(_req("before")).layer == "l2"
+    finally:
+        cache.close()
