@@ -65,6 +65,11 @@ def _client(url: str) -> Any:
         return client
     except ValueError as exc:
         raise InputError(f"--redis-url {url}: not a Redis URL ({exc}); use redis://host:port/db") from exc
+    except redis.AuthenticationError as exc:  # it answers, and wants a password (or another one)
+        raise InputError(f"Redis at {url} refused the login (a wrong or missing password); give it in --redis-url "
+                         "(redis://:PASSWORD@host:port/db)") from exc
+    except redis.ResponseError as exc:  # it answers, and refused the connection's set-up (e.g. a db out of range)
+        raise InputError(f"Redis at {url} refused the connection ({str(exc)[:120]}); fix --redis-url") from exc
     except (redis.RedisError, OSError) as exc:
         raise InputError(f"cannot reach Redis at {url} ({type(exc).__name__}); start redis-server or fix "
                          "--redis-url") from exc
@@ -94,12 +99,18 @@ def _run(args: Any) -> int:
     except OSError as exc:
         raise InputError(f"{manifest}: cannot read it ({exc.strerror}); give an engine folder from trtforge build") \
             from exc
+    import redis
+
     inv = Invalidation(client, args.namespace, lambda *_: None)
     try:
         stored = inv.stored()
         index = stored[1] if stored is not None else 1
-        if not inv.publish(sha, index):
-            raise InputError(f"cannot publish to Redis at {args.redis_url}; check the server and retry")
+        try:  # send, not publish: one error line naming the reason, no library warning (nor a retry) beside it
+            inv.send(sha, index)
+        except (redis.RedisError, OSError) as exc:
+            reason = str(exc).rpartition("caused error: ")[2][:120]  # a pipeline's error names the whole command
+            raise InputError(f"cannot publish the cache version to Redis at {args.redis_url} ({type(exc).__name__}: "
+                             f"{reason}); fix the server (e.g. memory at maxmemory) and retry") from exc
     finally:
         inv.close()
     print(f"published cache version {sha[:16]}.{index} for {args.engine} on {args.redis_url}")

@@ -7,6 +7,12 @@ A corrupt entry is counted and ignored, never served. Use ``serve(request, compu
 ``compute`` runs (submits to the scheduler) only on a miss or for the one refreshing caller. ``serve`` never fails a
 request the cache cannot key: one the key contract cannot read (``lookup`` raises InputError) goes to ``compute``
 uncached, and the scheduler answers or refuses it.
+
+Every tier judges freshness by the lookup's ``now`` (default: this process's clock): an answer past its TTL is never
+served fresh, one past TTL + ``stale_grace_s`` never at all. (L2's key lives that long by the *writer's* clock: a
+reader whose clock runs ahead, or a ``now`` passed in, was served such answers as stale; L1 served them fresh
+whatever ``now`` said.) An L2 entry created more than ``CLOCK_SKEW_S`` ahead of the reader's clock is stale, not
+fresh: a writer's clock running ahead by hours made its answers fresh (and copied into L1) for those hours.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from .keys import CacheKey, make_key
 from .l1 import L1
 
 UNKEYED = CacheKey("", "", "", None, False)  # the key of a request the key contract cannot read (``serve``)
+# An L2 entry created further than this ahead of the reader's clock was written by a replica whose clock runs ahead:
+# it is served as stale (one caller rewrites it under its own clock), never fresh (nor copied into L1) for the
+# writer's TTL plus the skew.
+CLOCK_SKEW_S = 1.0
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__ (1.9 us against 0.4 us),
@@ -65,7 +75,7 @@ class ResponseCache:
             self.l2 = L2(self.cfg, self.metrics)
             self.invalidation = Invalidation(self.l2.client, self.cfg.namespace, self.apply_invalidation,
                                              adopt=engine_sha == "none")
-            stored = self.invalidation.stored()
+            stored = self.invalidation.last  # read once, before its subscriber started
             if stored is not None and engine_sha == "none":
                 self.apply_invalidation(*stored)
 
@@ -112,7 +122,7 @@ class ResponseCache:
         version = self.version
         t0 = time.perf_counter()
         entry = self.l1.get(key.digest)
-        if entry is not None and entry.version == version:
+        if entry is not None and entry.version == version and now < entry.expires:  # L1's own clock is time.time()
             self._timed("l1", t0, "hit")
             return Lookup(key, entry.value, "l1", version=version)
         self._timed("l1", t0, "miss")
@@ -146,7 +156,10 @@ class ResponseCache:
         if entry.version != version:
             self._timed("l2", t0, "wrong_version")
             return None
-        if entry.fresh(now):
+        if now >= entry.expires + self.cfg.stale_grace_s:  # past the grace by this caller's clock (Redis' PX ran
+            self._timed("l2", t0, "miss")  # from the writer's): never served, however long Redis still keeps it
+            return None
+        if entry.fresh(now) and entry.created <= now + CLOCK_SKEW_S:
             self._timed("l2", t0, "hit")
             self.l1.put(entry)
             return Lookup(key, entry.value, "l2")

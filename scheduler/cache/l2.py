@@ -13,7 +13,8 @@
   for ``retry_s`` with an "unreachable" warning, and most lookups then missed, while Redis answered).
 - An outage (connection refused, timeout) marks the tier down for ``retry_s``: lookups return at once (the request
   is answered from L1 or computed), writes are dropped with a count, one warning is logged per outage, and
-  ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout.
+  ``cache_l2_up`` is 0. Nothing waits on a dead server for longer than one socket timeout. With no traffic the
+  flusher PINGs once per ``retry_s``, so the gauge and the warnings follow Redis on an idle replica too.
 - Key names carry the cache version, so entries of an old engine are never even found.
 """
 
@@ -94,8 +95,19 @@ class L2:
             self.metrics.l2_up.set(0)
         if not self._warned:
             self._warned = True
-            log.warning("response cache: Redis at %s is unreachable (%s); serving from L1 only until it is back",
-                        self.cfg.redis_url, type(exc).__name__)
+            # A password set on the server mid-run (CONFIG SET requirepass) answers every new connection with an
+            # AuthenticationError: Redis is there, the URL lacks the password ("unreachable" sent operators looking
+            # for a dead server).
+            what = ("refused the login (a wrong or missing password in redis_url)" if self._auth(exc)
+                    else f"is unreachable ({type(exc).__name__})")
+            log.warning("response cache: Redis at %s %s; serving from L1 only until it is back", self.cfg.redis_url,
+                        what)
+
+    @staticmethod
+    def _auth(exc: BaseException) -> bool:
+        from redis import AuthenticationError
+
+        return isinstance(exc, AuthenticationError)
 
     def _command_failed(self, exc: BaseException) -> None:
         if not self._warned_command:
@@ -221,10 +233,28 @@ class L2:
             self._drop("buffer_full", over)
 
     def _flusher(self) -> None:
+        probe = 0.0
         while not self._closed:
             self._wake.wait(self.cfg.flush_interval_s)
             self._wake.clear()
-            self.flush()
+            sent = self.flush()
+            if time.monotonic() >= probe:  # once per retry_s: health without traffic
+                probe = time.monotonic() + self.retry_s
+                if not sent:
+                    self._probe()
+
+    def _probe(self) -> None:
+        """PING when no flush spoke to Redis: ``cache_l2_up`` and the down/back warnings follow Redis on an idle
+        replica too (they changed only with traffic: 1 for a dead Redis, 0 and no "back" for one that returned)."""
+        if not self.up:
+            return
+        try:
+            self.client.ping()
+        except self._errors as exc:
+            if isinstance(exc, self._outage) and not _pool_busy(exc):
+                self._failed(exc)
+            return
+        self._ok()
 
     def close(self) -> None:
         self._closed = True

@@ -18,7 +18,11 @@ One entry per digest: a re-stored (refreshed) answer replaces the old one. Expir
 index as entries are added (amortised: after max(1024, half the entries) adds) and every other version's on an
 invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
 
-The index and its version live beside the cache: ``save(folder)``/``load(folder)`` write ``l3.json`` atomically;
+The index and its version live beside the cache: ``save(folder)`` writes ``l3.json`` atomically (a kill -9 leaves
+the old file or the new one), ``load(folder)`` adds its entries and takes its version, all or nothing: a file that is
+not one ``save`` writes (truncated, corrupt, edited into other types, another ``format``) is an InputError naming it
+and what to do, and nothing of it is loaded. Vectors are not saved: the texts are embedded again by this tier's
+embedding, so a file saved under another ``l3_dim`` (its ``dim``, informational) loads into this one.
 ``rebuild()`` (new embedding, new threshold) bumps the version, which the front publishes as an invalidation.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import threading
 import time
@@ -256,9 +261,52 @@ class L3:
                                                      "entries": items})
 
     def load(self, folder: str | Path) -> None:
-        data = json.loads((Path(folder) / "l3.json").read_text())
-        self.version = int(data["version"])
-        for it in data["entries"]:
-            value = base64.b64decode(it["v"]) if it.get("b") else it["v"]
-            self.add(Entry(digest=it["d"], value=value, created=it["c"], expires=it["e"], version=it["ver"],
-                           scope=it["s"], text=it["t"]))
+        """Add the entries of ``folder/l3.json`` (as ``save`` wrote it) and take its index version: all or nothing
+        (module docstring)."""
+        version, entries = _read_saved(Path(folder) / "l3.json")
+        self.version = version
+        for entry in entries:
+            self.add(entry)
+
+
+def _read_saved(path: Path) -> tuple[int, list[Entry]]:
+    """The index version and entries of a saved ``l3.json``; an InputError naming it for anything ``save`` does not
+    write (it was a bare JSONDecodeError, KeyError or TypeError, after part of the file was loaded; an expiry
+    edited into a string loaded and made every later lookup raise TypeError; a value that is not base64 was served
+    as b'')."""
+
+    def bad(why: str) -> InputError:
+        return InputError(f"{path}: {why}; delete it (the index then starts empty) or save the index again")
+
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise InputError(f"{path}: no saved index there; save one first, or start without load") from exc
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: a truncated or corrupt file
+        raise bad(f"not an L3 index, its JSON does not parse ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != 1:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise bad(f"not an L3 index of format 1 (found {found!r}: another trtforge version, or another file)")
+    version, items = data.get("version"), data.get("entries")
+    if type(version) is not int or version < 1 or not isinstance(items, list):
+        raise bad("its index version (a whole number >= 1) or its entries (a list) are missing")
+    entries = []
+    for n, it in enumerate(items):
+        try:
+            entries.append(_saved_entry(it))
+        except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+            raise bad(f"entry {n} is malformed ({type(exc).__name__}: {exc})") from exc
+    return version, entries
+
+
+def _saved_entry(it: Any) -> Entry:
+    digest, version, scope, text, created, expires = (it[k] for k in ("d", "ver", "s", "t", "c", "e"))
+    if not all(isinstance(x, str) for x in (digest, version, scope, text)):
+        raise TypeError("d, ver, s and t must be strings")
+    if not all(type(x) in (int, float) and math.isfinite(x) for x in (created, expires)):
+        raise TypeError("c and e must be finite numbers")
+    value = base64.b64decode(it["v"], validate=True) if it.get("b") else it["v"]
+    return Entry(digest=digest, value=value, created=float(created), expires=float(expires), version=version,
+                 scope=scope, text=text)

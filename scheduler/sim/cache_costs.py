@@ -49,6 +49,11 @@ def check_redis(url: str) -> None:
         raise InputError(f"--redis-url {url}: not a Redis URL ({exc}); use redis://host:port/db") from exc
     try:
         client.ping()
+    except redis.AuthenticationError as exc:  # it answers, and wants a password (or another one)
+        raise InputError(f"--redis-url {url}: Redis refused the login (a wrong or missing password); give it in the "
+                         "URL (redis://:PASSWORD@host:port/db)") from exc
+    except redis.ResponseError as exc:  # it answers, and refused the connection's set-up (e.g. a db out of range)
+        raise InputError(f"--redis-url {url}: Redis refused the connection ({str(exc)[:120]}); fix the URL") from exc
     except (redis.RedisError, OSError) as exc:
         raise InputError(f"--redis-url {url}: cannot reach Redis ({type(exc).__name__}); start redis-server "
                          "(apt-get install redis-server) or fix the URL") from exc
@@ -96,6 +101,10 @@ def measure(tiers: tuple[str, ...], *, redis_url: str | None = None, pool_size: 
             writer.store(make_key(_request(i)), {"text": "a cached answer"})
         if writer.l2 is not None:
             writer.l2.flush()
+            if writer.l2.dropped:  # refused (OOM) or lost: the L2 lookups would miss ("expected a l2, got miss")
+                raise InputError(f"--redis-url {redis_url}: Redis did not take {writer.l2.dropped} of {fill} "
+                                 "measurement writes (out of memory at maxmemory, or unreachable); free memory or "
+                                 "raise maxmemory and rerun")
         hit = {"l1": _median(lambda i: _expect(writer.lookup(_request(i)), "l1"), lookups)}
         if reader is not None:  # a fresh L1: every first lookup is served by Redis
             hit["l2"] = _median(lambda i: _expect(reader.lookup(_request(i)), "l2"), lookups)

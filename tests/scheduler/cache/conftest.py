@@ -18,6 +18,7 @@ import pytest
 class RedisServer:
     proc: subprocess.Popen[bytes]
     port: int
+    extra: tuple[str, ...] = ()  # more redis-server options (e.g. --appendonly yes --dir D: data kept over a restart)
 
     @property
     def url(self) -> str:
@@ -29,8 +30,8 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
     def restart(self) -> None:
-        """The server comes back (empty) on the same port after a ``stop``."""
-        self.proc = start_redis(self.port).proc
+        """The server comes back on the same port after a ``stop`` (empty, unless ``extra`` keeps its data)."""
+        self.proc = start_redis(self.port, *self.extra).proc
 
 
 def _free_port() -> int:
@@ -39,7 +40,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_redis(port: int | None = None) -> RedisServer:
+def start_redis(port: int | None = None, *extra: str) -> RedisServer:
     exe = shutil.which("redis-server")
     if exe is None:
         if os.environ.get("CI"):
@@ -47,12 +48,12 @@ def start_redis(port: int | None = None) -> RedisServer:
         pytest.skip("redis-server not installed (apt-get install redis-server)")
     port = _free_port() if port is None else port
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--protected-mode", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--protected-mode", "yes", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return RedisServer(proc, port)
+                return RedisServer(proc, port, extra)
         except OSError:
             time.sleep(0.05)
     proc.kill()

@@ -67,3 +67,32 @@ def test_invalidate_after_deploy_reaches_replicas(redis_server, tmp_path: Path, 
     replica.close()
     missing = _run(capsys, "invalidate", str(tmp_path / "nope"), "--redis-url", redis_server.url)
     assert_one_line_error(missing, 2, "manifest.json")
+
+
+def test_redis_that_refuses_exits_2_with_one_line_naming_the_reason(own_redis, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """At maxmemory (noeviction) ``invalidate`` printed the library's warning and a second, reasonless error line;
+    ``simulate --response-cache l1,l2`` failed 'expected a l2, got miss'; a password-protected Redis was 'cannot
+    reach Redis ... start redis-server'."""
+    import redis
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "manifest.json").write_text('{"format": 1}\n')
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    try:
+        res = _run(capsys, "invalidate", str(engine), "--redis-url", own_redis.url)
+        assert_one_line_error(res, 2, own_redis.url, "OutOfMemoryError", "maxmemory")
+        sim = main(["simulate", "--trace", "synthetic:20", "--profile", "h100", "--model", "llama-3.1-8b",
+                    "--policy", "vllm-v1", "--response-cache", "l1,l2", "--redis-url", own_redis.url])
+        out, err = capsys.readouterr()
+        assert_one_line_error(CliResult(sim, out, err), 2, own_redis.url, "maxmemory")
+    finally:
+        admin.config_set("maxmemory", "0")
+    admin.config_set("requirepass", "s3cret")
+    for argv in (["ping"], ["invalidate", str(engine)]):
+        res = _run(capsys, *argv, "--redis-url", own_redis.url)
+        assert_one_line_error(res, 2, own_redis.url, "password", "redis://:PASSWORD@")
+    assert _run(capsys, "ping", "--redis-url", own_redis.url.replace("//", "//:s3cret@")).code == 0

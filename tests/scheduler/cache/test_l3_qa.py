@@ -6,8 +6,10 @@ removed and hid the live entry behind k=4 dead ones) and expired entries leave t
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +135,48 @@ def test_near_duplicate_with_other_negations_is_never_served(text: str, other: s
     typo = other.replace("at home", "at hom").replace("ibuprofen", "ibuprofn").replace("account", "acount") \
         .replace("parking", "parkng")
     assert cache.lookup(_req(typo)).value == "negated", typo
+
+
+def _saved(tmp_path: Path) -> dict:
+    cache = _cache(l3_threshold=0.8)
+    for i in range(3):
+        cache.store(cache.lookup(_req(f"How many vacation days do hires of team {i} get?")).key, f"v{i}")
+    cache.store(cache.lookup(_req("the chart as png")).key, b"\x89PNG")
+    cache.l3.save(tmp_path)  # type: ignore[union-attr]
+    return json.loads((tmp_path / "l3.json").read_text())
+
+
+def _edit(data: dict, **entry0: object) -> str:
+    return json.dumps({**data, "entries": [{**data["entries"][0], **entry0}, *data["entries"][1:]]})
+
+
+def test_l3_json_that_save_does_not_write_is_an_input_error_and_loads_nothing(tmp_path: Path) -> None:
+    """A truncated or corrupt l3.json raised JSONDecodeError/KeyError/TypeError (after loading part of it), another
+    format loaded silently, an expiry edited into a string loaded and then made every lookup raise TypeError out of
+    serve, and a value that is not base64 was served as b''."""
+    data = _saved(tmp_path)
+    good = json.dumps(data)
+    binary = next(i for i, it in enumerate(data["entries"]) if it.get("b"))
+    bad_b64 = {**data, "entries": [{**it, "v": "!!"} if i == binary else it for i, it in enumerate(data["entries"])]}
+    cases = {"truncated": good[: len(good) // 2], "empty": "", "a list": "[1]",
+             "format 2": json.dumps(data | {"format": 2}),
+             "no version": json.dumps({k: v for k, v in data.items() if k != "version"}),
+             "no text": json.dumps({**data, "entries": [{k: v for k, v in data["entries"][0].items() if k != "t"}]}),
+             "string expiry": _edit(data, e="soon"), "nan expiry": _edit(data, e=float("nan")),
+             "not base64": json.dumps(bad_b64)}
+    for name, text in cases.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        (folder / "l3.json").write_text(text)
+        cache = _cache(l3_threshold=0.8)
+        with pytest.raises(InputError, match=r"l3\.json: .*(delete it|save)") as err:
+            cache.l3.load(folder)  # type: ignore[union-attr]
+        assert "\n" not in str(err.value), name
+        assert len(cache.l3) == 0 and cache.l3.version == 1, name  # type: ignore[union-attr,arg-type]
+        assert not cache.lookup(_req("How many vacation days do hires of team 0 get ?")).hit, name
+    with pytest.raises(InputError, match="no saved index"):
+        _cache().l3.load(tmp_path / "nowhere")  # type: ignore[union-attr]
+    other_dim = _cache(l3_dim=128, l3_threshold=0.8)  # vectors are not saved: the texts are embedded again
+    other_dim.l3.load(tmp_path)  # type: ignore[union-attr]
+    assert other_dim.lookup(_req("How many vacation days do hires of team 1 get?")).value == "v1"
+    assert other_dim.lookup(_req("the chart as png")).value == b"\x89PNG"
