@@ -15,11 +15,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core import env
+from ..core import env, interrupt
 from ..core.errors import InputError
 from .worker import KILL_ONCE_ENV, CellJob, CellResult, run_cell
 
@@ -174,12 +174,44 @@ def start_ray(address: str, jobs: int) -> bool:
     if env.get(env.LORA_ALIAS) == "1":  # part of LoRA cells' keys: the workers build what the driver keyed
         env_vars[env.LORA_ALIAS.name] = "1"
     runtime_env = {"env_vars": env_vars} if env_vars else None
-    if address == "local":
-        ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, runtime_env=runtime_env)
-        return True
-    ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    with _sigterm_kept():
+        if address == "local":
+            ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
+                     configure_logging=False, runtime_env=runtime_env)
+            return True
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     return False
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """``ray.init`` replaces the SIGTERM handler (``sys.exit(15)``, and Ray's C++ handler printed a stack dump):
+    a SIGTERM then exited 1, not 143. The handler in place before (the CLI's, core.interrupt) is put back."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _ray_wait(refs: list[Any]) -> list[Any]:
+    """``ray.wait`` for one result. Ray turns the exception a signal handler raises (core.interrupt's Interrupted,
+    which carries SIGTERM's 143) into a plain KeyboardInterrupt; the signal is raised again as it came."""
+    import ray
+
+    try:
+        done, _ = ray.wait(refs, num_returns=1)
+    except KeyboardInterrupt as exc:
+        signum = interrupt.pending()
+        if isinstance(exc, interrupt.Interrupted) or signum is None:
+            raise
+        raise interrupt.Interrupted(signum) from None
+    return list(done)
 
 
 def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | None], retries: int,
@@ -204,8 +236,7 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
         waiting[remote.options(**options).remote(sub.job, refs[sub.source_key])] = sub
         on_event(sub.index, "running", 1, None)
     while waiting:
-        done, _ = ray.wait(list(waiting), num_returns=1)
-        for ref in done:
+        for ref in _ray_wait(list(waiting)):
             sub = waiting.pop(ref)
             try:
                 results[sub.index] = ray.get(ref)
