@@ -202,6 +202,7 @@ def commit(root: Path, st: CellStatus, result: CellResult) -> None:
         staged.mkdir(parents=True)
         for name, data in (result.files or {}).items():
             (staged / name).write_bytes(data)
+        result.files = None  # on disk now: the driver held every cell's engine bytes until the run ended
     (staged / CELL_FILE).write_text(json.dumps(_cell_record(st, result), indent=2) + "\n")
     _publish(staged, dest)
     st.plan_bytes = (dest / "model.plan").stat().st_size

@@ -51,3 +51,24 @@ def test_sigterm_while_ray_builds_exits_143(matrix: Path, tmp_path: Path) -> Non
     assert proc.returncode == 143, err
     assert "error: interrupted by SIGTERM" in err.splitlines()[-1] and "SIGTERM received" not in err, err
     assert not (out / "llama").exists() and not (out / ".trtforge-matrix-staging").exists()
+
+
+def test_ray_driver_keeps_no_engine_bytes_of_finished_cells(matrix: Path, tmp_path: Path) -> None:
+    """Without a shared filesystem each cell's files come back as bytes: the driver kept them (in the executor's
+    results) until the run ended, so its memory grew with the matrix; each cell's bytes go once committed."""
+    import gc
+
+    from trtforge.build_engine.matrix.driver import run_matrix
+    from trtforge.build_engine.matrix.spec import load_matrix
+    from trtforge.build_engine.matrix.worker import CellResult
+
+    held: list[int] = []
+
+    def count(st: object) -> None:
+        if getattr(st, "status", "") == "built":
+            held.append(sum(1 for o in gc.get_objects() if isinstance(o, CellResult) and o.files))
+
+    report = run_matrix(load_matrix(matrix), tmp_path / "out", executor="ray", jobs=2, progress=count)
+    assert [c.status for c in report.cells] == ["built", "built"]
+    assert held == [0, 0]
+    assert all((tmp_path / "out" / "llama" / p / "model.plan").stat().st_size > 0 for p in ("a10", "a100"))
