@@ -131,7 +131,9 @@ def run_cell(job: CellJob) -> CellResult:
             # A rename when the temporary folder and OUTROOT share a filesystem, else a copy: os.replace failed with
             # EXDEV (every cell "internal error") when OUTROOT was not on $TMPDIR's filesystem. The staging folder
             # is not final (the driver publishes it by a rename inside OUTROOT); a copy cut short is removed by the
-            # next run.
+            # next run. A retry gets its first attempt's folder: what a killed attempt left there goes first
+            # (shutil.move put the engine inside it, and the driver published the cut-short copy).
+            shutil.rmtree(job.staging, ignore_errors=True)
             shutil.move(engine, job.staging)
             result.staged = job.staging
         else:
