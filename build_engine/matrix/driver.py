@@ -236,7 +236,7 @@ def _submissions(spec: MatrixSpec, root: Path, need: list[CellStatus], sources: 
         job = CellJob(label=c.label, model_name=c.model.path.name,
                       source_path=None if sources[c.model.name] is not None else str(c.model.path),
                       source_files=None, pipeline=c.model.pipeline, profile=c.profile, backend=c.backend,
-                      staging=staging)
+                      staging=staging, source_display=str(c.model.path))
         subs.append(Submission(index=i, job=job, resource=c.resource, source_key=c.model.name))
     if staging_shared:
         (root / STAGING).mkdir(parents=True, exist_ok=True)
