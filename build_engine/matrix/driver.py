@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import fsutil, staging
+from ..core import fsutil, interrupt, staging
 from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
 from .cells import Cell, describe, plan_cells, trtforge_version
@@ -183,7 +183,9 @@ def _publish(staged: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with staging.staging_dir(dest.parent, dest.name) as entry:
         os.rename(staged, entry / "new")  # both under OUTROOT: same filesystem
-        staging.commit_dir(entry / "new", dest, entry)
+        # A signal waits for the commit (without renameat2 a Ctrl-C between its renames lost the cell folder).
+        with interrupt.deferred():
+            staging.commit_dir(entry / "new", dest, entry)
 
 
 def _cell_record(st: CellStatus, result: CellResult) -> dict[str, Any]:

@@ -45,3 +45,24 @@ def test_unparseable_model_fails_its_cell_naming_the_model(tmp_path: Path, rng: 
     assert reason.startswith(str(tmp_path / "custom.onnx")) and "FooBar" in reason, reason
     assert "trtforge-cell-" not in reason and "trtforge-cell-" not in capsys.readouterr().err
     assert not (out / "custom").exists()
+
+
+def test_ctrl_c_while_a_cell_is_published_keeps_the_cell(tmp_path: Path, rng: np.random.Generator,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where renameat2's exchange is missing, publishing a rebuilt cell moves the old folder aside, then renames the
+    new one in; a Ctrl-C between the two removed both (the staging folder holding them was deleted on the way out):
+    the cell folder was gone. Now the signal waits for the commit, as every other commit does."""
+    import json
+
+    _models(tmp_path, rng)
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "good.onnx"\n')
+    out = tmp_path / "out"
+    assert main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(out), "--jobs", "1"]) == 0
+    old_key = json.loads((out / "good" / "a100" / "cell.json").read_text())["key"]
+    _models(tmp_path, rng)  # other weights: the cell is rebuilt over its old folder
+    monkeypatch.setenv("TRTFORGE_TEST_NO_EXCHANGE", "1")
+    monkeypatch.setenv("TRTFORGE_TEST_KILL_AT", "dir:between-renames:SIGINT")
+    assert main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(out), "--jobs", "1"]) == 130
+    cell = json.loads((out / "good" / "a100" / "cell.json").read_text())  # all-new (or all-old), never none
+    assert cell["key"] != old_key and (out / "good" / "a100" / "model.plan").stat().st_size > 0
+    assert sorted(p.name for p in out.iterdir()) == [".trtforge-matrix.lock", "good", "matrix.json"]
