@@ -144,8 +144,9 @@ def _ray_cell(job: CellJob, files: dict[str, bytes] | None) -> CellResult:
 
 def check_address(address: str, timeout_s: float = 3.0) -> None:
     """Refuse (InputError) a Ray ``--address`` (``host:port`` or ``ray://host:port``) where nothing accepts a TCP
-    connection: ``ray.init`` waited there for minutes (its GCS connection retries) before failing. "local" and
-    "auto", and addresses of another form, are left to Ray."""
+    connection, or where what answers is not a gRPC server (a web server, sshd): ``ray.init`` waited there for
+    minutes (its GCS connection retries) before failing. "local" and "auto", and addresses of another form, are left
+    to Ray."""
     import socket
 
     target = address[len("ray://"):] if address.startswith("ray://") else address
@@ -153,12 +154,32 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
     if address in ("local", "auto") or not sep or not host or not port.isdigit():
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            speaks_grpc = _answers_http2(sock, timeout_s)
     except OSError as exc:
         raise InputError(f"--address {address}: no Ray head answers there ({exc.strerror or type(exc).__name__}); "
                          "start one (ray start --head --port=PORT) or fix --address, or use --address local") \
             from exc
+    if not speaks_grpc:  # another service (a web server, sshd) on that port: ray.init waited there for minutes too
+        raise InputError(f"--address {address}: something listens there but it is not a Ray head (no gRPC answer); "
+                         "give the head's GCS port (ray start --head --port, default 6379) or ray://HOST:10001")
+
+
+def _answers_http2(sock: Any, timeout_s: float) -> bool:
+    """Whether the server answers an HTTP/2 client preface with a SETTINGS frame, as a gRPC server (Ray's GCS, the
+    Ray Client server) does at once."""
+    import socket
+
+    sock.settimeout(timeout_s)
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # + empty SETTINGS
+    head = b""
+    with contextlib.suppress(socket.timeout, OSError):
+        while len(head) < 9:  # a frame header: length (3), type (1: 0x04 is SETTINGS), flags, stream id
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    return len(head) == 9 and head[3] == 0x04
 
 
 def start_ray(address: str, jobs: int) -> bool:
@@ -179,7 +200,12 @@ def start_ray(address: str, jobs: int) -> bool:
             ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
                      configure_logging=False, runtime_env=runtime_env)
             return True
-        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+        except ConnectionError as exc:  # e.g. a head with token authentication and no token here: was exit 3
+            text = " ".join(str(exc).split())[:200]
+            raise InputError(f"--address {address}: cannot join the Ray cluster ({text}); check the address and, for "
+                             "a cluster with token authentication, its token (RAY_AUTH_TOKEN)") from exc
     return False
 
 

@@ -72,3 +72,23 @@ def test_ray_driver_keeps_no_engine_bytes_of_finished_cells(matrix: Path, tmp_pa
     assert [c.status for c in report.cells] == ["built", "built"]
     assert held == [0, 0]
     assert all((tmp_path / "out" / "llama" / p / "model.plan").stat().st_size > 0 for p in ("a10", "a100"))
+
+
+def test_ray_address_of_a_running_head_is_accepted(matrix: Path, tmp_path: Path) -> None:
+    """The --address check (a gRPC answer on the port) accepts a real Ray head's GCS address; the run builds."""
+    import ray
+
+    from trtforge.build_engine.matrix.cells import node_resources
+    from trtforge.build_engine.matrix.driver import run_matrix
+    from trtforge.build_engine.matrix.executors import check_address
+    from trtforge.build_engine.matrix.spec import load_matrix
+
+    ctx = ray.init(num_cpus=1, resources=node_resources(), include_dashboard=False, log_to_driver=False,
+                   configure_logging=False)
+    try:
+        gcs = ctx.address_info["gcs_address"]
+        check_address(gcs)
+        report = run_matrix(load_matrix(matrix), tmp_path / "out", executor="ray", address=gcs, jobs=1)
+    finally:
+        ray.shutdown()
+    assert [c.status for c in report.cells] == ["built", "built"]
