@@ -2,8 +2,8 @@
 
 Workers produce; only the driver writes under OUTROOT, and each cell's folder ``OUTROOT/<model>/<profile>/`` is
 published by one rename (old folder moved aside first), so a kill at any instant leaves every cell folder all-old or
-all-new. ``cell.json`` in the folder records the cache key; a rerun (after a crash of the driver or a worker too)
-skips every cell whose folder holds the same key and an intact plan. ``OUTROOT/matrix.json`` lists every cell with its
+all-new. ``cell.json`` in the folder records the cache key and the sha256 of every other file in it; a rerun (after
+a crash of the driver or a worker too) skips every cell whose folder holds the same key and exactly those files. ``OUTROOT/matrix.json`` lists every cell with its
 status: built, cached, failed (with the reason) or refused. Runs that write one OUTROOT are serialized by a lock
 file in it (``run_matrix``), so concurrent runs never delete each other's staged builds.
 """
@@ -82,12 +82,27 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file in a cell folder but its cell.json, by path relative to the folder."""
+    return {p.relative_to(folder).as_posix(): _sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p != folder / CELL_FILE}
+
+
 def is_cached(cell: Cell, outdir: Path) -> bool:
-    """The folder holds a finished build with this cell's key and a plan whose bytes match its manifest."""
+    """The folder holds a finished build with this cell's key: exactly the files its cell.json lists, each with the
+    bytes it recorded (a plan matching its own manifest was not enough: another cell's engine and manifest copied
+    in, an edited manifest or a removed model.onnx were served as cached), and a manifest that loads."""
     try:
         recorded = json.loads((outdir / CELL_FILE).read_text())
-        manifest = Manifest.load(outdir)
-        return bool(recorded.get("key") == cell.key and _sha256_file(outdir / manifest.plan) == manifest.plan_sha256)
+        files = recorded.get("files")
+        if recorded.get("key") != cell.key or not isinstance(files, dict):
+            return False
+        present = sorted(p.relative_to(outdir).as_posix() for p in outdir.rglob("*")
+                         if p.is_file() and p != outdir / CELL_FILE)
+        if present != sorted(files):  # cheap first: no hashing when a file is missing or extra
+            return False
+        Manifest.load(outdir)
+        return file_digests(outdir) == files
     except (OSError, ValueError, AttributeError, InputError):
         return False
 
@@ -188,10 +203,10 @@ def _publish(staged: Path, dest: Path) -> None:
             staging.commit_dir(entry / "new", dest, entry)
 
 
-def _cell_record(st: CellStatus, result: CellResult) -> dict[str, Any]:
+def _cell_record(st: CellStatus, result: CellResult, files: dict[str, str]) -> dict[str, Any]:
     c = st.cell
     return {"key": c.key, **describe(c), "pipeline": c.model.pipeline.to_json(), "steps": result.steps,
-            "seconds": round(result.seconds, 3), "host": result.host, "trtforge": trtforge_version()}
+            "seconds": round(result.seconds, 3), "host": result.host, "trtforge": trtforge_version(), "files": files}
 
 
 def commit(root: Path, st: CellStatus, result: CellResult) -> None:
@@ -205,7 +220,7 @@ def commit(root: Path, st: CellStatus, result: CellResult) -> None:
         for name, data in (result.files or {}).items():
             (staged / name).write_bytes(data)
         result.files = None  # on disk now: the driver held every cell's engine bytes until the run ended
-    (staged / CELL_FILE).write_text(json.dumps(_cell_record(st, result), indent=2) + "\n")
+    (staged / CELL_FILE).write_text(json.dumps(_cell_record(st, result, file_digests(staged)), indent=2) + "\n")
     _publish(staged, dest)
     st.plan_bytes = (dest / "model.plan").stat().st_size
     st.outdir = str(dest)
