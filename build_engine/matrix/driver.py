@@ -3,9 +3,10 @@
 Workers produce; only the driver writes under OUTROOT, and each cell's folder ``OUTROOT/<model>/<profile>/`` is
 published by one rename (old folder moved aside first), so a kill at any instant leaves every cell folder all-old or
 all-new. ``cell.json`` in the folder records the cache key and the sha256 of every other file in it; a rerun (after
-a crash of the driver or a worker too) skips every cell whose folder holds the same key and exactly those files. ``OUTROOT/matrix.json`` lists every cell with its
-status: built, cached, failed (with the reason) or refused. Runs that write one OUTROOT are serialized by a lock
-file in it (``run_matrix``), so concurrent runs never delete each other's staged builds.
+a crash of the driver or a worker too) skips every cell whose folder holds the same key and exactly those files.
+``OUTROOT/matrix.json`` lists every cell with its status: built, cached, failed (with the reason) or refused. Runs
+that write one OUTROOT are serialized by a lock file in it (``run_matrix``), so concurrent runs never delete each
+other's staged builds.
 """
 
 from __future__ import annotations
