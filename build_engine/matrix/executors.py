@@ -139,7 +139,21 @@ def run_local(subs: Sequence[Submission], jobs: int, retries: int, on_event: Eve
 
 
 def _ray_cell(job: CellJob, files: dict[str, bytes] | None) -> CellResult:
-    return run_cell(job if files is None else replace(job, source_files=files))
+    result = run_cell(job if files is None else replace(job, source_files=files))
+    result.attempts = _ray_attempt()
+    return result
+
+
+def _ray_attempt() -> int:
+    """This task's attempt (1 + Ray's retries of it so far): a cell whose worker was killed and retried by Ray was
+    reported built in 1 attempt. Ray's core worker is asked; 1 where this Ray has no such call."""
+    import ray
+
+    try:
+        core: Any = getattr(ray._private.worker.global_worker, "core_worker")  # noqa: B009 (untyped in Ray)
+        return 1 + int(core.get_current_task_attempt_number())
+    except (AttributeError, TypeError, ValueError):
+        return 1
 
 
 def check_address(address: str, timeout_s: float = 3.0) -> None:
@@ -266,10 +280,13 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
             sub = waiting.pop(ref)
             try:
                 results[sub.index] = ray.get(ref)
-            except ray.exceptions.RayError as exc:  # the worker (or its node) died in every attempt
+            except ray.exceptions.RayError as exc:  # the worker (or its node) died, and Ray's retries with it
                 first = " ".join(str(exc).split())[:200]
-                results[sub.index] = CellResult(ok=False, attempts=retries + 1, reason=(
-                    f"the Ray worker died in each of {retries + 1} attempts ({type(exc).__name__}: {first}); "
-                    "check the node's memory and logs, or raise --retries"))
+                lost = isinstance(exc, (ray.exceptions.LocalRayletDiedError, ray.exceptions.NodeDiedError))
+                # A lost node ends every task on it at once: "died in each of N attempts" was not what happened.
+                what = "its Ray node died" if lost else f"the Ray worker died in each of {retries + 1} attempts"
+                results[sub.index] = CellResult(ok=False, attempts=1 if lost else retries + 1, reason=(
+                    f"{what} ({type(exc).__name__}: {first}); check the node's memory and logs"
+                    + ("" if lost else ", or raise --retries")))
             on_event(sub.index, "done", results[sub.index].attempts, results[sub.index])
     return results
