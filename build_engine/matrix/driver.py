@@ -130,6 +130,12 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
                 folders=[("-o", outroot), *entries])
     if root.exists() and not root.is_dir():
         raise InputError(f"{outroot} exists and is not a folder; choose another output folder")
+    for m in spec.models:  # a file where a cell folder goes: deleted by the publish (at OUTROOT/<model>/<profile>),
+        # or the run ended after building with "internal error: FileExistsError" (at OUTROOT/<model>)
+        for path in (root / m.name, *(root / m.name / names.get(p, p) for p in m.profiles)):
+            if os.path.lexists(path) and not path.is_dir():
+                raise InputError(f"{path} exists and is not a folder (build-matrix writes a cell folder there); "
+                                 "move it away or choose another output folder")
     if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):
         raise InputError(f"the Triton repository {spec.triton_repo} must not be inside the output folder {outroot}")
     return root

@@ -126,3 +126,19 @@ def test_ray_address_of_another_service_exits_2_at_once(tmp_path: Path, rng: np.
         server.close()
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "--address", "not a Ray head")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("in_the_way", ["llama", "llama/a100"])
+def test_file_where_a_cell_folder_goes_exits_2(tmp_path: Path, rng: np.random.Generator,
+                                              capsys: pytest.CaptureFixture[str], in_the_way: str) -> None:
+    """A file at OUTROOT/<model>/<profile> was deleted by the cell's publish (no --force anywhere), and a file at
+    OUTROOT/<model> ended the run after building with "internal error: FileExistsError", every other cell lost.
+    Now exit 2 naming it before anything is built, the file kept."""
+    mx = _setup(tmp_path, rng, '["a100"]')
+    out = tmp_path / "out"
+    (out / in_the_way).parent.mkdir(parents=True, exist_ok=True)
+    (out / in_the_way).write_text("someone's notes\n")
+    code = main(["build-matrix", str(mx), "-o", str(out)])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, str(out / in_the_way), "not a folder")
+    assert (out / in_the_way).read_text() == "someone's notes\n"
+    assert not (out / "matrix.json").exists()
