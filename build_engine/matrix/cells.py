@@ -6,7 +6,7 @@ except what only labels it (its name, description and the file it was read from)
 trtforge's version, and for a LoRA pipeline whether the plugin's output aliases its input (``TRTFORGE_LORA_ALIAS``,
 which changes the engine). Nothing else enters it: moving or renaming the model, the profile or the matrix file, or
 touching their mtimes, keeps the key (the cell folder is named after the matrix's model name and the profile's name).
-A cell whose folder already holds a build with the same key (and an intact plan) is not rebuilt.
+A cell whose folder already holds a build with the same key (and the files its cell.json records) is not rebuilt.
 
 Resources (Ray custom resources, see ``node_resources``): a TensorRT-RTX cell runs on any node advertising
 ``trtforge_rtx``; a full-TensorRT cell only on a node whose GPU has the profile's compute capability

@@ -2,10 +2,11 @@
 
 Workers produce; only the driver writes under OUTROOT, and each cell's folder ``OUTROOT/<model>/<profile>/`` is
 published by one rename (old folder moved aside first), so a kill at any instant leaves every cell folder all-old or
-all-new. ``cell.json`` in the folder records the cache key; a rerun (after a crash of the driver or a worker too)
-skips every cell whose folder holds the same key and an intact plan. ``OUTROOT/matrix.json`` lists every cell with its
-status: built, cached, failed (with the reason) or refused. Runs that write one OUTROOT are serialized by a lock
-file in it (``run_matrix``), so concurrent runs never delete each other's staged builds.
+all-new. ``cell.json`` in the folder records the cache key and the sha256 of every other file in it; a rerun (after
+a crash of the driver or a worker too) skips every cell whose folder holds the same key and exactly those files.
+``OUTROOT/matrix.json`` lists every cell with its status: built, cached, failed (with the reason) or refused. Runs
+that write one OUTROOT are serialized by a lock file in it (``run_matrix``), so concurrent runs never delete each
+other's staged builds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import fsutil, staging
+from ..core import fsutil, interrupt, staging
 from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
 from .cells import Cell, describe, plan_cells, trtforge_version
@@ -82,12 +83,27 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file in a cell folder but its cell.json, by path relative to the folder."""
+    return {p.relative_to(folder).as_posix(): _sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p != folder / CELL_FILE}
+
+
 def is_cached(cell: Cell, outdir: Path) -> bool:
-    """The folder holds a finished build with this cell's key and a plan whose bytes match its manifest."""
+    """The folder holds a finished build with this cell's key: exactly the files its cell.json lists, each with the
+    bytes it recorded (a plan matching its own manifest was not enough: another cell's engine and manifest copied
+    in, an edited manifest or a removed model.onnx were served as cached), and a manifest that loads."""
     try:
         recorded = json.loads((outdir / CELL_FILE).read_text())
-        manifest = Manifest.load(outdir)
-        return bool(recorded.get("key") == cell.key and _sha256_file(outdir / manifest.plan) == manifest.plan_sha256)
+        files = recorded.get("files")
+        if recorded.get("key") != cell.key or not isinstance(files, dict):
+            return False
+        present = sorted(p.relative_to(outdir).as_posix() for p in outdir.rglob("*")
+                         if p.is_file() and p != outdir / CELL_FILE)
+        if present != sorted(files):  # cheap first: no hashing when a file is missing or extra
+            return False
+        Manifest.load(outdir)
+        return file_digests(outdir) == files
     except (OSError, ValueError, AttributeError, InputError):
         return False
 
@@ -114,6 +130,12 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
                 folders=[("-o", outroot), *entries])
     if root.exists() and not root.is_dir():
         raise InputError(f"{outroot} exists and is not a folder; choose another output folder")
+    for m in spec.models:  # a file where a cell folder goes: deleted by the publish (at OUTROOT/<model>/<profile>),
+        # or the run ended after building with "internal error: FileExistsError" (at OUTROOT/<model>)
+        for path in (root / m.name, *(root / m.name / names.get(p, p) for p in m.profiles)):
+            if os.path.lexists(path) and not path.is_dir():
+                raise InputError(f"{path} exists and is not a folder (build-matrix writes a cell folder there); "
+                                 "move it away or choose another output folder")
     if spec.triton_repo is not None and (spec.triton_repo == root or root in spec.triton_repo.parents):
         raise InputError(f"the Triton repository {spec.triton_repo} must not be inside the output folder {outroot}")
     return root
@@ -183,13 +205,15 @@ def _publish(staged: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with staging.staging_dir(dest.parent, dest.name) as entry:
         os.rename(staged, entry / "new")  # both under OUTROOT: same filesystem
-        staging.commit_dir(entry / "new", dest, entry)
+        # A signal waits for the commit (without renameat2 a Ctrl-C between its renames lost the cell folder).
+        with interrupt.deferred():
+            staging.commit_dir(entry / "new", dest, entry)
 
 
-def _cell_record(st: CellStatus, result: CellResult) -> dict[str, Any]:
+def _cell_record(st: CellStatus, result: CellResult, files: dict[str, str]) -> dict[str, Any]:
     c = st.cell
     return {"key": c.key, **describe(c), "pipeline": c.model.pipeline.to_json(), "steps": result.steps,
-            "seconds": round(result.seconds, 3), "host": result.host, "trtforge": trtforge_version()}
+            "seconds": round(result.seconds, 3), "host": result.host, "trtforge": trtforge_version(), "files": files}
 
 
 def commit(root: Path, st: CellStatus, result: CellResult) -> None:
@@ -202,7 +226,8 @@ def commit(root: Path, st: CellStatus, result: CellResult) -> None:
         staged.mkdir(parents=True)
         for name, data in (result.files or {}).items():
             (staged / name).write_bytes(data)
-    (staged / CELL_FILE).write_text(json.dumps(_cell_record(st, result), indent=2) + "\n")
+        result.files = None  # on disk now: the driver held every cell's engine bytes until the run ended
+    (staged / CELL_FILE).write_text(json.dumps(_cell_record(st, result, file_digests(staged)), indent=2) + "\n")
     _publish(staged, dest)
     st.plan_bytes = (dest / "model.plan").stat().st_size
     st.outdir = str(dest)
@@ -235,7 +260,7 @@ def _submissions(spec: MatrixSpec, root: Path, need: list[CellStatus], sources: 
         job = CellJob(label=c.label, model_name=c.model.path.name,
                       source_path=None if sources[c.model.name] is not None else str(c.model.path),
                       source_files=None, pipeline=c.model.pipeline, profile=c.profile, backend=c.backend,
-                      staging=staging)
+                      staging=staging, source_display=str(c.model.path))
         subs.append(Submission(index=i, job=job, resource=c.resource, source_key=c.model.name))
     if staging_shared:
         (root / STAGING).mkdir(parents=True, exist_ok=True)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core import env
+from ..core import env, interrupt
 from ..core.errors import InputError
 from .worker import KILL_ONCE_ENV, CellJob, CellResult, run_cell
 
@@ -139,13 +139,28 @@ def run_local(subs: Sequence[Submission], jobs: int, retries: int, on_event: Eve
 
 
 def _ray_cell(job: CellJob, files: dict[str, bytes] | None) -> CellResult:
-    return run_cell(job if files is None else replace(job, source_files=files))
+    result = run_cell(job if files is None else replace(job, source_files=files))
+    result.attempts = _ray_attempt()
+    return result
+
+
+def _ray_attempt() -> int:
+    """This task's attempt (1 + Ray's retries of it so far): a cell whose worker was killed and retried by Ray was
+    reported built in 1 attempt. Ray's core worker is asked; 1 where this Ray has no such call."""
+    import ray
+
+    try:
+        core: Any = getattr(ray._private.worker.global_worker, "core_worker")  # noqa: B009 (untyped in Ray)
+        return 1 + int(core.get_current_task_attempt_number())
+    except (AttributeError, TypeError, ValueError):
+        return 1
 
 
 def check_address(address: str, timeout_s: float = 3.0) -> None:
     """Refuse (InputError) a Ray ``--address`` (``host:port`` or ``ray://host:port``) where nothing accepts a TCP
-    connection: ``ray.init`` waited there for minutes (its GCS connection retries) before failing. "local" and
-    "auto", and addresses of another form, are left to Ray."""
+    connection, or where what answers is not a gRPC server (a web server, sshd): ``ray.init`` waited there for
+    minutes (its GCS connection retries) before failing. "local" and "auto", and addresses of another form, are left
+    to Ray."""
     import socket
 
     target = address[len("ray://"):] if address.startswith("ray://") else address
@@ -153,12 +168,32 @@ def check_address(address: str, timeout_s: float = 3.0) -> None:
     if address in ("local", "auto") or not sep or not host or not port.isdigit():
         return
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            speaks_grpc = _answers_http2(sock, timeout_s)
     except OSError as exc:
         raise InputError(f"--address {address}: no Ray head answers there ({exc.strerror or type(exc).__name__}); "
                          "start one (ray start --head --port=PORT) or fix --address, or use --address local") \
             from exc
+    if not speaks_grpc:  # another service (a web server, sshd) on that port: ray.init waited there for minutes too
+        raise InputError(f"--address {address}: something listens there but it is not a Ray head (no gRPC answer); "
+                         "give the head's GCS port (ray start --head --port, default 6379) or ray://HOST:10001")
+
+
+def _answers_http2(sock: Any, timeout_s: float) -> bool:
+    """Whether the server answers an HTTP/2 client preface with a SETTINGS frame, as a gRPC server (Ray's GCS, the
+    Ray Client server) does at once."""
+    import socket
+
+    sock.settimeout(timeout_s)
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # + empty SETTINGS
+    head = b""
+    with contextlib.suppress(socket.timeout, OSError):
+        while len(head) < 9:  # a frame header: length (3), type (1: 0x04 is SETTINGS), flags, stream id
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    return len(head) == 9 and head[3] == 0x04
 
 
 def start_ray(address: str, jobs: int) -> bool:
@@ -174,12 +209,49 @@ def start_ray(address: str, jobs: int) -> bool:
     if env.get(env.LORA_ALIAS) == "1":  # part of LoRA cells' keys: the workers build what the driver keyed
         env_vars[env.LORA_ALIAS.name] = "1"
     runtime_env = {"env_vars": env_vars} if env_vars else None
-    if address == "local":
-        ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, runtime_env=runtime_env)
-        return True
-    ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    with _sigterm_kept():
+        if address == "local":
+            ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
+                     configure_logging=False, runtime_env=runtime_env)
+            return True
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+        except ConnectionError as exc:  # e.g. a head with token authentication and no token here: was exit 3
+            text = " ".join(str(exc).split())[:200]
+            raise InputError(f"--address {address}: cannot join the Ray cluster ({text}); check the address and, for "
+                             "a cluster with token authentication, its token (RAY_AUTH_TOKEN)") from exc
     return False
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """``ray.init`` replaces the SIGTERM handler (``sys.exit(15)``, and Ray's C++ handler printed a stack dump):
+    a SIGTERM then exited 1, not 143. The handler in place before (the CLI's, core.interrupt) is put back."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _ray_wait(refs: list[Any]) -> list[Any]:
+    """``ray.wait`` for one result. Ray turns the exception a signal handler raises (core.interrupt's Interrupted,
+    which carries SIGTERM's 143) into a plain KeyboardInterrupt; the signal is raised again as it came."""
+    import ray
+
+    try:
+        done, _ = ray.wait(refs, num_returns=1)
+    except KeyboardInterrupt as exc:
+        signum = interrupt.pending()
+        if isinstance(exc, interrupt.Interrupted) or signum is None:
+            raise
+        raise interrupt.Interrupted(signum) from None
+    return list(done)
 
 
 def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | None], retries: int,
@@ -204,15 +276,17 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
         waiting[remote.options(**options).remote(sub.job, refs[sub.source_key])] = sub
         on_event(sub.index, "running", 1, None)
     while waiting:
-        done, _ = ray.wait(list(waiting), num_returns=1)
-        for ref in done:
+        for ref in _ray_wait(list(waiting)):
             sub = waiting.pop(ref)
             try:
                 results[sub.index] = ray.get(ref)
-            except ray.exceptions.RayError as exc:  # the worker (or its node) died in every attempt
+            except ray.exceptions.RayError as exc:  # the worker (or its node) died, and Ray's retries with it
                 first = " ".join(str(exc).split())[:200]
-                results[sub.index] = CellResult(ok=False, attempts=retries + 1, reason=(
-                    f"the Ray worker died in each of {retries + 1} attempts ({type(exc).__name__}: {first}); "
-                    "check the node's memory and logs, or raise --retries"))
+                lost = isinstance(exc, (ray.exceptions.LocalRayletDiedError, ray.exceptions.NodeDiedError))
+                # A lost node ends every task on it at once: "died in each of N attempts" was not what happened.
+                what = "its Ray node died" if lost else f"the Ray worker died in each of {retries + 1} attempts"
+                results[sub.index] = CellResult(ok=False, attempts=1 if lost else retries + 1, reason=(
+                    f"{what} ({type(exc).__name__}: {first}); check the node's memory and logs"
+                    + ("" if lost else ", or raise --retries")))
             on_event(sub.index, "done", results[sub.index].attempts, results[sub.index])
     return results

@@ -38,6 +38,7 @@ class CellJob:
     profile: Any  # trtforge.profiles.loader.Profile
     backend: str  # tensorrt | tensorrt_rtx
     staging: str | None = None  # shared-filesystem folder to leave the engine in; None: return bytes
+    source_display: str = ""  # the model's path as the driver knows it, named in a failure's reason
 
 
 @dataclass
@@ -108,6 +109,15 @@ def apply_pipeline(source: Path, pipeline: Pipeline, out: Path) -> tuple[Path, l
     return out, steps
 
 
+def _named(reason: str, job: CellJob, work: Path) -> str:
+    """The reason with the worker's temporary files named as the model the matrix gave (a TensorRT parse error
+    named /tmp/trtforge-cell-*/pipeline.onnx, deleted by then)."""
+    if not job.source_display:
+        return reason
+    return (reason.replace(str(work / "pipeline.onnx"), f"{job.source_display} (after the matrix pipeline)")
+            .replace(str(work / "source" / job.model_name), job.source_display))
+
+
 def run_cell(job: CellJob) -> CellResult:
     """Build one cell; never raises for a TrtforgeError (returned as ``ok=False`` with the one-line reason)."""
     import socket
@@ -131,14 +141,16 @@ def run_cell(job: CellJob) -> CellResult:
             # A rename when the temporary folder and OUTROOT share a filesystem, else a copy: os.replace failed with
             # EXDEV (every cell "internal error") when OUTROOT was not on $TMPDIR's filesystem. The staging folder
             # is not final (the driver publishes it by a rename inside OUTROOT); a copy cut short is removed by the
-            # next run.
+            # next run. A retry gets its first attempt's folder: what a killed attempt left there goes first
+            # (shutil.move put the engine inside it, and the driver published the cut-short copy).
+            shutil.rmtree(job.staging, ignore_errors=True)
             shutil.move(engine, job.staging)
             result.staged = job.staging
         else:
             result.files = {f.name: f.read_bytes() for f in sorted(engine.iterdir()) if f.is_file()}
         return result
     except TrtforgeError as exc:
-        return CellResult(ok=False, reason=exc.message, seconds=time.perf_counter() - t0)
+        return CellResult(ok=False, reason=_named(exc.message, job, work), seconds=time.perf_counter() - t0)
     except Exception as exc:  # a bug, not a crash of the worker: deterministic, so not retried
         text = " ".join(str(exc).split())[:300]
         return CellResult(ok=False, reason=f"internal error: {type(exc).__name__}: {text}",

@@ -67,3 +67,38 @@ def test_damaged_entry_is_rebuilt(matrix: Path, tmp_path: Path) -> None:
         assert [c.status for c in run_matrix(load_matrix(matrix), out).cells] == ["built"], damage
         manifest = json.loads((cell / "manifest.json").read_text())
         assert hashlib.sha256(plan.read_bytes()).hexdigest() == manifest["plan_sha256"]
+
+
+def test_tampered_cell_folder_is_rebuilt(matrix: Path, tmp_path: Path) -> None:
+    """A plan matching its own manifest was taken as cached: another cell's engine and manifest copied in (an
+    SM 8.0 engine served as the a10 one), an edited manifest, or a removed model.onnx were served as cached."""
+    import shutil
+
+    two = matrix.with_name("mx-two.toml")
+    two.write_text('[matrix]\nprofiles = ["a10", "a100"]\n[[model]]\npath = "m/llama_fp32.onnx"\nname = "llama"\n')
+    out = tmp_path / "out"
+    assert [c.status for c in run_matrix(load_matrix(two), out).cells] == ["built", "built"]
+    a10, a100 = out / "llama" / "a10", out / "llama" / "a100"
+    pristine = tmp_path / "a10-pristine"
+    shutil.copytree(a10, pristine)
+
+    def swap_engine() -> None:
+        for name in ("model.plan", "manifest.json"):
+            shutil.copyfile(a100 / name, a10 / name)
+
+    def edit_manifest() -> None:
+        data = json.loads((a10 / "manifest.json").read_text())
+        data["precision"] = "fp32"
+        (a10 / "manifest.json").write_text(json.dumps(data))
+
+    for damage in (swap_engine, edit_manifest, lambda: (a10 / "model.onnx").unlink(),
+                   lambda: (a10 / "stray.bin").write_bytes(b"x")):
+        shutil.rmtree(a10)
+        shutil.copytree(pristine, a10)
+        damage()
+        assert [c.status for c in run_matrix(load_matrix(two), out, dry_run=True).cells] == ["planned", "cached"]
+    report = run_matrix(load_matrix(two), out)
+    assert [c.status for c in report.cells] == ["built", "cached"]
+    assert json.loads((a10 / "manifest.json").read_text())["profile"] == "a10"
+    assert sorted(p.name for p in a10.iterdir()) == ["cell.json", "manifest.json", "model.onnx", "model.plan"]
+    assert [c.status for c in run_matrix(load_matrix(two), out, dry_run=True).cells] == ["cached", "cached"]

@@ -109,3 +109,47 @@ def test_unreachable_ray_address_exits_2_at_once(tmp_path: Path, rng: np.random.
                  "--address", f"{scheme}127.0.0.1:{port}"])
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "--address", "no Ray head")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("banner", [b"HTTP/1.0 400 Bad Request\r\n\r\n", b"SSH-2.0-OpenSSH_9.6\r\n"])
+def test_ray_address_of_another_service_exits_2_at_once(tmp_path: Path, rng: np.random.Generator,
+                                                        capsys: pytest.CaptureFixture[str], banner: bytes) -> None:
+    """--address HOST:PORT where a web server or sshd listens (a wrong port): the TCP check passed, then ray.init
+    retried its GCS connection for minutes (killed after 120 s in the probe); now exit 2 naming --address."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(banner)
+            conn.recv(64)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    mx = _setup(tmp_path, rng, '["a100"]')
+    try:
+        code = main(["build-matrix", str(mx), "-o", str(tmp_path / "out"), "--executor", "ray",
+                     "--address", f"127.0.0.1:{server.getsockname()[1]}"])
+    finally:
+        server.close()
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "--address", "not a Ray head")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("in_the_way", ["llama", "llama/a100"])
+def test_file_where_a_cell_folder_goes_exits_2(tmp_path: Path, rng: np.random.Generator,
+                                              capsys: pytest.CaptureFixture[str], in_the_way: str) -> None:
+    """A file at OUTROOT/<model>/<profile> was deleted by the cell's publish (no --force anywhere), and a file at
+    OUTROOT/<model> ended the run after building with "internal error: FileExistsError", every other cell lost.
+    Now exit 2 naming it before anything is built, the file kept."""
+    mx = _setup(tmp_path, rng, '["a100"]')
+    out = tmp_path / "out"
+    (out / in_the_way).parent.mkdir(parents=True, exist_ok=True)
+    (out / in_the_way).write_text("someone's notes\n")
+    code = main(["build-matrix", str(mx), "-o", str(out)])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, str(out / in_the_way), "not a folder")
+    assert (out / in_the_way).read_text() == "someone's notes\n"
+    assert not (out / "matrix.json").exists()

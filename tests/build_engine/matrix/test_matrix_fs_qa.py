@@ -73,3 +73,26 @@ def test_interrupted_run_leaves_no_staging(tmp_path: Path, rng: np.random.Genera
     with pytest.raises(KeyboardInterrupt):
         run_matrix(load_matrix(tmp_path / "mx.toml"), tmp_path / "out", jobs=1, progress=interrupt)
     assert not (tmp_path / "out" / STAGING).exists() and not (tmp_path / "out" / "m").exists()
+
+
+def test_retry_replaces_a_staging_folder_its_killed_attempt_left(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A retried cell gets the same staging folder as its first attempt. A worker killed after (or while) handing
+    its engine over (a copy when $TMPDIR is another filesystem) left that folder, and the retry's shutil.move put
+    the new engine *inside* it (staging/engine/...): the driver published the first attempt's cut-short plan."""
+    import hashlib
+
+    from trtforge.build_engine.matrix.spec import Pipeline
+    from trtforge.build_engine.matrix.worker import CellJob, run_cell
+    from trtforge.profiles.loader import load_profile
+
+    _write_matrix(tmp_path, rng)
+    staging = tmp_path / "out" / ".trtforge-matrix-staging" / "cell"
+    staging.mkdir(parents=True)
+    (staging / "model.plan").write_bytes(b"\0" * 100)  # the killed attempt's copy, cut short
+    job = CellJob(label="m/a100", model_name="m.onnx", source_path=str(tmp_path / "m.onnx"), source_files=None,
+                  pipeline=Pipeline(), profile=load_profile("a100"), backend="tensorrt_rtx", staging=str(staging))
+    result = run_cell(job)
+    assert result.ok and result.staged == str(staging), result.reason
+    assert sorted(p.name for p in staging.iterdir()) == ["manifest.json", "model.onnx", "model.plan"]
+    manifest = json.loads((staging / "manifest.json").read_text())
+    assert hashlib.sha256((staging / "model.plan").read_bytes()).hexdigest() == manifest["plan_sha256"]
