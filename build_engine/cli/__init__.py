@@ -60,6 +60,7 @@ BROKEN_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
+    _open_standard_streams()
     try:
         code = _main(argv)
         sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
@@ -67,6 +68,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _drop_stdout()
         return BROKEN_PIPE
+
+
+def _open_standard_streams() -> None:
+    """Put /dev/null on a closed stdin, stdout or stderr (``trtforge ... >&-``, a daemon without streams). Python
+    leaves ``sys.stdout``/``sys.stderr`` None there (a print to stderr then raised AttributeError: exit 3, nothing
+    written), and the next file opened would take the free descriptor: TensorRT's or onnxruntime's C++ output on fd
+    1 or 2 would land inside a plan or a model being written."""
+    import os
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False, encoding="utf-8",  # noqa: SIM115
+                                    errors="backslashreplace"))
 
 
 def _drop_stdout() -> None:

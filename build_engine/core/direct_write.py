@@ -31,7 +31,7 @@ ALIGN = 4096  # covers every logical block size Linux file systems use for O_DIR
 
 def _direct_flag() -> int:
     """``os.O_DIRECT``, or 0 where the platform has none or ``TRTFORGE_DIRECT_WRITE=0`` turns direct writes off."""
-    return 0 if env.get(env.DIRECT_WRITE) == "0" else getattr(os, "O_DIRECT", 0)
+    return getattr(os, "O_DIRECT", 0) if env.get_flag(env.DIRECT_WRITE) else 0
 
 
 def aligned_buffer(size: int) -> memoryview:

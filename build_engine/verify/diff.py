@@ -362,11 +362,11 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
     from ..core import fsutil
     dest, acc, summ = save_paths(path)
-    with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp:
+    # The three are written before the first is renamed into place: a full disk leaves none of them.
+    with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp, fsutil.atomic_path(acc) as tmp_acc, \
+            fsutil.staged_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name}):
         result.run_results.save(str(tmp))
-    with quiet_polygraphy(), fsutil.atomic_path(acc) as tmp:
-        result.accuracy.save(str(tmp))
-    fsutil.write_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name})
+        result.accuracy.save(str(tmp_acc))
     return [dest, acc, summ]
 
 
