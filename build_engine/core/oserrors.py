@@ -68,7 +68,8 @@ def describe(exc: OSError) -> str | None:
                 "absolute paths) and run it again")
     if exc.errno in DISK_FULL:
         place = names or "a file (an output, or a temporary file under $TMPDIR)"
-        return f"{place}: {(exc.strerror or 'no space left on device').lower()}; free space there or choose another disk"
+        what = (exc.strerror or "no space left on device").lower()
+        return f"{place}: {what}; free space there or choose another disk"
     fix = _FIXES.get(exc.errno or 0)
     if fix is None:
         return None

@@ -1,0 +1,142 @@
+"""The exit contract against the machine's state (held-out QA, round 3): a full disk or quota, a name over the
+filesystem's limit, a deleted current folder, closed standard streams, garbage in the environment, the umask.
+
+Each was exit 3 'internal error ... (a bug: report it)' or worse: ENOSPC/EFBIG and ENAMETOOLONG out of every writing
+command; a report or a second --save file left beside a model whose write failed; ``trtforge ... 2>&-`` exit 3
+with nothing written (Python leaves sys.stderr None); ``TRTFORGE_LORA_ALIAS=true`` read as off. Now: exit 2, one
+line naming the file and what to do, nothing left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trtforge.build_engine.core import env
+from trtforge_testing import assert_one_line_error
+
+from . import fixtures as fx
+
+EXE = str(Path(sys.executable).with_name("trtforge"))
+
+
+@contextlib.contextmanager
+def _small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``folder`` (root only: CI runs as root on a machine like the one it targets)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs (CI runs the suite as root)")
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mount -t tmpfs is not permitted here (a container without CAP_SYS_ADMIN)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _left(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_full_disk_is_one_line_and_leaves_nothing(cli, tmp_path: Path) -> None:
+    llama = fx.llama(tmp_path / "llama.onnx")
+    with _small_tmpfs(tmp_path / "full", "8k") as full:  # two 4 KiB pages
+        res = cli("fold", llama, "-o", full / "f.onnx", "--report", full / "r.json")
+        assert_one_line_error(res, 2, str(full / "f.onnx"), "no space left on device", str(full), "free space")
+        # diff --save writes three files: the third does not fit, and none is left (the first two were)
+        res = cli("diff", llama, llama, "--save", full / "d.json")
+        assert_one_line_error(res, 2, "d.summary.json", "no space left on device")
+        res = cli("lora", "pack", fx.adapter(tmp_path / "ad"), "-o", full / "pool.safetensors", "--slots", "64")
+        assert_one_line_error(res, 2, "pool.safetensors", "no space left on device")
+        assert _left(full) == []
+        # The report on the full disk, the model elsewhere: neither (the model was written, then exit 3)
+        (full / "fill").write_bytes(b"x" * 8192)
+        res = cli("precision", llama, "--to", "fp16", "-o", tmp_path / "p.onnx", "--report", full / "r.json")
+        assert_one_line_error(res, 2, "r.json", "no space left on device")
+        assert not (tmp_path / "p.onnx").exists() and _left(full) == ["fill"]
+
+
+def _limited(limit: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_file_size_limit_is_one_line(tmp_path: Path) -> None:
+    """EFBIG (a per-process file size limit, or a filesystem's): no root needed."""
+    llama = fx.llama(tmp_path / "llama.onnx")
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run([EXE, "quantize", str(llama), "--mode", "int8", "-o", str(tmp_path / "out" / "q.onnx"),
+                           "--report", str(tmp_path / "out" / "q.json")], capture_output=True, text=True,
+                          preexec_fn=lambda: _limited(64 * 1024), timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "q.onnx: cannot write it: file too large" in lines[0] and "Traceback" not in proc.stderr
+    assert _left(tmp_path / "out") == []
+
+
+def test_name_too_long_and_deleted_cwd(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = fx.tiny_model(tmp_path / "in.onnx")
+    long = "a" * 256
+    for argv in (["fold", tiny, "-o", tmp_path / f"{long}.onnx"],
+                 ["fold", tmp_path / f"{long}.onnx", "-o", tmp_path / "x.onnx"],
+                 ["kv-plan", "--profile", "a100", "--model", tmp_path / f"{long}.json"],
+                 ["build", tiny, "--profile", "a100", "-o", tmp_path / long]):
+        assert_one_line_error(cli(*argv), 2, "file name over 255 bytes", "choose a shorter path")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert_one_line_error(cli("fold", tiny, "-o", "out.onnx"), 2, "current folder was deleted", "cd to")
+    assert _left(tmp_path) == ["in.onnx"]
+
+
+def _close(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("closed", [(1,), (2,), (0, 1, 2)], ids=["stdout", "stderr", "all"])
+def test_closed_standard_streams(tmp_path: Path, closed: tuple[int, ...]) -> None:
+    tiny = fx.tiny_model(tmp_path / "in.onnx")
+
+    def run(*argv: str) -> int:
+        return subprocess.run([EXE, *argv], preexec_fn=lambda: _close(closed), timeout=120).returncode
+
+    assert run("fold", str(tiny), "-o", str(tmp_path / "out.onnx"), "--report", str(tmp_path / "r.json")) == 0
+    assert (tmp_path / "out.onnx").stat().st_size > 0 and (tmp_path / "r.json").read_text().startswith("{")
+    assert run("fold", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o2.onnx")) == 2
+    assert _left(tmp_path) == ["in.onnx", "out.onnx", "r.json"]
+
+
+@pytest.mark.parametrize("knob", [k for k in env.KNOBS if k.kind != "text"], ids=lambda k: k.name)
+def test_garbage_in_an_environment_knob(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        knob: env.Knob) -> None:
+    tiny = fx.tiny_model(tmp_path / "in.onnx")
+    monkeypatch.setenv(knob.name, "true" if knob.kind == "flag" else "many")
+    assert_one_line_error(cli("fold", tiny, "-o", tmp_path / "out.onnx"), 2, knob.name, "unset it")
+    assert _left(tmp_path) == ["in.onnx"]
+    monkeypatch.setenv(knob.name, "")  # empty is the default
+    assert cli("fold", tiny, "-o", tmp_path / "out.onnx").code == 0
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_outputs_get_the_umask_mode(cli, tmp_path: Path, umask: int) -> None:
+    tiny = fx.tiny_model(tmp_path / "in.onnx")
+    old = os.umask(umask)
+    try:
+        assert cli("fold", tiny, "-o", tmp_path / "o.onnx", "--report", tmp_path / "r.json").code == 0
+        assert cli("lora", "pack", fx.adapter(tmp_path / "ad"), "-o", tmp_path / "p.safetensors").code == 0
+        assert cli("kv-plan", "--profile", "a100", "--model", "llama-3.1-8b", "--json", tmp_path / "k.json").code == 0
+    finally:
+        os.umask(old)
+    for name in ("o.onnx", "r.json", "p.safetensors", "k.json"):
+        assert oct(os.stat(tmp_path / name).st_mode & 0o777) == oct(0o666 & ~umask), name

@@ -1,0 +1,117 @@
+"""Two runs writing at once (held-out QA, round 3), made deterministic by doing the other run's step at the instant
+it raced:
+
+- runs writing into one folder share ``.trtforge-staging``: one removing it (empty) between the other's ``mkdir``
+  and ``mkdtemp`` made the second fail 'cannot write there (No such file or directory)', exit 2 (1 in 60 of six
+  parallel ``kv-plan --json out/kN.json``);
+- a sweep that found ``.lock`` between its creation and its ``flock`` took the entry for a dead run's and deleted
+  the folder a live run was writing;
+- an output folder written without ``--force`` that another run created meanwhile was replaced (both exited 0;
+  the first run's engine silently gone);
+- ``build-matrix``'s killed workers left their work folders (a copy of the model, a half plan) in $TMPDIR;
+- its lock file was 0644 whatever the umask (a group sharing OUTROOT under umask 002 was locked out).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from trtforge.build_engine.core import fsutil, staging
+from trtforge.build_engine.core.errors import InputError
+
+
+def test_staging_folder_removed_by_another_run_in_between(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tempfile.mkdtemp
+    removed: list[str] = []
+
+    def other_run_cleans_up_first(*args: object, **kw: object) -> str:
+        base = Path(str(kw["dir"]))
+        if not removed:  # the other run's 'rmdir .trtforge-staging' lands between our mkdir and mkdtemp
+            base.rmdir()
+            removed.append(str(base))
+        return real(*args, **kw)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(staging.tempfile, "mkdtemp", other_run_cleans_up_first)
+    fsutil.write_text(tmp_path / "out.txt", "hello")
+    assert removed and (tmp_path / "out.txt").read_text() == "hello"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_sweep_between_lock_creation_and_flock_keeps_the_live_entry(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    real = fcntl.flock
+    swept: list[list[str]] = []
+
+    def other_run_sweeps_first(fd: int, op: int) -> None:
+        if not swept:
+            swept.append([])  # once (the sweep's own flock calls come here too)
+            swept[0] = staging.sweep(tmp_path)  # the other run starts while ours has not locked yet
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", other_run_sweeps_first)
+    with staging.staging_dir(tmp_path, "out.txt") as entry:
+        assert swept == [[]] and entry.is_dir()  # nothing was removed
+        (entry / "x").write_text("mine")
+        assert (entry / "x").read_text() == "mine"
+
+
+@pytest.mark.parametrize("no_exchange", ["", "1"], ids=["renameat2", "fallback"])
+def test_folder_made_meanwhile_is_not_replaced_without_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             no_exchange: str) -> None:
+    monkeypatch.setenv(staging.NO_EXCHANGE_ENV, no_exchange)
+    dest = tmp_path / "eng"
+    with pytest.raises(InputError, match="created by another run.*--force"), fsutil.atomic_dir(dest) as tmp:
+        (tmp / "model.plan").write_text("ours")
+        dest.mkdir()  # the other run publishes its engine while ours builds
+        (dest / "model.plan").write_text("theirs")
+    assert (dest / "model.plan").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]  # our staging folder is gone
+    # An empty folder made meanwhile is not taken either (a plain rename would replace it).
+    other = tmp_path / "other"
+    with pytest.raises(InputError, match="created by another run"), fsutil.atomic_dir(other) as tmp:
+        (tmp / "model.plan").write_text("ours")
+        other.mkdir()
+    assert not any(other.iterdir())
+    with fsutil.atomic_dir(dest, force=True) as tmp:  # with --force the other run's folder is replaced
+        (tmp / "model.plan").write_text("ours")
+        (tmp_path / "third").mkdir()
+    assert (dest / "model.plan").read_text() == "ours"
+
+
+def test_matrix_killed_worker_leaves_no_work_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX builds the engines (pip install 'trtforge[rtx]')")
+    from trtforge.build_engine.matrix.driver import run_matrix
+    from trtforge.build_engine.matrix.spec import load_matrix
+    from trtforge.build_engine.matrix.worker import KILL_ONCE_ENV
+
+    from ..contract import fixtures as fx
+
+    marks, tmpdir = tmp_path / "kills", tmp_path / "tmpdir"
+    marks.mkdir()
+    tmpdir.mkdir()
+    monkeypatch.setenv(KILL_ONCE_ENV, str(marks))  # the cell's first worker SIGKILLs itself mid-build
+    monkeypatch.setenv("TMPDIR", str(tmpdir))  # where the spawned workers' temporary folders went
+    fx.tiny_model(tmp_path / "m.onnx")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\nbackend = "tensorrt-rtx"\n[[model]]\n'
+                                      'path = "m.onnx"\nname = "m"\n[model.pipeline]\nfold = true\n')
+    report = run_matrix(load_matrix(tmp_path / "mx.toml"), tmp_path / "out", jobs=1, retries=1)
+    assert [(c.status, c.attempts) for c in report.cells] == [("built", 2)]
+    assert not [p.name for p in tmpdir.iterdir() if p.name.startswith("trtforge-cell-")]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".trtforge-matrix.lock", "m", "matrix.json"]
+
+
+def test_matrix_lock_file_mode_follows_the_umask(tmp_path: Path) -> None:
+    from trtforge.build_engine.matrix.driver import LOCK_FILE, _exclusive
+
+    old = os.umask(0o002)
+    try:
+        with _exclusive(tmp_path):
+            pass
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / LOCK_FILE).st_mode & 0o777) == oct(0o664)
