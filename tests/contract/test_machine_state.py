@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from trtforge.build_engine.core import env
-from trtforge_testing import assert_one_line_error
+from trtforge_testing import assert_one_line_error, seeded_rng
 
 from . import fixtures as fx
 
@@ -140,3 +140,38 @@ def test_outputs_get_the_umask_mode(cli, tmp_path: Path, umask: int) -> None:
         os.umask(old)
     for name in ("o.onnx", "r.json", "p.safetensors", "k.json"):
         assert oct(os.stat(tmp_path / name).st_mode & 0o777) == oct(0o666 & ~umask), name
+
+
+def test_external_weights_saved_to_another_filesystem(cli, tmp_path: Path) -> None:
+    """fold copies an input's external weights file to file (copy_file_range): across filesystems (the model on disk,
+    the output on /dev/shm) the kernel refuses with EXDEV, and fold exited 3. Now the bytes are read and written."""
+    import tempfile
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second writable filesystem (/dev/shm) for the output")
+    from onnx import TensorProto, helper
+
+    w = numpy_helper.from_array(seeded_rng("exdev").standard_normal((512, 1024)).astype(np.float32), "w")  # 2 MiB:
+    graph = helper.make_graph(  # above lazy_weights.LAZY_MIN_BYTES, so it stays on disk and is copied file to file
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1024])], [w])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src, save_as_external_data=True,
+              location="m.onnx.data", size_threshold=0)
+    other = Path(tempfile.mkdtemp(prefix="trtforge-qa-", dir=shm))
+    try:
+        assert cli("fold", src, "-o", other / "o.onnx").code == 0
+        assert cli("lora", "decompose", fx.injected_model(tmp_path / "l.onnx"), "-o", other / "l.onnx").code == 0
+        got, want = onnx.load(other / "o.onnx"), onnx.load(src)
+        assert [np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+                for a, b in zip(got.graph.initializer, want.graph.initializer, strict=True)] == [True]
+    finally:
+        import shutil
+
+        shutil.rmtree(other, ignore_errors=True)
