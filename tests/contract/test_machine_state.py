@@ -175,3 +175,28 @@ def test_external_weights_saved_to_another_filesystem(cli, tmp_path: Path) -> No
         import shutil
 
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_read_only_filesystem_is_one_line(cli, tmp_path: Path) -> None:
+    """A folder a command creates (triton --repo, build-matrix -o, demo --workdir) on a read-only filesystem: EROFS
+    from mkdir was exit 3."""
+    matrix = tmp_path / "mx.toml"
+    matrix.write_text(f'[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "{fx.tiny_model(tmp_path / "m.onnx")}"\n')
+    with _small_tmpfs(tmp_path / "ro", "64k") as ro:
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        for argv in (["build-matrix", matrix, "-o", ro / "out"], ["demo", "--workdir", ro / "demo"],
+                     ["fold", tmp_path / "m.onnx", "-o", ro / "f.onnx"]):
+            assert_one_line_error(cli(*argv), 2, str(ro), "ead-only")
+
+
+def test_unwritable_home_keeps_a_plot_run_quiet(tmp_path: Path) -> None:
+    """HOME without a writable config folder: matplotlib's two warnings about a temporary cache were the only
+    stderr of a successful simulate --plot."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME")}
+    # The config folder (HOME/.config or XDG_CONFIG_HOME) cannot be made under /proc; the font cache stays where it
+    # is (a fresh one takes seconds to build).
+    proc = subprocess.run([EXE, "simulate", "--trace", "synthetic:20", "--profile", "a100", "--model", "llama-3.1-8b",
+                           "--policy", "cache-aware", "--plot", str(tmp_path / "s.png")], capture_output=True,
+                          text=True, env={**environ, "XDG_CONFIG_HOME": "/proc/none"}, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
