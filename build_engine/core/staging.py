@@ -39,6 +39,7 @@ STAGING = ".trtforge-staging"
 KILL_AT_ENV = env.TEST_KILL_AT.name
 NO_EXCHANGE_ENV = env.TEST_NO_EXCHANGE.name
 RECORD = "record.json"
+CLAIM = ".claim."  # in a data-name claim's file name (core/model_commit.py)
 _LOCK = ".lock"
 _log = logging.getLogger("trtforge.core.staging")
 
@@ -66,14 +67,14 @@ def default_mode(base: int) -> int:
     return base & ~umask
 
 
-def _locked_by_someone(entry: Path) -> bool:
-    """Whether a live process holds ``entry``'s lock; an entry with no lock file yet is judged by its pid."""
+def held(lock: Path) -> bool | None:
+    """Whether a live process holds an ``flock`` on the file ``lock``; None when there is no such file."""
     import fcntl
 
     try:
-        fd = os.open(entry / _LOCK, os.O_RDWR)
+        fd = os.open(lock, os.O_RDWR)
     except FileNotFoundError:
-        return _pid_alive(entry.name)
+        return None
     except OSError:
         return True  # unreadable: not ours to remove
     try:
@@ -83,6 +84,12 @@ def _locked_by_someone(entry: Path) -> bool:
     finally:
         os.close(fd)  # closing drops the lock we may just have taken
     return False
+
+
+def _locked_by_someone(entry: Path) -> bool:
+    """Whether a live process holds ``entry``'s lock; an entry with no lock file yet is judged by its pid."""
+    state = held(entry / _LOCK)
+    return _pid_alive(entry.name) if state is None else state
 
 
 # LABEL.PID.RANDOM, as ``staging_dir`` names its folders; anything else under .trtforge-staging (build-matrix's cell
@@ -139,6 +146,10 @@ def sweep(root: Path) -> list[str]:
             done.append(action)
         shutil.rmtree(entry, ignore_errors=True)
         done.append(f"removed {entry} (left by an interrupted run)")
+    with contextlib.suppress(OSError):
+        for claim in (root / STAGING).glob(f"*{CLAIM}*"):  # model_commit's data-name claims of killed runs
+            if claim.is_file() and held(claim) is False:
+                claim.unlink(missing_ok=True)
     for line in done:
         _log.info("%s", line)
     with contextlib.suppress(OSError):

@@ -9,13 +9,18 @@ it raced:
 - an output folder written without ``--force`` that another run created meanwhile was replaced (both exited 0;
   the first run's engine silently gone);
 - ``build-matrix``'s killed workers left their work folders (a copy of the model, a half plan) in $TMPDIR;
-- its lock file was 0644 whatever the umask (a group sharing OUTROOT under umask 002 was locked out).
+- its lock file was 0644 whatever the umask (a group sharing OUTROOT under umask 002 was locked out);
+- two saves of one model with external data could both name their weights OUT.onnx.data: the second's data rename
+  landed under the first's published model (a model with the other run's weights, both runs exit 0).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -115,3 +120,62 @@ def test_matrix_lock_file_mode_follows_the_umask(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert oct(os.stat(tmp_path / LOCK_FILE).st_mode & 0o777) == oct(0o664)
+
+
+def _external_model(path: Path, graph_name: str, seed: int) -> Path:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtforge_testing import seeded_rng
+
+    w = numpy_helper.from_array(seeded_rng(f"concurrent-{seed}").standard_normal((64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], graph_name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path, save_as_external_data=True,
+              location=f"{path.name}.data", size_threshold=0)
+    return path
+
+
+def _stopped(proc: subprocess.Popen[str]) -> None:
+    """Wait until ``proc`` stopped itself (TRTFORGE_TEST_KILL_AT=...:SIGSTOP) or ended."""
+    import time
+
+    while proc.poll() is None:
+        if Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.02)
+    raise AssertionError(proc.communicate()[1])
+
+
+def test_two_saves_of_one_output_never_pair_a_model_with_the_others_weights(tmp_path: Path) -> None:
+    """B stages its data as o.onnx.data and stops; A (o.onnx.data still free) stages the same name, renames its data
+    in and stops; B commits (its data over A's), then A publishes its model: A's graph with B's weights, exit 0 both.
+    Now A sees B's claim on o.onnx.data and takes another name; the result is one run's model with its own weights."""
+    import onnx
+    from onnx import numpy_helper
+
+    exe = str(Path(sys.executable).with_name("trtforge"))
+    srcs = {name: _external_model(tmp_path / f"{name}.onnx", name, seed) for seed, name in enumerate(("ga", "gb"))}
+    (tmp_path / "out").mkdir()
+
+    def fold(src: str, point: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([exe, "fold", str(srcs[src]), "-o", str(tmp_path / "out" / "o.onnx")],
+                                env={**os.environ, staging.KILL_AT_ENV: point}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    b = fold("gb", "model:staged:SIGSTOP")
+    _stopped(b)
+    a = fold("ga", "model:data-renamed:SIGSTOP")
+    _stopped(a)
+    for proc in (b, a):
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=60) == 0, proc.communicate()[1]
+    out = onnx.load(tmp_path / "out" / "o.onnx")
+    src = onnx.load(srcs[out.graph.name])  # the run whose model was published last
+    assert numpy_helper.to_array(out.graph.initializer[0]).tobytes() == \
+        numpy_helper.to_array(src.graph.initializer[0]).tobytes()
+    named = {e.value for t in onnx.load(tmp_path / "out" / "o.onnx", load_external_data=False).graph.initializer
+             for e in t.external_data if e.key == "location"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted({"o.onnx", *named})
