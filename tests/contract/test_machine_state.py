@@ -200,3 +200,20 @@ def test_unwritable_home_keeps_a_plot_run_quiet(tmp_path: Path) -> None:
                           text=True, env={**environ, "XDG_CONFIG_HOME": "/proc/none"}, timeout=300)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_says_why_its_first_step_failed(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full disk the demo's first step (writing the example model) failed without a word on stderr, followed by
+    one 'no such file' error per later step: the cause was only in summary.md. Later steps are left out here."""
+    import errno
+
+    from trtforge.examples import demo
+
+    def full(work: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(demo, "_make_example", full)
+    monkeypatch.setattr(demo, "plan_steps", lambda work: [])
+    res = cli("demo", "--workdir", tmp_path / "demo")
+    assert res.code == 1
+    assert res.err.splitlines()[0] == "error: example model: OSError: [Errno 28] No space left on device"
