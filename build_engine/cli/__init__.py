@@ -75,6 +75,7 @@ def _open_standard_streams() -> None:
     leaves ``sys.stdout``/``sys.stderr`` None there (a print to stderr then raised AttributeError: exit 3, nothing
     written), and the next file opened would take the free descriptor: TensorRT's or onnxruntime's C++ output on fd
     1 or 2 would land inside a plan or a model being written."""
+    import contextlib
     import os
 
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
@@ -90,6 +91,10 @@ def _open_standard_streams() -> None:
         if getattr(sys, name) is None:
             setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False, encoding="utf-8",  # noqa: SIM115
                                     errors="backslashreplace"))
+    # A path the output encoding cannot spell (PYTHONIOENCODING=ascii, a C locale without UTF-8) is escaped, as
+    # stderr does: a summary line naming 'ö.onnx' raised UnicodeEncodeError after the model was written (exit 3).
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
 
 
 def _drop_stdout() -> None:

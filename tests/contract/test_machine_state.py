@@ -217,3 +217,13 @@ def test_demo_says_why_its_first_step_failed(cli, tmp_path: Path, monkeypatch: p
     res = cli("demo", "--workdir", tmp_path / "demo")
     assert res.code == 1
     assert res.err.splitlines()[0] == "error: example model: OSError: [Errno 28] No space left on device"
+
+
+def test_output_encoding_that_cannot_spell_the_path(tmp_path: Path) -> None:
+    """PYTHONIOENCODING=ascii (or a C locale without UTF-8): the summary naming 'ö.onnx' raised UnicodeEncodeError
+    after the model was written (exit 3 with the output there). Now the name is escaped, as on stderr."""
+    tiny = fx.tiny_model(tmp_path / "in.onnx")
+    proc = subprocess.run([EXE, "fold", str(tiny), "-o", str(tmp_path / "ö.onnx")], capture_output=True,
+                          env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr
+    assert b"\\xf6.onnx: 1 -> 1 nodes" in proc.stdout and (tmp_path / "ö.onnx").stat().st_size > 0
