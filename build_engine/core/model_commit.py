@@ -36,6 +36,13 @@ def _held(claim: Path) -> bool:
     return bool(state)
 
 
+def _key(data_name: str) -> str:
+    """A claim's name part for ``data_name``: bounded (a 250-byte model name leaves no room to add to it)."""
+    import hashlib
+
+    return hashlib.sha256(os.fsencode(data_name)).hexdigest()[:24]
+
+
 def claimed_by_other(folder: Path, data_name: str, mine: Path | None = None) -> bool:
     """Whether a live run other than the holder of ``mine`` claims ``data_name`` in ``folder``."""
     base = folder / staging.STAGING
@@ -43,17 +50,18 @@ def claimed_by_other(folder: Path, data_name: str, mine: Path | None = None) -> 
         names = os.listdir(base)
     except OSError:
         return False
-    return any(base / n != mine and _held(base / n) for n in names if n.startswith(data_name + _CLAIM))
+    return any(base / n != mine and _held(base / n) for n in names if n.startswith(_key(data_name) + _CLAIM))
 
 
 def _claim(base: Path, data_name: str) -> tuple[Path, int]:
     """A claim file for ``data_name``, locked before its name appears (so a free visible claim is a dead run's)."""
     import fcntl
 
+    key = _key(data_name)
     for _ in range(100):
         base.mkdir(exist_ok=True)  # again if another run removed it (empty) in between
         tag = f"{os.getpid()}.{secrets.token_hex(4)}"
-        tmp, claim = base / f".{data_name}.{tag}", base / f"{data_name}{_CLAIM}{tag}"
+        tmp, claim = base / f".{key}.{tag}", base / f"{key}{_CLAIM}{tag}"
         try:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         except FileNotFoundError:

@@ -91,6 +91,12 @@ def test_name_too_long_and_deleted_cwd(cli, tmp_path: Path, monkeypatch: pytest.
                  ["kv-plan", "--profile", "a100", "--model", tmp_path / f"{long}.json"],
                  ["build", tiny, "--profile", "a100", "-o", tmp_path / long]):
         assert_one_line_error(cli(*argv), 2, "file name over 255 bytes", "choose a shorter path")
+    # The longest name that leaves room for '.data' still works with external data (its claim's name is bounded)
+    (tmp_path / "ext").mkdir()
+    ext = fx.external_model(tmp_path / "ext" / "m.onnx")
+    name = f"{'b' * 245}.onnx"
+    assert cli("fold", ext, "-o", tmp_path / "ext" / name).code == 0
+    assert _left(tmp_path / "ext") == sorted(["m.onnx", "m.onnx.data", name])  # its 512 bytes are inline
     gone = tmp_path / "gone"
     gone.mkdir()
     monkeypatch.chdir(gone)
