@@ -102,7 +102,7 @@ def test_name_too_long_and_deleted_cwd(cli, tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(gone)
     gone.rmdir()
     assert_one_line_error(cli("fold", tiny, "-o", "out.onnx"), 2, "current folder was deleted", "cd to")
-    assert _left(tmp_path) == ["in.onnx"]
+    assert _left(tmp_path) == ["ext", "in.onnx"]
 
 
 def _close(fds: tuple[int, ...]) -> None:
