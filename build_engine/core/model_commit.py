@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import interrupt, staging
+from .errors import InputError
 
 _CLAIM = staging.CLAIM
 
@@ -80,7 +81,11 @@ def claim_data_name(folder: Path, model_name: str) -> Iterator[str]:
     name = f"{model_name}.data"
     while True:
         if not os.path.lexists(folder / name) and not claimed_by_other(folder, name):
-            claim, fd = _claim(base, name)
+            try:
+                claim, fd = _claim(base, name)
+            except OSError as exc:  # as staging_dir says it (a read-only folder, one without flock)
+                raise InputError(f"{folder}: cannot write there ({exc.strerror or exc}); choose an output folder "
+                                 "you can write to") from exc
             if not claimed_by_other(folder, name, claim):  # no one claimed it at the same moment
                 break
             _release(base, claim, fd)
