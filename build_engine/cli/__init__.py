@@ -61,6 +61,7 @@ BROKEN_PIPE = 141
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
     _open_standard_streams()
+    code = None
     try:
         code = _main(argv)
         sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
@@ -68,6 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _drop_stdout()
         return BROKEN_PIPE
+    except OSError as exc:  # stdout on a full disk (> /dev/full): --version's print or the final flush
+        _drop_stdout()
+        if code:  # the command failed and said so; its unflushed output is what could not be written
+            return code
+        print(f"error: cannot write to stdout ({exc.strerror or exc}); free space where stdout goes or redirect it",
+              file=sys.stderr)
+        return 2
 
 
 def _open_standard_streams() -> None:

@@ -67,7 +67,7 @@ def describe(exc: OSError) -> str | None:
         return ("the current folder was deleted while trtforge ran in it; cd to an existing folder (or give "
                 "absolute paths) and run it again")
     if exc.errno in DISK_FULL:
-        place = names or "a file (an output, or a temporary file under $TMPDIR)"
+        place = names or "a file (an output, stdout redirected to a file, or a temporary file under $TMPDIR)"
         what = (exc.strerror or "no space left on device").lower()
         return f"{place}: {what}; free space there or choose another disk"
     fix = _FIXES.get(exc.errno or 0)

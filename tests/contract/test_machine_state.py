@@ -233,3 +233,17 @@ def test_output_encoding_that_cannot_spell_the_path(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=120)
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr
     assert b"\\xf6.onnx: 1 -> 1 nodes" in proc.stdout and (tmp_path / "ö.onnx").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b"]],
+                         ids=["version", "kv-plan"])
+def test_stdout_on_a_full_disk(argv: list[str]) -> None:
+    """stdout redirected to a full disk (/dev/full): --version's print escaped as a traceback (exit 1), a command's
+    as 'internal error' (exit 3)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([EXE, *argv], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "stdout" in lines[0] and "Traceback" not in proc.stderr
