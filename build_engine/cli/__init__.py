@@ -62,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
     _open_standard_streams()
     code = None
+    stderr = sys.stderr
+    sys.stderr = _Tolerant(stderr)  # type: ignore[assignment]
     try:
         code = _main(argv)
         sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
@@ -76,6 +78,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot write to stdout ({exc.strerror or exc}); free space where stdout goes or redirect it",
               file=sys.stderr)
         return 2
+    finally:
+        sys.stderr = stderr
+
+
+class _Tolerant:
+    """``sys.stderr`` whose write errors are dropped (``2>/dev/full``, a closed terminal): a note, a progress line
+    or the error line itself that cannot be shown must not change what the command does (a fold with --progress
+    wrote nothing and exited 1; a missing input exited 1, not 2)."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))  # type: ignore[attr-defined]
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            self._stream.flush()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
 
 def _open_standard_streams() -> None:

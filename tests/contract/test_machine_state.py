@@ -247,3 +247,18 @@ def test_stdout_on_a_full_disk(argv: list[str]) -> None:
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "stdout" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_stderr_on_a_full_disk(tmp_path: Path) -> None:
+    """stderr on a full disk (2>/dev/full): a progress line that could not be shown made fold write nothing and exit
+    1; a missing input exited 1 instead of 2. Diagnostics that cannot be shown are dropped."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    tiny = fx.tiny_model(tmp_path / "in.onnx")
+    with open("/dev/full", "w") as full:
+        def run(*argv: str) -> int:
+            return subprocess.run([EXE, *argv], stdout=subprocess.DEVNULL, stderr=full, timeout=120).returncode
+
+        assert run("fold", str(tiny), "-o", str(tmp_path / "o.onnx"), "--progress") == 0
+        assert run("fold", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o2.onnx")) == 2
+    assert _left(tmp_path) == ["in.onnx", "o.onnx"]
