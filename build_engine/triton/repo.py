@@ -10,6 +10,7 @@ The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; T
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,10 +79,14 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     repo_path = Path(repo)
     if repo_path.exists() and not repo_path.is_dir():
         raise InputError(f"--repo {repo}: exists and is not a folder; choose a repository folder")
-    created = not repo_path.exists()
-    if created:  # the repository folder is created, but not its parents (like every other output path)
+    created = False
+    if not repo_path.exists():  # the repository folder is created, but not its parents (like every other output)
         fsutil.check_output_file(repo_path)
-        repo_path.mkdir()
+        try:
+            repo_path.mkdir()
+            created = True
+        except FileExistsError:  # another run made it at the same moment (was exit 3)
+            pass
     dest = repo_path / name
     want_sha = manifest.plan_sha256
     try:
@@ -101,8 +106,10 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
                 raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was "
                                  "changed after the build); rebuild the engine with 'trtforge build'")
     except BaseException:
-        if created:  # leave nothing behind: the folder this call made is empty again
-            shutil.rmtree(repo_path, ignore_errors=True)
+        if created:  # leave nothing behind: the folder this call made, while it is empty. Never rmtree: another
+            # run may have published its entry in it meanwhile (an interrupted run deleted that entry with it)
+            with contextlib.suppress(OSError):
+                repo_path.rmdir()
         raise
     return EntryReport(dest, cfg, (version,), notes=tuple(notes))
 

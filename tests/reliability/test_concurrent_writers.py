@@ -179,3 +179,25 @@ def test_two_saves_of_one_output_never_pair_a_model_with_the_others_weights(tmp_
     named = {e.value for t in onnx.load(tmp_path / "out" / "o.onnx", load_external_data=False).graph.initializer
              for e in t.external_data if e.key == "location"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted({"o.onnx", *named})
+
+
+def test_interrupted_triton_run_keeps_the_entry_another_run_put_in_the_repo_it_made(tmp_path: Path) -> None:
+    """Run A creates REPO and stops before its commit; run B writes REPO/m2; A is interrupted: it removed the repository
+    it had created with rmtree, B's committed entry with it."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX builds the engine (pip install 'trtforge[rtx]')")
+    from ..contract import fixtures as fx
+
+    exe = str(Path(sys.executable).with_name("trtforge"))
+    engine, repo = fx.engine(tmp_path / "eng"), tmp_path / "repo"
+    a = subprocess.Popen([exe, "triton", str(engine), "--repo", str(repo), "--name", "m"], stderr=subprocess.PIPE,
+                         env={**os.environ, staging.KILL_AT_ENV: "dir:staged:SIGSTOP"}, stdout=subprocess.DEVNULL,
+                         text=True)
+    _stopped(a)
+    b = subprocess.run([exe, "triton", str(engine), "--repo", str(repo), "--name", "m2"], capture_output=True,
+                       text=True, timeout=120)
+    assert b.returncode == 0, b.stderr
+    os.kill(a.pid, signal.SIGTERM)
+    os.kill(a.pid, signal.SIGCONT)
+    assert a.wait(timeout=60) == 143
+    assert sorted(p.name for p in repo.iterdir()) == ["m2"]
+    assert (repo / "m2" / "1" / "model.plan").read_bytes() == (engine / "model.plan").read_bytes()
