@@ -81,13 +81,16 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 def staged_json(path: str | os.PathLike[str] | None, obj: Any) -> Iterator[None]:
     """Write ``obj`` as JSON (a report beside a command's main output) into ``path``'s staging now, and rename it
     into place when the block, which writes the other output, ends without error: a write that fails (a full disk)
-    leaves neither, where writing one after the other left the model without its report. ``None``: no report."""
+    leaves neither, where writing one after the other left the model without its report. ``None``: no report.
+
+    Another run writing the same report meanwhile waits (``staging.group_lock``): two runs interleaving their
+    renames left one run's model beside the other's report."""
     if path is None:
         yield
         return
     from .jsonout import dumps
 
-    with atomic_path(path) as tmp:
+    with staging.group_lock(check_output_file(path)), atomic_path(path) as tmp:
         tmp.write_bytes((dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
         yield
 

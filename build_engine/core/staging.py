@@ -209,6 +209,43 @@ def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[
             base.rmdir()
 
 
+@contextlib.contextmanager
+def group_lock(output: Path) -> Iterator[None]:
+    """Hold an exclusive lock for writing the group of outputs keyed by ``output`` (a model and its report,
+    ``diff --save``'s three files): a second run writing the same group waits, so the group ends all one run's.
+    The lock file (``.trtforge-staging/<hash>.group``) is removed by its holder; one that a waiter locked after it
+    was removed is not the lock any more, so the waiter opens it again."""
+    import fcntl
+    import hashlib
+
+    parent = output.parent if str(output.parent) else Path(".")
+    key = hashlib.sha256(os.fsencode(os.path.realpath(parent) + os.sep + output.name)).hexdigest()[:24]
+    base = parent / STAGING
+    lock = base / f"{key}.group"
+    for _ in range(1000):
+        base.mkdir(exist_ok=True)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+        except FileNotFoundError:  # base removed (empty) by another run in between
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder removed that file as we waited: take the lock anew
+    else:
+        raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            base.rmdir()  # only when empty
+
+
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 
 

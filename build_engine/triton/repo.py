@@ -77,16 +77,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         raise CheckFailed("generated config.pbtxt is invalid: " + "; ".join(p.format("config.pbtxt") for p in problems))
 
     repo_path = Path(repo)
-    if repo_path.exists() and not repo_path.is_dir():
-        raise InputError(f"--repo {repo}: exists and is not a folder; choose a repository folder")
-    created = False
-    if not repo_path.exists():  # the repository folder is created, but not its parents (like every other output)
-        fsutil.check_output_file(repo_path)
-        try:
-            repo_path.mkdir()
-            created = True
-        except FileExistsError:  # another run made it at the same moment (was exit 3)
-            pass
+    created = _make_repo(repo_path)
     dest = repo_path / name
     want_sha = manifest.plan_sha256
     try:
@@ -112,6 +103,20 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
                 repo_path.rmdir()
         raise
     return EntryReport(dest, cfg, (version,), notes=tuple(notes))
+
+
+def _make_repo(repo_path: Path) -> bool:
+    """Create the repository folder (not its parents, like every other output) if missing; whether this call did."""
+    if repo_path.exists() and not repo_path.is_dir():
+        raise InputError(f"--repo {repo_path}: exists and is not a folder; choose a repository folder")
+    if repo_path.exists():
+        return False
+    fsutil.check_output_file(repo_path)
+    try:
+        repo_path.mkdir()
+    except FileExistsError:  # another run made it at the same moment (was exit 3)
+        return False
+    return True
 
 
 def _versions(model_dir: Path) -> list[int]:

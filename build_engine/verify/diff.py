@@ -363,8 +363,9 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     from ..core import fsutil
     dest, acc, summ = save_paths(path)
     # The three are written before the first is renamed into place: a full disk leaves none of them.
-    with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp, fsutil.atomic_path(acc) as tmp_acc, \
-            fsutil.staged_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name}):
+    # staged_json first: its lock (a concurrent save of the same files waits) is held until the last rename.
+    with fsutil.staged_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name}), \
+            quiet_polygraphy(), fsutil.atomic_path(dest) as tmp, fsutil.atomic_path(acc) as tmp_acc:
         result.run_results.save(str(tmp))
         result.accuracy.save(str(tmp_acc))
     return [dest, acc, summ]

@@ -16,6 +16,7 @@ it raced:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -201,3 +202,42 @@ def test_interrupted_triton_run_keeps_the_entry_another_run_put_in_the_repo_it_m
     assert a.wait(timeout=60) == 143
     assert sorted(p.name for p in repo.iterdir()) == ["m2"]
     assert (repo / "m2" / "1" / "model.plan").read_bytes() == (engine / "model.plan").read_bytes()
+
+
+def _waits_on_group_lock_or_ends(proc: subprocess.Popen[str]) -> None:
+    """Until ``proc`` ended or opened a ``.group`` lock file (where it waits for the other run)."""
+    import time
+
+    while proc.poll() is None:
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{proc.pid}/fd/{fd}").endswith(".group")
+                   for fd in os.listdir(f"/proc/{proc.pid}/fd")):
+                return
+        time.sleep(0.02)
+
+
+def test_model_and_report_of_one_run_when_two_write_them_at_once(tmp_path: Path) -> None:
+    """A commits its model and stops before its report's rename; B writes model and report; A's report then landed
+    beside B's model (both exit 0). Now B waits for A's group of outputs to be complete, then replaces both."""
+    import json
+
+    exe = str(Path(sys.executable).with_name("trtforge"))
+    srcs = {name: _external_model(tmp_path / f"{name}.onnx", name, seed) for seed, name in enumerate(("ga", "gb"))}
+    out, report = tmp_path / "out" / "o.onnx", tmp_path / "out" / "r.json"
+    out.parent.mkdir()
+
+    def fold(src: str, point: str = "") -> subprocess.Popen[str]:
+        return subprocess.Popen([exe, "fold", str(srcs[src]), "-o", str(out), "--report", str(report)],
+                                env={**os.environ, staging.KILL_AT_ENV: point}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    a = fold("ga", "model:committed:SIGSTOP")
+    _stopped(a)
+    b = fold("gb")
+    _waits_on_group_lock_or_ends(b)
+    os.kill(a.pid, signal.SIGCONT)
+    assert a.wait(timeout=60) == 0 and b.wait(timeout=60) == 0
+    import onnx
+
+    assert json.loads(report.read_text())["input"] == str(srcs[onnx.load(out).graph.name])
+    assert not (out.parent / staging.STAGING).exists()
