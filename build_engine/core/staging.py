@@ -147,7 +147,9 @@ def sweep(root: Path) -> list[str]:
         shutil.rmtree(entry, ignore_errors=True)
         done.append(f"removed {entry} (left by an interrupted run)")
     with contextlib.suppress(OSError):
-        for claim in (root / STAGING).glob(f"*{CLAIM}*"):  # model_commit's data-name claims of killed runs
+        # model_commit's data-name claims and group_lock's files left by killed runs (a waiter that opened a lock
+        # file removed here finds it gone after its flock and opens it anew)
+        for claim in [*(root / STAGING).glob(f"*{CLAIM}*"), *(root / STAGING).glob("*.group")]:
             if claim.is_file() and held(claim) is False:
                 claim.unlink(missing_ok=True)
     for line in done:
