@@ -265,7 +265,8 @@ def run_demo(work: Path, echo: Callable[[str], None] = print) -> list[StepResult
         try:
             fn(work)
             results.append(StepResult(name, "ok", time.perf_counter() - t0, "", outputs))
-        except Exception as exc:  # recorded in the summary; the demo exits 1
+        except Exception as exc:  # recorded in the summary and said on stderr, as a command step's; the demo exits 1
+            _log.error("%s: %s: %s", name, type(exc).__name__, exc)  # the cause (a full disk) of the errors after
             results.append(StepResult(name, "failed", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"))
 
     python_step("example model", _make_example, [str(work / "00_model")])

@@ -60,6 +60,10 @@ BROKEN_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
+    _open_standard_streams()
+    code = None
+    stderr = sys.stderr
+    sys.stderr = _Tolerant(stderr)  # type: ignore[assignment]
     try:
         code = _main(argv)
         sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
@@ -67,6 +71,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _drop_stdout()
         return BROKEN_PIPE
+    except OSError as exc:  # stdout on a full disk (> /dev/full): --version's print or the final flush
+        _drop_stdout()
+        if code:  # the command failed and said so; its unflushed output is what could not be written
+            return code
+        print(f"error: cannot write to stdout ({exc.strerror or exc}); free space where stdout goes or redirect it",
+              file=sys.stderr)
+        return 2
+    finally:
+        sys.stderr = stderr
+
+
+class _Tolerant:
+    """``sys.stderr`` whose write errors are dropped (``2>/dev/full``, a closed terminal): a note, a progress line
+    or the error line itself that cannot be shown must not change what the command does (a fold with --progress
+    wrote nothing and exited 1; a missing input exited 1, not 2)."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))  # type: ignore[attr-defined]
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            self._stream.flush()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _open_standard_streams() -> None:
+    """Put /dev/null on a closed stdin, stdout or stderr (``trtforge ... >&-``, a daemon without streams). Python
+    leaves ``sys.stdout``/``sys.stderr`` None there (a print to stderr then raised AttributeError: exit 3, nothing
+    written), and the next file opened would take the free descriptor: TensorRT's or onnxruntime's C++ output on fd
+    1 or 2 would land inside a plan or a model being written."""
+    import contextlib
+    import os
+
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False, encoding="utf-8",  # noqa: SIM115
+                                    errors="backslashreplace"))
+    # A path the output encoding cannot spell (PYTHONIOENCODING=ascii, a C locale without UTF-8) is escaped, as
+    # stderr does: a summary line naming 'ö.onnx' raised UnicodeEncodeError after the model was written (exit 3).
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
 
 
 def _drop_stdout() -> None:

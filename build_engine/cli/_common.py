@@ -66,7 +66,9 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
-        from ..core import interrupt, log, steps
+        from ..core import env, interrupt, log, steps
+
+        env.check_all()  # a bad TRTFORGE_* value is exit 2 naming it, before anything runs
 
         log.configure(log.VERBOSE if getattr(args, "verbose", False) else
                       log.QUIET if getattr(args, "quiet", False) else log.NORMAL)
@@ -89,13 +91,27 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
         how = f" by {signal_name(name)}" if name else ""
         print(f"error: interrupted{how}; no partial output was left", file=sys.stderr)
         return int(getattr(exc, "exit_code", 130))
+    except OSError as exc:  # a full disk, a read-only folder, a name too long...: the machine's state, not a bug
+        from ..core.oserrors import describe
+
+        if debug:
+            traceback.print_exc()
+        line = describe(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a bug in trtforge or a library: one line unless --debug
         if debug:
             traceback.print_exc()
-        text = " ".join(str(exc).split())[:300]
-        print(f"error: internal error: {type(exc).__name__}: {text} (a bug: rerun with --debug and report the "
-              "traceback at the trtforge issue tracker)", file=sys.stderr)
-        return INTERNAL_ERROR
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    text = " ".join(str(exc).split())[:300]
+    print(f"error: internal error: {type(exc).__name__}: {text} (a bug: rerun with --debug and report the "
+          "traceback at the trtforge issue tracker)", file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 def signal_name(signum: int) -> str:

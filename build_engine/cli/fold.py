@@ -105,15 +105,17 @@ def _run(args: Any) -> int:
             report["check"] = chk.as_dict()
             passed = chk.passed
             if passed:
-                onnx_save.promote_model(staged, args.output)
+                with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+                    onnx_save.promote_model(staged, args.output)
     else:
         if args.check:
             chk = check_equivalent(reference, folded, seed=args.seed)
             report["check"] = chk.as_dict()
             passed = chk.passed
         if passed:
-            onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir)
-    if args.report:
+            with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+                onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir)
+    if args.report and not passed:  # the report says why no model was written
         fsutil.write_json(args.report, report)
     _summary(report, args.output, passed)
     return 0 if passed else 1

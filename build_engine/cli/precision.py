@@ -37,9 +37,8 @@ def _run(args: Any) -> int:
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold, data_dir=source_dir)
     external = loaded.external_data
     del loaded
-    onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir)
-    if args.report:
-        fsutil.write_json(args.report, result.report.to_json())
+    with fsutil.staged_json(args.report, result.report.to_json() if args.report else None):  # both or neither
+        onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir)
     from ..core import steps
 
     r = result.report

@@ -70,11 +70,9 @@ def _run(args: Any) -> int:
     calib = (load_npz(args.calib, loaded.model) if args.calib
              else generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
     result = quantize(loaded.model, cfg, calib)
-    onnx_save.save_model(result.model, args.output, external_data=loaded.external_data or None)
-    if args.report:
-        report = result.report.to_json()
-        report.update(input=str(args.input), output=str(args.output))
-        fsutil.write_json(args.report, report)
+    report = {**result.report.to_json(), "input": str(args.input), "output": str(args.output)}
+    with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+        onnx_save.save_model(result.model, args.output, external_data=loaded.external_data or None)
     r = result.report
     print(f"{args.output}: {r.mode}, {len(r.nodes)} projections quantized, {len(r.excluded)} kept in float, "
           f"{r.seconds:.2f} s; calibration: {r.calibration}")

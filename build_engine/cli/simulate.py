@@ -136,7 +136,7 @@ def _run(args: Namespace) -> int:
     from trtforge.scheduler.sim.step_time import StepTimeModel
     from trtforge.scheduler.sim.traces import assign_adapters, load_trace
 
-    from ..core.fsutil import write_json
+    from ..core.fsutil import staged_json
 
     _check(args)
     from ._outputs import if_exists
@@ -162,17 +162,15 @@ def _run(args: Namespace) -> int:
     res, cache_summary = _replay(args, reqs, partial(
         simulate, reqs, lambda: Scheduler(cfg), model, replicas=args.replicas, router=args.router,
         horizon_s=args.horizon, max_tokens=args.max_tokens, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot))
-    if args.json:
-        write_json(args.json, {**res.summary.to_json(), "router": args.router, "trace": args.trace,
-                               "profile": profile.name, "model": spec.name,
-                               "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_dtype": kv.kv_dtype,
-                               "kv_scale": args.kv_scale,
-                               "time_scale": args.time_scale,
-                               **({"response_cache": cache_summary} if cache_summary else {})})
-    if args.plot:
-        from trtforge.scheduler.sim.plots import plot_results
+    saved = {**res.summary.to_json(), "router": args.router, "trace": args.trace, "profile": profile.name,
+             "model": spec.name, "kv_bytes_per_token": kv.kv_bytes_per_token, "kv_dtype": kv.kv_dtype,
+             "kv_scale": args.kv_scale, "time_scale": args.time_scale,
+             **({"response_cache": cache_summary} if cache_summary else {})}
+    with staged_json(args.json, saved):  # --json and --plot are both written, or neither
+        if args.plot:
+            from trtforge.scheduler.sim.plots import plot_results
 
-        plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
+            plot_results([(f"{args.policy} x{args.replicas}", res)], args.plot)
     keys = ("policy", "goodput_req_s", "requests", "completed", "rejected", "preempted", "unserved", "req_per_s",
             "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "kv_utilization_mean", "prefix_hit_rate",
             "adapter_loads", "slot_hits", "slot_wait_s")

@@ -31,7 +31,7 @@ ALIGN = 4096  # covers every logical block size Linux file systems use for O_DIR
 
 def _direct_flag() -> int:
     """``os.O_DIRECT``, or 0 where the platform has none or ``TRTFORGE_DIRECT_WRITE=0`` turns direct writes off."""
-    return 0 if env.get(env.DIRECT_WRITE) == "0" else getattr(os, "O_DIRECT", 0)
+    return getattr(os, "O_DIRECT", 0) if env.get_flag(env.DIRECT_WRITE) else 0
 
 
 def aligned_buffer(size: int) -> memoryview:
@@ -184,12 +184,22 @@ def _direct_copy(src: Path, offset: int, length: int, dst: BinaryIO, pos: int) -
     return done
 
 
+# copy_file_range refuses some pairs of files: across filesystems (EXDEV: a model on disk saved to /dev/shm), on
+# filesystems without it (EOPNOTSUPP, ENOSYS), special files (EINVAL). The bytes are then read and written.
+_NO_KERNEL_COPY = (errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL)
+
+
 def _kernel_copy(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
     with open(src, "rb") as fs:
         left = length
         if hasattr(os, "copy_file_range"):
             while left:
-                n = os.copy_file_range(fs.fileno(), dst.fileno(), min(left, 1 << 30), offset + length - left)
+                try:
+                    n = os.copy_file_range(fs.fileno(), dst.fileno(), min(left, 1 << 30), offset + length - left)
+                except OSError as exc:
+                    if exc.errno not in _NO_KERNEL_COPY:
+                        raise
+                    break
                 if n == 0:
                     break
                 left -= n

@@ -23,12 +23,15 @@ class Knob:
     default: str
     meaning: str
     owner: str = "trtforge"  # "trtforge" for our own knobs, else the tool whose convention we follow
+    kind: str = "text"  # "flag" (0 or 1, read with get_flag), "int" (get_int) or "text"
 
 
 LORA_ALIAS = Knob("TRTFORGE_LORA_ALIAS", "0",
-                  "1: the LoRA plugin's output aliases its y input (needs TensorRT's aliased plugin I/O feature)")
+                  "1: the LoRA plugin's output aliases its y input (needs TensorRT's aliased plugin I/O feature)",
+                  kind="flag")
 LORA_SIMPLE_MAX_TOKENS = Knob("TRTFORGE_LORA_SIMPLE_MAX_TOKENS", "0",
-                              "batches of at most this many tokens run the scratch-free LoRA kernel (0: never)")
+                              "batches of at most this many tokens run the scratch-free LoRA kernel (0: never)",
+                              kind="int")
 TEST_KILL_ONCE_DIR = Knob("TRTFORGE_TEST_KILL_ONCE_DIR", "",
                           "tests only: a build-matrix worker SIGKILLs itself once, leaving a marker in this folder")
 TEST_KILL_AT = Knob("TRTFORGE_TEST_KILL_AT", "",
@@ -40,7 +43,7 @@ POLYGRAPHY_USE_TENSORRT_RTX = Knob("POLYGRAPHY_USE_TENSORRT_RTX", "0",
                                    "1: Polygraphy builds and runs with tensorrt_rtx instead of tensorrt",
                                    owner="polygraphy")
 DIRECT_WRITE = Knob("TRTFORGE_DIRECT_WRITE", "1",
-                    "0: the engine plan is written through the page cache instead of with O_DIRECT")
+                    "0: the engine plan is written through the page cache instead of with O_DIRECT", kind="flag")
 XDG_CACHE_HOME = Knob("XDG_CACHE_HOME", "", "cache root (the compiled LoRA kernels go to <it>/trtforge/ptx; "
                       "default ~/.cache)", owner="XDG base directories")
 CUDA_HOME = Knob("CUDA_HOME", "", "CUDA toolkit folder searched for nvcc when it is not on PATH", owner="CUDA")
@@ -67,6 +70,26 @@ def get_int(knob: Knob) -> int:
     except ValueError as exc:
         raise InputError(f"environment variable {knob.name}={value!r} is not an integer; unset it or give one "
                          f"({knob.meaning})") from exc
+
+
+def get_flag(knob: Knob) -> bool:
+    """A 0/1 switch; unset or empty means the default. Anything else is an InputError naming the variable: 'true'
+    or 'off' read as 'not 1' (or 'not 0') silently did the opposite of what was meant."""
+    value = (get(knob) or knob.default).strip()
+    if value not in ("0", "1"):
+        raise InputError(f"environment variable {knob.name}={value!r} is not 0 or 1; set it to 0 or 1, or unset it "
+                         f"({knob.meaning})")
+    return value == "1"
+
+
+def check_all() -> None:
+    """Every flag and integer knob read once (InputError naming a bad one): the CLI calls it before a command
+    starts, so a bad value is refused up front, not deep inside a build (or in a TensorRT callback)."""
+    for knob in KNOBS:
+        if knob.kind == "flag":
+            get_flag(knob)
+        elif knob.kind == "int":
+            get_int(knob)
 
 
 @contextlib.contextmanager

@@ -78,6 +78,24 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 @contextlib.contextmanager
+def staged_json(path: str | os.PathLike[str] | None, obj: Any) -> Iterator[None]:
+    """Write ``obj`` as JSON (a report beside a command's main output) into ``path``'s staging now, and rename it
+    into place when the block, which writes the other output, ends without error: a write that fails (a full disk)
+    leaves neither, where writing one after the other left the model without its report. ``None``: no report.
+
+    Another run writing the same report meanwhile waits (``staging.group_lock``): two runs interleaving their
+    renames left one run's model beside the other's report."""
+    if path is None:
+        yield
+        return
+    from .jsonout import dumps
+
+    with staging.group_lock(check_output_file(path)), atomic_path(path) as tmp:
+        tmp.write_bytes((dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+        yield
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
                staging_root: str | os.PathLike[str] | None = None) -> Iterator[Path]:
     """Yield a new empty folder (staged in ``STAGING_ROOT/.trtforge-staging``, default: ``path``'s folder); on success
@@ -95,11 +113,11 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
         raise InputError(f"{dest} exists and is not a folder; remove it or choose another output folder")
     if os.stat(root).st_dev != os.stat(parent).st_dev:
         root = parent  # a rename cannot cross filesystems (e.g. a repository that is a mount point)
-    with staging.staging_dir(root, dest.name) as entry:
+    with staging.staging_dir(root, dest.name, dest) as entry:
         tmp = entry / "new"
         tmp.mkdir(mode=0o777)  # mode from the umask, as a plain mkdir() gives
         yield tmp
         staging.fault_point("dir:staged")
         interrupt.check()
         with interrupt.deferred():
-            staging.commit_dir(tmp, dest, entry)
+            staging.commit_dir(tmp, dest, entry, replace=force)

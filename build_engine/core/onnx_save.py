@@ -106,13 +106,16 @@ def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_dat
     if external_data is None:
         external_data = model.ByteSize() >= _EXTERNAL_THRESHOLD
     final = _STAGED_FOR.get(dest, dest)  # a staged_model path: its data is named for the final folder
-    data_name = model_commit.fresh_data_name(final.parent, final.name) if external_data else None
-    if dest in _STAGED_FOR:  # promote_model commits it
-        _write_model(model, dest, data_name, source_dir)
-        return
-    with staging.staging_dir(parent, dest.name) as entry:
-        _write_model(model, entry / dest.name, data_name, source_dir)
-        model_commit.commit_model(entry / dest.name, dest, data_name)
+    staged_claims = _CLAIMS.get(dest)  # held until staged_model ends (promote_model commits it)
+    with contextlib.ExitStack() as claims:
+        data_name = ((staged_claims or claims).enter_context(model_commit.claim_data_name(final.parent, final.name))
+                     if external_data else None)
+        if staged_claims is not None:
+            _write_model(model, dest, data_name, source_dir)
+            return
+        with staging.staging_dir(parent, dest.name) as entry:
+            _write_model(model, entry / dest.name, data_name, source_dir)
+            model_commit.commit_model(entry / dest.name, dest, data_name)
 
 
 def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None, source_dir: Path | None = None) -> None:
@@ -122,8 +125,9 @@ def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None, sour
         onnx.save_model(model, str(tmp_model))
 
 
-# staged_model path -> the destination it will be promoted onto
+# staged_model path -> the destination it will be promoted onto, and the data-name claims held until it ends
 _STAGED_FOR: dict[Path, Path] = {}
+_CLAIMS: dict[Path, contextlib.ExitStack] = {}
 
 
 @contextlib.contextmanager
@@ -135,13 +139,14 @@ def staged_model(dest: str | os.PathLike[str]) -> Iterator[Path]:
 
     out = Path(dest)
     parent = out.parent if str(out.parent) else Path(".")
-    with staging.staging_dir(parent, out.name) as entry:
+    with staging.staging_dir(parent, out.name) as entry, contextlib.ExitStack() as claims:
         staged = entry / out.name
-        _STAGED_FOR[staged] = out
+        _STAGED_FOR[staged], _CLAIMS[staged] = out, claims
         try:
             yield staged
         finally:
             _STAGED_FOR.pop(staged, None)
+            _CLAIMS.pop(staged, None)
 
 
 def promote_model(staged: Path, dest: str | os.PathLike[str]) -> None:
@@ -174,10 +179,10 @@ def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLi
     parent = dest.parent if str(dest.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{dest}: folder {parent} does not exist; create it first or choose another output path")
-    from .model_commit import fresh_data_name
+    from .model_commit import claim_data_name
 
-    data_name = fresh_data_name(parent, dest.name)
-    with steps.step(f"save {dest.name} (copying the weights)"), staged_model(dest) as staged:
+    with claim_data_name(parent, dest.name) as data_name, steps.step(f"save {dest.name} (copying the weights)"), \
+            staged_model(dest) as staged:
         out = without_initializers(model)
         base: dict[str, int] = {}
         pos = 0

@@ -160,8 +160,9 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
     for label, p in files:
         _refuse_empty(label, p)
     for label, p in folders:
-        if p is not None and os.fspath(p) == "":
-            raise InputError(f"{label} '': the path is empty; give an output folder for {label}")
+        if p is not None and os.fspath(p) in ("", "-"):
+            raise InputError(f"{label} {os.fspath(p)!r}: not an output folder (empty, or '-' for stdout); give an "
+                             f"output folder for {label} (./- for a folder named '-')")
     outs = [(label, Path(p), False) for label, p in files if p] + [(label, Path(p), True) for label, p in folders if p]
     for label, out, is_folder in outs:
         refuse_special(label, out)
@@ -204,6 +205,9 @@ def _refuse_empty(label: str, path: PathLike | None) -> None:
     in a separator (``out.onnx/``: the user meant a folder; ``Path`` drops the slash and would write a file) is a
     folder."""
     text = None if path is None else os.fspath(path)
+    if text == "-":  # the usual spelling of stdout (and 'cache key -' reads stdin): not a file named '-'
+        raise InputError(f"{label} '-': trtforge writes {label} to a file, not to stdout; give a file path (./- for "
+                         "a file named '-')")
     if text is not None and (text == "" or text.endswith(os.sep) or Path(text).name in ("", "..")):
         raise InputError(f"{label} {text!r}: not a file path (empty, ending in {os.sep!r}, or a folder such as '.' "
                          f"or '/'); give a file name for {label}")

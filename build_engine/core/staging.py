@@ -39,6 +39,7 @@ STAGING = ".trtforge-staging"
 KILL_AT_ENV = env.TEST_KILL_AT.name
 NO_EXCHANGE_ENV = env.TEST_NO_EXCHANGE.name
 RECORD = "record.json"
+CLAIM = ".claim."  # in a data-name claim's file name (core/model_commit.py)
 _LOCK = ".lock"
 _log = logging.getLogger("trtforge.core.staging")
 
@@ -52,7 +53,11 @@ def fault_point(name: str) -> None:
     if not sig.startswith("SIG"):  # no signal given: the whole spec is the point (points contain ':')
         point, sig = spec, ""
     if point == name:
-        os.kill(os.getpid(), getattr(signal, sig or "SIGKILL"))
+        signum = getattr(signal, sig or "SIGKILL", None)
+        if not isinstance(signum, signal.Signals):
+            raise InputError(f"environment variable {env.TEST_KILL_AT.name}={spec!r}: {sig!r} is not a signal name; "
+                             "give POINT or POINT:SIGNAL (e.g. SIGINT), or unset it")
+        os.kill(os.getpid(), signum)
 
 
 def default_mode(base: int) -> int:
@@ -62,14 +67,14 @@ def default_mode(base: int) -> int:
     return base & ~umask
 
 
-def _locked_by_someone(entry: Path) -> bool:
-    """Whether a live process holds ``entry``'s lock; an entry with no lock file yet is judged by its pid."""
+def held(lock: Path) -> bool | None:
+    """Whether a live process holds an ``flock`` on the file ``lock``; None when there is no such file."""
     import fcntl
 
     try:
-        fd = os.open(entry / _LOCK, os.O_RDWR)
+        fd = os.open(lock, os.O_RDWR)
     except FileNotFoundError:
-        return _pid_alive(entry.name)
+        return None
     except OSError:
         return True  # unreadable: not ours to remove
     try:
@@ -79,6 +84,12 @@ def _locked_by_someone(entry: Path) -> bool:
     finally:
         os.close(fd)  # closing drops the lock we may just have taken
     return False
+
+
+def _locked_by_someone(entry: Path) -> bool:
+    """Whether a live process holds ``entry``'s lock; an entry with no lock file yet is judged by its pid."""
+    state = held(entry / _LOCK)
+    return _pid_alive(entry.name) if state is None else state
 
 
 # LABEL.PID.RANDOM, as ``staging_dir`` names its folders; anything else under .trtforge-staging (build-matrix's cell
@@ -135,6 +146,12 @@ def sweep(root: Path) -> list[str]:
             done.append(action)
         shutil.rmtree(entry, ignore_errors=True)
         done.append(f"removed {entry} (left by an interrupted run)")
+    with contextlib.suppress(OSError):
+        # model_commit's data-name claims and group_lock's files left by killed runs (a waiter that opened a lock
+        # file removed here finds it gone after its flock and opens it anew)
+        for claim in [*(root / STAGING).glob(f"*{CLAIM}*"), *(root / STAGING).glob("*.group")]:
+            if claim.is_file() and held(claim) is False:
+                claim.unlink(missing_ok=True)
     for line in done:
         _log.info("%s", line)
     with contextlib.suppress(OSError):
@@ -142,23 +159,51 @@ def sweep(root: Path) -> list[str]:
     return done
 
 
-@contextlib.contextmanager
-def staging_dir(root: Path, label: str) -> Iterator[Path]:
-    """A new private, locked folder in ``root/.trtforge-staging`` (leftovers swept first); removed on exit."""
+def _new_entry(base: Path, label: str) -> Path:
+    """``base/LABEL.PID.RANDOM``; ``base`` is made again when another run removed it (empty) in between: two runs
+    writing into one folder at once had the second fail 'cannot write there (No such file or directory)'."""
+    for _ in range(100):
+        base.mkdir(exist_ok=True)
+        try:
+            return Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
+
+
+def _locked_lock(entry: Path) -> int:
+    """The entry's lock, held, before its name appears: a sweep that found ``.lock`` free between its creation and
+    the ``flock`` deleted the folder of a live run. Until ``.lock`` exists a sweep judges the entry by its pid."""
     import fcntl
+
+    tmp = entry / f"{_LOCK}.{os.getpid()}"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(tmp, entry / _LOCK)
+    return fd
+
+
+@contextlib.contextmanager
+def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[Path]:
+    """A new private, locked folder in ``root/.trtforge-staging`` (leftovers swept first); removed on exit. A write
+    in it that finds the disk or quota full is an InputError naming the output (default ``root/label``) and its
+    filesystem, not an internal error."""
+    from . import oserrors
 
     sweep(root)
     base = root / STAGING
     try:
-        base.mkdir(exist_ok=True)
-        entry = Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
-        fd = os.open(entry / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+        entry = _new_entry(base, label)
+        fd = _locked_lock(entry)
     except OSError as exc:
         raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you can "
                          "write to") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield entry
+    except OSError as exc:
+        if exc.errno in oserrors.DISK_FULL:
+            raise oserrors.disk_full(output or root / label, entry, exc) from exc
+        raise
     finally:
         shutil.rmtree(entry, ignore_errors=True)
         os.close(fd)
@@ -166,16 +211,56 @@ def staging_dir(root: Path, label: str) -> Iterator[Path]:
             base.rmdir()
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+@contextlib.contextmanager
+def group_lock(output: Path) -> Iterator[None]:
+    """Hold an exclusive lock for writing the group of outputs keyed by ``output`` (a model and its report,
+    ``diff --save``'s three files): a second run writing the same group waits, so the group ends all one run's.
+    The lock file (``.trtforge-staging/<hash>.group``) is removed by its holder; one that a waiter locked after it
+    was removed is not the lock any more, so the waiter opens it again."""
+    import fcntl
+    import hashlib
+
+    parent = output.parent if str(output.parent) else Path(".")
+    key = hashlib.sha256(os.fsencode(os.path.realpath(parent) + os.sep + output.name)).hexdigest()[:24]
+    base = parent / STAGING
+    lock = base / f"{key}.group"
+    for _ in range(1000):
+        base.mkdir(exist_ok=True)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+        except FileNotFoundError:  # base removed (empty) by another run in between
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder removed that file as we waited: take the lock anew
+    else:
+        raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            base.rmdir()  # only when empty
+
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def _renameat2(a: Path, b: Path, flag: int) -> bool:
+    """``renameat2(a, b, flag)``; False where the libc or filesystem lacks it (then the caller falls back)."""
     if env.get(env.TEST_NO_EXCHANGE):
         return False
     try:
         fn = ctypes.CDLL(None, use_errno=True).renameat2
     except (AttributeError, OSError):
         return False  # glibc < 2.28 or not Linux
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flag) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
@@ -183,13 +268,38 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def commit_dir(new: Path, dest: Path, entry: Path) -> None:
-    """Make the complete folder ``new`` (inside staging folder ``entry``) the folder ``dest``, in one step."""
-    if not os.path.lexists(dest):
-        fault_point("dir:before-rename")
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def _publish_new(new: Path, dest: Path) -> bool:
+    """Rename ``new`` to ``dest`` unless ``dest`` exists (False then): ``RENAME_NOREPLACE`` where available, so a
+    folder another run created meanwhile is neither replaced nor merged into (a plain rename replaces an empty one)."""
+    try:
+        if _renameat2(new, dest, _RENAME_NOREPLACE):
+            return True
+        if os.path.lexists(dest):
+            return False
         os.rename(new, dest)
-        fault_point("dir:renamed")
-        return
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        return False
+    return True
+
+
+def commit_dir(new: Path, dest: Path, entry: Path, *, replace: bool = True) -> None:
+    """Make the complete folder ``new`` (inside staging folder ``entry``) the folder ``dest``, in one step. Without
+    ``replace`` a ``dest`` that exists by now (made by a concurrent run) is an InputError, never replaced."""
+    if not replace or not os.path.lexists(dest):
+        fault_point("dir:before-rename")
+        if _publish_new(new, dest):
+            fault_point("dir:renamed")
+            return
+    if not replace:  # made meanwhile by a concurrent run (the command checked it was absent before writing)
+        raise InputError(f"{dest} was created by another run while this one was writing it; it was left as that "
+                         "run wrote it and nothing was replaced; pass --force to replace it")
     (entry / RECORD).write_text(json.dumps({"dest": str(dest.absolute())}), encoding="utf-8")
     fault_point("dir:before-swap")
     if _exchange(new, dest):

@@ -130,7 +130,7 @@ def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) 
     payload: dict[str, Any] = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": content,
                                "backend": backend, "backend_version": backend_version(backend),
                                "trtforge": trtforge_version()}
-    if entry.pipeline.lora is not None and env.get(env.LORA_ALIAS) == "1":
+    if entry.pipeline.lora is not None and env.get_flag(env.LORA_ALIAS):
         # The plugin's output aliases y: another engine (workers build under the driver's setting, see executors).
         # Only when on, so the keys of default builds stay what they were.
         payload["lora_alias"] = True

@@ -260,7 +260,8 @@ def _submissions(spec: MatrixSpec, root: Path, need: list[CellStatus], sources: 
         job = CellJob(label=c.label, model_name=c.model.path.name,
                       source_path=None if sources[c.model.name] is not None else str(c.model.path),
                       source_files=None, pipeline=c.model.pipeline, profile=c.profile, backend=c.backend,
-                      staging=staging, source_display=str(c.model.path))
+                      staging=staging, source_display=str(c.model.path),
+                      work_root=str(root / STAGING) if executor == "local" else None)
         subs.append(Submission(index=i, job=job, resource=c.resource, source_key=c.model.name))
     if staging_shared:
         (root / STAGING).mkdir(parents=True, exist_ok=True)
@@ -311,7 +312,8 @@ def _exclusive(root: Path) -> Iterator[None]:
     """Hold OUTROOT's run lock (waits while another run holds it; the kernel drops it when a holder dies)."""
     import fcntl
 
-    fd = os.open(root / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(root / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o666)  # the umask decides, as for the outputs (umask 002:
+    # a group sharing OUTROOT; 0o644 locked the other members out with 'permission denied')
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

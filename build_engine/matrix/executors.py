@@ -206,7 +206,7 @@ def start_ray(address: str, jobs: int) -> bool:
         return False
     kill_once = env.get(env.TEST_KILL_ONCE_DIR)
     env_vars = {KILL_ONCE_ENV: kill_once} if kill_once else {}
-    if env.get(env.LORA_ALIAS) == "1":  # part of LoRA cells' keys: the workers build what the driver keyed
+    if env.get_flag(env.LORA_ALIAS):  # part of LoRA cells' keys: the workers build what the driver keyed
         env_vars[env.LORA_ALIAS.name] = "1"
     runtime_env = {"env_vars": env_vars} if env_vars else None
     with _sigterm_kept():

@@ -39,6 +39,9 @@ class CellJob:
     backend: str  # tensorrt | tensorrt_rtx
     staging: str | None = None  # shared-filesystem folder to leave the engine in; None: return bytes
     source_display: str = ""  # the model's path as the driver knows it, named in a failure's reason
+    # Folder to make the private work folder in (None: $TMPDIR). The local executor gives one under OUTROOT's
+    # staging, which the driver removes: a worker it kills (SIGTERM/Ctrl-C of the run) cannot remove its own.
+    work_root: str | None = None
 
 
 @dataclass
@@ -123,7 +126,7 @@ def run_cell(job: CellJob) -> CellResult:
     import socket
 
     t0 = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix="trtforge-cell-"))
+    work = Path(tempfile.mkdtemp(prefix="trtforge-cell-", dir=job.work_root))
     try:
         from ..engine.builder import build_engine
 

@@ -10,6 +10,7 @@ The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; T
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,12 +77,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
         raise CheckFailed("generated config.pbtxt is invalid: " + "; ".join(p.format("config.pbtxt") for p in problems))
 
     repo_path = Path(repo)
-    if repo_path.exists() and not repo_path.is_dir():
-        raise InputError(f"--repo {repo}: exists and is not a folder; choose a repository folder")
-    created = not repo_path.exists()
-    if created:  # the repository folder is created, but not its parents (like every other output path)
-        fsutil.check_output_file(repo_path)
-        repo_path.mkdir()
+    created = _make_repo(repo_path)
     dest = repo_path / name
     want_sha = manifest.plan_sha256
     try:
@@ -101,10 +97,26 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
                 raise InputError(f"{plan_src}: sha256 differs from manifest.json 'plan_sha256' (the plan was "
                                  "changed after the build); rebuild the engine with 'trtforge build'")
     except BaseException:
-        if created:  # leave nothing behind: the folder this call made is empty again
-            shutil.rmtree(repo_path, ignore_errors=True)
+        if created:  # leave nothing behind: the folder this call made, while it is empty. Never rmtree: another
+            # run may have published its entry in it meanwhile (an interrupted run deleted that entry with it)
+            with contextlib.suppress(OSError):
+                repo_path.rmdir()
         raise
     return EntryReport(dest, cfg, (version,), notes=tuple(notes))
+
+
+def _make_repo(repo_path: Path) -> bool:
+    """Create the repository folder (not its parents, like every other output) if missing; whether this call did."""
+    if repo_path.exists() and not repo_path.is_dir():
+        raise InputError(f"--repo {repo_path}: exists and is not a folder; choose a repository folder")
+    if repo_path.exists():
+        return False
+    fsutil.check_output_file(repo_path)
+    try:
+        repo_path.mkdir()
+    except FileExistsError:  # another run made it at the same moment (was exit 3)
+        return False
+    return True
 
 
 def _versions(model_dir: Path) -> list[int]:

@@ -345,11 +345,12 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
     from ..core import fsutil
     dest, acc, summ = save_paths(path)
-    with quiet_polygraphy(), fsutil.atomic_path(dest) as tmp:
+    # The three are written before the first is renamed into place: a full disk leaves none of them.
+    # staged_json first: its lock (a concurrent save of the same files waits) is held until the last rename.
+    with fsutil.staged_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name}), \
+            quiet_polygraphy(), fsutil.atomic_path(dest) as tmp, fsutil.atomic_path(acc) as tmp_acc:
         result.run_results.save(str(tmp))
-    with quiet_polygraphy(), fsutil.atomic_path(acc) as tmp:
-        result.accuracy.save(str(tmp))
-    fsutil.write_json(summ, {**result.summary(), "run_results": dest.name, "accuracy_results": acc.name})
+        result.accuracy.save(str(tmp_acc))
     return [dest, acc, summ]
 
 

@@ -42,7 +42,7 @@ _CREATORS: dict[str, Any] = {}  # keep creator objects alive: the registry holds
 
 
 def alias_enabled() -> bool:
-    return env.get(env.LORA_ALIAS) == "1"
+    return env.get_flag(env.LORA_ALIAS)
 
 
 def plugin_id() -> str:

@@ -8,10 +8,20 @@ from pathlib import Path
 
 def plot_results(results: Sequence[tuple[str, object]], out: str | Path) -> None:
     """``results``: (label, SimResult) pairs drawn on shared axes; written atomically to ``out`` (PNG)."""
-    import matplotlib
+    import logging
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # With HOME missing or read-only matplotlib warns on import (two lines on stderr of a run that succeeds) that it
+    # keeps its config and font cache in a temporary folder: only slower, so those warnings are not shown.
+    mpl_log = logging.getLogger("matplotlib")
+    level = mpl_log.level
+    mpl_log.setLevel(logging.ERROR)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    finally:
+        mpl_log.setLevel(level)
 
     from trtforge.build_engine.core.fsutil import atomic_path
 

@@ -301,6 +301,17 @@ def _build_empty(t: Path) -> Case:
     return Case(["build", s(m), "--profile", "a100", "-o", ""], ("-o", "empty"))
 
 
+# '-' (stdout by convention; 'cache key -' reads stdin) was written as a file or folder named '-' in the cwd.
+@case("kv-plan --json -")
+def _kv_dash(t: Path) -> Case:
+    return Case(["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b", "--json", "-"], ("--json", "stdout"))
+
+
+@case("build -o -")
+def _build_dash(t: Path) -> Case:
+    return Case(["build", s(fx.tiny_model(t / "in.onnx")), "--profile", "a100", "-o", "-"], ("-o", "stdout"))
+
+
 # A .toml profile of a matrix was not an input: build-matrix deleted it when it lay in the cell folder it replaced
 # (OUT/<model>/<profile name>/) or in a [triton] entry (named by the profile's `name`, not its file stem).
 @case("build-matrix: a cell folder holds a .toml profile")
