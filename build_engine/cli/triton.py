@@ -63,7 +63,11 @@ def _run(args: Namespace) -> int:
     from pathlib import Path
 
     from ..core import paths
+    from ..core.errors import InputError
 
+    if args.repo == "-":  # as every output: '-' is not stdout here, and not a folder named '-' in the cwd
+        raise InputError("--repo '-': trtforge writes a Triton repository folder, not stdout; give a folder path "
+                         "(./- for a folder named '-')")
     # REPO/NAME is replaced as a whole (with --force): it must not be, or hold, the engine folder it reads.
     paths.check(inputs=[("OUTDIR", args.engine_dir)],
                 folders=[(f"--repo {args.repo} --name", Path(args.repo) / args.name)])

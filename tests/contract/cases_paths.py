@@ -307,6 +307,11 @@ def _kv_dash(t: Path) -> Case:
     return Case(["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b", "--json", "-"], ("--json", "stdout"))
 
 
+@case("triton --repo -")
+def _triton_dash(t: Path) -> Case:
+    return Case(["triton", s(t), "--repo", "-", "--name", "m"], ("--repo", "stdout"))
+
+
 @case("build -o -")
 def _build_dash(t: Path) -> Case:
     return Case(["build", s(fx.tiny_model(t / "in.onnx")), "--profile", "a100", "-o", "-"], ("-o", "stdout"))
