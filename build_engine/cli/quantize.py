@@ -40,18 +40,38 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--exclude", default="", help="comma-separated node-name patterns kept in float (fnmatch globs; "
                                                  "a pattern without *?[ matches as a substring; one that matches no "
                                                  "node name is refused)")
-    p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength for int8 (default 0.5)")
-    p.add_argument("--calibrator", default="max", choices=["max", "percentile", "entropy"],
+    p.add_argument("--alpha", type=float, default=None,
+                   help="SmoothQuant migration strength for int8 (default 0.5); an option the --mode does not read "
+                        "(--alpha, --calibrator, --block-size, --int4-method) is named in a warning")
+    p.add_argument("--calibrator", default=None, choices=["max", "percentile", "entropy"],
                    help="activation range calibrator for int8/fp8 (default max; percentile and entropy are "
                         "onnxruntime.quantization's)")
-    p.add_argument("--block-size", type=int, default=128,
+    p.add_argument("--block-size", type=int, default=None,
                    help="int4 block along the input dim (default 128; a projection whose input size it does not "
                         "divide uses the largest power of two that does, >= 16)")
-    p.add_argument("--int4-method", default="awq", choices=["awq", "rtn"],
+    p.add_argument("--int4-method", default=None, choices=["awq", "rtn"],
                    help="int4 scales: awq (activation-aware search) or rtn (round-to-nearest) (default awq)")
     p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
     p.add_argument("--report", help="write the quantization report (JSON) here")
     return p
+
+
+#: option -> (its default, the modes that read it): given to another mode it is named in a warning, not silently ignored
+_MODE_OPTIONS = {"alpha": (0.5, ("int8",)), "calibrator": ("max", ("int8", "fp8")),
+                 "block_size": (128, ("int4-wo",)), "int4_method": ("awq", ("int4-wo",))}
+
+
+def _mode_options(args: Any) -> list[str]:
+    """Fill each mode option's default; the options given to a mode that does not read them, as warnings (logged
+    after a run that succeeded: an error stays the one line on stderr)."""
+    ignored = []
+    for name, (default, modes) in _MODE_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        elif args.mode not in modes:
+            ignored.append(f"--{name.replace('_', '-')} applies to --mode {' / '.join(modes)} only; ignored for "
+                           f"--mode {args.mode}")
+    return ignored
 
 
 def _run(args: Any) -> int:
@@ -60,6 +80,7 @@ def _run(args: Any) -> int:
     from ._bounds import check_seed
 
     check_seed(args.seed)
+    ignored = _mode_options(args)
     check_outputs(*paths.onnx_output("-o", args.output), ("--report", args.report),
                   inputs=[("IN.onnx", args.input), ("--calib", args.calib)])
     cfg = QuantConfig(mode=args.mode, alpha=args.alpha, calibrator=args.calibrator, block_size=args.block_size,
@@ -78,6 +99,11 @@ def _run(args: Any) -> int:
           f"{r.seconds:.2f} s; calibration: {r.calibration}")
     for e in r.excluded:
         print(f"  float: {e.name} ({e.reason})")
+    if ignored:
+        from ..core.log import logger
+
+        for text in ignored:
+            logger("quantize").warning(text)
     return 0
 
 

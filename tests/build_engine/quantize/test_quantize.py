@@ -212,3 +212,16 @@ def test_l40s_profile_allows_fp8_and_ampere_does_not() -> None:
     assert (hw.compute_capability, hw.memory_gb, hw.memory_bandwidth_gbs, hw.sm_count) == ("8.9", 48.0, 864.0, 142)
     assert hw.fp8_tflops == 733.0 and fp8_allowed(l40s)
     assert not fp8_allowed(load_profile("a100")) and not fp8_allowed(load_profile("a10"))
+
+
+def test_an_option_the_mode_does_not_read_is_named(cli, tiny_path: Path, tmp_path: Path) -> None:
+    """``--mode fp8 --alpha 0.9`` ran as if --alpha were not given, without a word (it is int8's SmoothQuant
+    strength): such an option is now named in one warning, and the run is the same as without it."""
+    res = cli("quantize", tiny_path, "-o", tmp_path / "a.onnx", "--mode", "fp8", "--alpha", "0.9",
+              "--block-size", "64", "--calib-size", "2")
+    assert res.code == 0, res.err
+    assert "--alpha applies to --mode int8 only; ignored for --mode fp8" in res.err
+    assert "--block-size applies to --mode int4-wo only" in res.err
+    plain = cli("quantize", tiny_path, "-o", tmp_path / "b.onnx", "--mode", "fp8", "--calib-size", "2")
+    assert plain.code == 0 and "ignored" not in plain.err, plain.err
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
