@@ -17,6 +17,7 @@ fresh: a writer's clock running ahead by hours made its answers fresh (and copie
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -202,7 +203,18 @@ class ResponseCache:
             return compute(request), Lookup(UNKEYED)
         if got.hit and not got.refresh:
             return got.value, got
-        value = compute(request)
+        try:
+            value = compute(request)
+        except Exception as exc:
+            if not got.hit:
+                raise
+            # The refresher of a stale answer: the other callers of this stale period get that answer; a compute
+            # that fails gives it to this one too (stale-if-error, RFC 5861), and the next lookup refreshes again.
+            logging.getLogger(__name__).warning("response cache: refreshing a stale answer failed (%s); served the "
+                                                "stale answer", type(exc).__name__)
+            if self.metrics is not None:
+                self.metrics.count("stale_if_error", got.layer or "l2")
+            return got.value, got
         self.store(got.key, value, version=got.version)
         return value, got
 

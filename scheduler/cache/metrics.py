@@ -2,7 +2,8 @@
 
 The names are issue 16's, unprefixed by default (``namespace="trtforge"`` prefixes them all with ``trtforge_``):
 ``cache_access_total{result, layer}`` (result: hit, stale, miss, corrupt, wrong_version, error, busy: no pooled
-L2 connection free, uncacheable: layer all, or unkeyable for a request ``serve`` passed through unread),
+L2 connection free, uncacheable: layer all, or unkeyable for a request ``serve`` passed through unread,
+stale_if_error: a stale answer ``serve`` gave its refresher because the refresh failed),
 ``cache_lookup_seconds{layer}``, ``cache_eviction_total{layer}``, ``cache_write_buffer_depth``, ``cache_flush_seconds``,
 ``cache_dropped_writes_total{reason}``, ``cache_l2_up``.
 """

@@ -196,3 +196,29 @@ def test_invalidation_between_the_version_check_and_the_entry(monkeypatch: pytes
     monkeypatch.undo()
     assert entry is None or entry.version == got.version  # never the old answer under the new version
     assert not cache.lookup(_req("q")).hit
+
+
+def test_a_failed_refresh_serves_the_stale_answer(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """The caller told to refresh a stale answer got the compute's exception, while every other caller of the stale
+    period got the stale answer: it now gets that answer too (stale-if-error), and the next stale lookup refreshes
+    again. A miss whose compute fails still raises: there is nothing to serve."""
+    cfg = CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, namespace=f"t:sie{time.time_ns()}",
+                      ttl_qa_s=1.0, stale_grace_s=30.0)
+    cache = ResponseCache(cfg, engine_sha="e")
+    assert cache.l2 is not None
+
+    def fails(_r: object) -> str:
+        raise RuntimeError("the scheduler refused it")
+
+    try:
+        cache.serve(_req("q"), lambda _r: "v1")
+        cache.l2.flush()
+        time.sleep(1.2)  # past the logical expiry, inside the grace
+        cache.l1.clear()
+        value, got = cache.serve(_req("q"), fails)
+        assert value == "v1" and got.stale and got.refresh
+        assert cache.lookup(_req("q")).value == "v1"
+        with pytest.raises(RuntimeError):
+            cache.serve(_req("never stored"), fails)
+    finally:
+        cache.close()
