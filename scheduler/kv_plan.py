@@ -165,8 +165,9 @@ def _quantization(cfg: dict[str, Any]) -> str:
         return ""
     if not isinstance(q, dict):
         return "quantized"
-    bits = q.get("bits") or q.get("w_bit") or ("4" if q.get("load_in_4bit") else "8" if q.get("load_in_8bit") else "")
-    return " ".join(str(p) for p in (q.get("quant_method") or "quantized", f"{bits}-bit" if bits else "") if p)
+    method = str(q.get("quant_method") or "quantized")
+    bits = q.get("bits") or q.get("w_bit") or (4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None)
+    return f"{method} {bits}-bit" if bits else method
 
 
 #: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)

@@ -6,6 +6,7 @@ TensorRT, onnxruntime, polygraphy or cuda. Each command module exposes ``main(ar
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -97,8 +98,6 @@ class _Tolerant:
             return len(text)
 
     def flush(self) -> None:
-        import contextlib
-
         with contextlib.suppress(OSError):
             self._stream.flush()  # type: ignore[attr-defined]
 
@@ -111,7 +110,6 @@ def _open_standard_streams() -> None:
     leaves ``sys.stdout``/``sys.stderr`` None there (a print to stderr then raised AttributeError: exit 3, nothing
     written), and the next file opened would take the free descriptor: TensorRT's or onnxruntime's C++ output on fd
     1 or 2 would land inside a plan or a model being written."""
-    import contextlib
     import os
 
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):

@@ -29,6 +29,7 @@ from .entry import CacheConfig, Entry
 from .keys import CacheKey, make_key
 from .l1 import L1
 
+log = logging.getLogger(__name__)
 UNKEYED = CacheKey("", "", "", None, False)  # the key of a request the key contract cannot read (``serve``)
 # An L2 entry created further than this ahead of the reader's clock was written by a replica whose clock runs ahead:
 # it is served as stale (one caller rewrites it under its own clock), never fresh (nor copied into L1) for the
@@ -210,8 +211,8 @@ class ResponseCache:
                 raise
             # The refresher of a stale answer: the other callers of this stale period get that answer; a compute
             # that fails gives it to this one too (stale-if-error, RFC 5861), and the next lookup refreshes again.
-            logging.getLogger(__name__).warning("response cache: refreshing a stale answer failed (%s); served the "
-                                                "stale answer", type(exc).__name__)
+            log.warning("response cache: refreshing a stale answer failed (%s); served the stale answer",
+                        type(exc).__name__)
             if self.metrics is not None:
                 self.metrics.count("stale_if_error", got.layer or "l2")
             return got.value, got
