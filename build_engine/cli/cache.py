@@ -46,6 +46,8 @@ def _read_request(where: str) -> Any:
         from ..core import paths
 
         paths.check(inputs=[("REQUEST.json", where)])
+    if where == "-" and sys.stdin.isatty():  # a silent wait on a terminal looks like a hang
+        print("reading the request JSON from the terminal: paste it, then press Ctrl-D", file=sys.stderr, flush=True)
     try:
         text = sys.stdin.read() if where == "-" else Path(where).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

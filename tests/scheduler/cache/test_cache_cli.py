@@ -96,3 +96,26 @@ def test_redis_that_refuses_exits_2_with_one_line_naming_the_reason(own_redis, t
         res = _run(capsys, *argv, "--redis-url", own_redis.url)
         assert_one_line_error(res, 2, own_redis.url, "password", "redis://:PASSWORD@")
     assert _run(capsys, "ping", "--redis-url", own_redis.url.replace("//", "//:s3cret@")).code == 0
+
+
+def test_key_from_a_terminal_says_what_it_waits_for() -> None:
+    """``cache key -`` with a terminal on stdin tells the user it waits for the JSON (it sat silent before), then
+    reads what is typed up to Ctrl-D; with a pipe on stdin it stays quiet (tested by the contract suite)."""
+    import os
+    import subprocess
+    import sys
+
+    master, slave = os.openpty()
+    try:
+        entry = "import sys; from trtforge.build_engine.cli import main; sys.exit(main())"
+        proc = subprocess.Popen([sys.executable, "-c", entry, "cache", "key", "-"], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.close(slave)
+        req = json.dumps({"model": "m", "messages": [{"role": "user", "content": "terminal"}], "temperature": 0})
+        os.write(master, req.encode() + b"\n\x04")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, err
+    assert "Ctrl-D" in err and "terminal" in err
+    assert json.loads(out)["final_user_message"] == "terminal"
