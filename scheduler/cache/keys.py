@@ -43,8 +43,9 @@ Scope (what a semantic L3 hit may not cross): model, adapter, conversation, task
 field except the final user message (system messages, the other turns read, every generation setting): two
 requests share a scope only when they differ in nothing but the final user message's text.
 
-Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` 0, or ``top_k`` 1) or
-carries a ``seed``; a sampled request without a seed is not cached unless the policy's ``cache_sampled`` is on. A
+Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` exactly 0 as sent, not
+as rounded for the key: 0.004 samples; or ``top_k`` 1) or carries a ``seed``; a sampled request without a seed is not
+cached unless the policy's ``cache_sampled`` is on. A
 request whose system and final user messages hold over ``MAX_TEXT`` (2**20) characters is not cacheable either (it
 is answered by the scheduler, never refused).
 """
@@ -276,7 +277,8 @@ def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
     except UnicodeEncodeError as exc:  # JSON's "\ud800" escape parses to a str that is not valid Unicode
         raise InputError("request: a text holds an unpaired surrogate (a lone \\ud800-\\udfff escape); send valid "
                          "Unicode") from exc
-    greedy = c["temperature"] == 0 or c["top_k"] == 1
+    # the request's own temperature, not the key's rounding: 0.004 samples (it is keyed as 0.0, and not greedy)
+    greedy = req.get("temperature", 1.0) == 0 or c["top_k"] == 1
     # Over MAX_TEXT characters: not cached (looked up nowhere, stored nowhere), but served: it was an InputError,
     # so ``serve`` failed a request the scheduler could answer.
     small = len(c["final"]) + sum(len(t[1]) for t in c["system"]) <= MAX_TEXT

@@ -143,3 +143,15 @@ def test_developer_messages_are_keyed_like_system_ones() -> None:
 
     assert make_key(req("Answer in French.")).digest != make_key(req("Answer in Klingon.")).digest
     assert make_key(req("Answer in French.")).scope != make_key(req("Answer in Klingon.")).scope
+
+
+@pytest.mark.parametrize("temperature, seed, cacheable", [
+    (0, None, True), (0.0, None, True), (-0.0, None, True),
+    (0.004, None, False),  # keyed as 0.0 (2 decimals) but it samples: was judged greedy and cached
+    (1e-9, None, False), (0.004, 7, True),
+])
+def test_greedy_reads_the_temperature_as_sent(temperature: float, seed: int | None, cacheable: bool) -> None:
+    req: dict = {"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": temperature}
+    if seed is not None:
+        req["seed"] = seed
+    assert make_key(req).cacheable is cacheable
