@@ -107,8 +107,8 @@ def test_key_from_a_terminal_says_what_it_waits_for() -> None:
 
     master, slave = os.openpty()
     try:
-        entry = "import sys; from trtforge.build_engine.cli import main; sys.exit(main())"
-        proc = subprocess.Popen([sys.executable, "-c", entry, "cache", "key", "-"], stdin=slave,
+        exe = Path(sys.executable).with_name("trtforge")  # the console script, as ``run_console`` runs it
+        proc = subprocess.Popen([str(exe), "cache", "key", "-"], stdin=slave,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         os.close(slave)
         req = json.dumps({"model": "m", "messages": [{"role": "user", "content": "terminal"}], "temperature": 0})
