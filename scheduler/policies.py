@@ -20,9 +20,12 @@ Baselines (each a ``Policy`` with the upstream semantics it models; the hand-com
   about preemption, not hangs.
 - ``vllm-v1`` -- vLLM v1 (``vllm/v1/core/sched/scheduler.py`` ``Scheduler.schedule``, ``vllm/v1/core/
   kv_cache_manager.py`` ``allocate_slots``, ``vllm/v1/core/block_pool.py`` ``FreeKVCacheBlockQueue``): blocks are
-  allocated per step for the tokens scheduled in that step (a prefill chunk, one decode token), the waiting
-  queue is strict FCFS (it stops at the first request whose chunk does not fit), a running request that cannot
-  get its next block preempts the newest running request by recompute, and cached blocks are evicted least
+  allocated per step for the tokens scheduled in that step (a prefill chunk, one decode token); the running
+  requests are served first (their next block, their decode token or prefill chunk), and the waiting queue is
+  admitted only after them, with the token budget they left and only in a step that preempted nobody (a new
+  request waits in that queue until the next step, never admitted at submission); the waiting queue is strict
+  FCFS (it stops at the first request whose chunk does not fit), a running request that cannot get its next
+  block preempts the newest running request by recompute, and cached blocks are evicted least
   recently freed first. One difference: vLLM keeps ONE free queue over all free blocks, so it may evict a cached
   block while never-cached free blocks wait further down the queue; ``PrefixCache`` hands out never-cached free
   blocks first, then evicts cached-free ones in LRU order (it keeps cached prefixes at least as long).

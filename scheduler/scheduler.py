@@ -18,7 +18,7 @@ import heapq
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from trtforge.build_engine.core.errors import InputError
 
@@ -27,12 +27,13 @@ from .lora_slots import LoraSlots
 from .metrics import SchedulerMetrics
 from .plan import RejectKind, RejectReason, SchedulerConfig, StepPlan, SubmitResult, admit_lower_bound, reject_reason
 from .policies import Policy, get_policy
-from .prefix_cache import PrefixCache, keep_own_blocks, num_block_keys, seq_keys
+from .preemption import Preemption
+from .prefix_cache import PrefixCache, num_block_keys, seq_keys
 from .request import Request, Seq
 
 __all__ = ["RejectKind", "RejectReason", "Scheduler", "SchedulerConfig", "StepPlan", "SubmitResult"]
 
-class Scheduler:
+class Scheduler(Preemption):
     def __init__(self, config: SchedulerConfig, metrics: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``clock`` times queue waits for the metrics (the simulator passes its simulated clock)."""
@@ -62,7 +63,8 @@ class Scheduler:
         # admission is skipped until what could let a queued request in changed (blocks, slot, queue, prefix, bound)
         self._changed = 0
         self.queued_tokens = 0  # prompt tokens waiting in the queue (the router's load signal)
-        self._admit_seen: tuple[int, int] | None = None
+        self._admit_seen: tuple[int, int, int] | None = None
+        self._admit_budget = config.token_budget  # vLLM v1: the step's tokens left for admitted chunks
 
     # ----------------------------------------------------------------------------------------------- public API
     def submit(self, req: Request) -> SubmitResult:
@@ -79,7 +81,9 @@ class Scheduler:
             return SubmitResult("rejected", reason)
         seq.queued_step = self.step_no
         seq.queued_at = self.clock()
-        if not self.queue and len(self.running) < self.config.max_running and self._try_admit(seq):
+        # vLLM v1 admits from its waiting queue inside schedule(), after the running requests had their turn
+        direct = not self.policy.alloc_per_step and not self.queue and len(self.running) < self.config.max_running
+        if direct and self._try_admit(seq):
             return SubmitResult("admitted")
         self.queue[req.id] = seq
         self.queued_tokens += seq.prompt_len
@@ -92,18 +96,37 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Decide one step: admit (KV capacity, then LoRA slot), grow or preempt (max-utilization), then fill
-        the token budget with every decode token and prefill chunks in admission order. Nothing is computed yet:
-        ``update(plan)`` applies the plan once the executor ran it."""
+        the token budget with every decode token and prefill chunks in admission order. vLLM v1
+        (``Scheduler.schedule``) goes the other way round: the running requests get their blocks and tokens first
+        (preempting the newest when short), and the waiting queue is admitted only with the budget left and only
+        in a step that preempted nobody. Nothing is computed yet: ``update(plan)`` applies the plan."""
         self.step_no += 1
         t = self.step_no
         plan = StepPlan(t)
-        plan.admitted = self.admit()
+        running_first = self.policy.alloc_per_step
+        if not running_first:
+            plan.admitted = self.admit()
         if self.policy.preempts:
             self._grow(plan, t)
         plan.decode = list(self.decoding)
-        budget = self.config.token_budget - len(plan.decode)
         # vLLM v1's allocation may preempt prefilling requests: walk a copy then
-        prefilling = list(self.prefilling.values()) if self.policy.alloc_per_step else self.prefilling.values()
+        prefilling = list(self.prefilling.values()) if running_first else self.prefilling.values()
+        budget = self._plan_chunks(prefilling, plan, t, self.config.token_budget - len(plan.decode))
+        if running_first and not plan.preempted and budget > 0:
+            self._admit_budget = budget
+            plan.admitted = self.admit()
+            budget = self._plan_chunks([self.seqs[r] for r in plan.admitted], plan, t, budget)
+        if plan.preempted and running_first:  # a chunk's allocation preempted planned work
+            plan.decode = [r for r in plan.decode if self.seqs[r].decoding]
+            kept = [c for c in plan.context if self.seqs[c[0]].state == "running"]
+            budget += sum(c[2] for c in plan.context) - sum(c[2] for c in kept)
+            plan.context = kept
+        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
+        plan.decode_context = self.decode_context_sum(t)  # exactly plan.decode's requests decode now
+        return plan
+
+    def _plan_chunks(self, prefilling: Iterable[Seq], plan: StepPlan, t: int, budget: int) -> int:
+        """Prefill chunks in order while ``budget`` lasts; returns the budget left."""
         for seq in prefilling:
             if budget <= 0:
                 break
@@ -114,14 +137,7 @@ class Scheduler:
                 break  # vLLM v1: the chunk's blocks do not fit even after preempting; the rest waits too
             plan.context.append((seq.req.id, seq.computed, n))
             budget -= n
-        if plan.preempted and self.policy.alloc_per_step:  # a chunk's allocation preempted planned work
-            plan.decode = [r for r in plan.decode if self.seqs[r].decoding]
-            kept = [c for c in plan.context if self.seqs[c[0]].state == "running"]
-            budget += sum(c[2] for c in plan.context) - sum(c[2] for c in kept)
-            plan.context = kept
-        plan.context_tokens = self.config.token_budget - len(plan.decode) - budget
-        plan.decode_context = self.decode_context_sum(t)  # exactly plan.decode's requests decode now
-        return plan
+        return budget
 
     def update(self, plan: StepPlan) -> StepPlan:
         """Apply ``plan``: prefill chunks computed (their full blocks become findable), the last chunk's first
@@ -209,7 +225,8 @@ class Scheduler:
         admissible, no cap reached, no block needed); the simulator replays those with ``skip``, not ``step``."""
         if self.prefilling or not self.decoding:
             return 0
-        if self.queue and self._admit_seen != (self._changed, self.outside_blocks):
+        nxt_budget = self.config.token_budget - len(self.decoding) if self.policy.alloc_per_step else self._admit_budget
+        if self.queue and self._admit_seen != self._admit_key(nxt_budget):
             return 0
         nxt = min([self._finish_heap[0][0] if self._finish_heap else 1 << 62, *(h[0] for h in self._grow_heap[:1])])
         return max(0, nxt - self.step_no - 1)
@@ -236,7 +253,7 @@ class Scheduler:
     def admit(self) -> list[str]:
         """The capacity stage alone: admit queued requests per the policy; returns their ids in order (the
         TensorRT-LLM adapter calls this, ``schedule`` calls it first)."""
-        if not self.queue or self._admit_seen == (self._changed, self.outside_blocks):
+        if not self.queue or self._admit_seen == self._admit_key(self._admit_budget):
             return []  # nothing that could let a request in changed since an admission pass admitted nobody
         admitted: list[str] = []
         cap = self.config.max_running
@@ -253,8 +270,11 @@ class Scheduler:
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:
             self.queued_tokens -= self.queue.pop(rid).prompt_len
-        self._admit_seen = None if admitted else (self._changed, self.outside_blocks)
+        self._admit_seen = None if admitted else self._admit_key(self._admit_budget)
         return admitted
+
+    def _admit_key(self, budget: int) -> tuple[int, int, int]:
+        return (self._changed, self.outside_blocks, budget)  # an admission pass's outcome depends on these
 
     def _try_admit(self, seq: Seq) -> bool:
         """Admit ``seq`` if its blocks (and LoRA slot) are available now; allocate them."""
@@ -262,13 +282,13 @@ class Scheduler:
         # never hit the block holding the last prompt token: at least one token must be computed to sample
         usable = (seq.prompt_len - 1) // tpb
         room = self.cache.available - self.outside_blocks
-        if admit_lower_bound(self.policy, seq, usable, tpb, self.config.token_budget) > room:
+        if admit_lower_bound(self.policy, seq, usable, tpb, self._admit_budget) > room:
             return self._end_slot_wait(seq)  # a lower bound first: most fail here, O(1), before any hashing
         hits, idle = self.cache.match(seq_keys(seq, tpb), usable) if seq.num_keys else ([], 0)
         if self.policy.reserve_to_completion:
             tokens = seq.prompt_len + seq.req.max_new_tokens - seq.gen_base
         elif self.policy.alloc_per_step:  # vLLM v1: blocks for this step's chunk only, hits included
-            tokens = max(min(seq.prompt_len, len(hits) * tpb + self.config.token_budget), len(hits) * tpb)
+            tokens = max(min(seq.prompt_len, len(hits) * tpb + self._admit_budget), len(hits) * tpb)
         else:
             tokens = seq.prompt_len
         total = max(math.ceil(tokens / tpb), len(hits))
@@ -316,62 +336,6 @@ class Scheduler:
             if self.policy.credit_prefix:
                 self._changed += new  # a new cached prefix lowers what a queued request costs
             seq.registered = full
-
-    # ------------------------------------------------------------------------------- max-utilization growth
-    def _push_grow(self, seq: Seq) -> None:
-        # KV tokens after step s: prompt + generated(s - 1) (a decode writes the previous token's K/V), the ORIGINAL
-        # prompt (prompt_len holds gen_base again after a recompute); a block is due at the first s past the blocks
-        s = len(seq.blocks) * self.config.tokens_per_block - seq.req.prompt_tokens - seq.gen_base + seq.dec_base + 2
-        if s <= seq.dec_base + seq.req.max_new_tokens - seq.gen_base:
-            heapq.heappush(self._grow_heap, (s, seq.epoch, seq.req.id))
-
-    def _grow(self, plan: StepPlan, t: int) -> None:
-        heap = self._grow_heap
-        while heap and heap[0][0] <= t:
-            _, epoch, rid = heapq.heappop(heap)
-            seq = self.seqs[rid]
-            if seq.epoch != epoch or not seq.decoding:
-                continue
-            while self.cache.available < 1 and seq.state == "running":
-                self._preempt(self._newest_running(), plan, t)
-            if seq.state != "running":
-                continue
-            seq.blocks.append(self.cache.allocate_one())
-            self._push_grow(seq)
-
-    def _cover(self, seq: Seq, tokens: int, plan: StepPlan, t: int) -> bool:
-        """vLLM v1 (``KVCacheManager.allocate_slots``): give ``seq`` the blocks for ``tokens`` tokens now,
-        preempting the newest running request while they do not fit; False if ``seq`` itself had to go."""
-        need = math.ceil(tokens / self.config.tokens_per_block) - len(seq.blocks)
-        while need > self.cache.available - self.outside_blocks and seq.state == "running":
-            self._preempt(self._newest_running(), plan, t)
-        if seq.state != "running":
-            return False
-        if need > 0:
-            seq.blocks += self.cache.allocate(need)
-        return True
-
-    def _newest_running(self) -> Seq:
-        return next(reversed(self.running.values()))
-
-    def _preempt(self, seq: Seq, plan: StepPlan, t: int) -> None:
-        generated = seq.generated(t - 1)  # the K/V of all but the last one sampled is written
-        keep_own_blocks(self.cache, seq, self.config.tokens_per_block,
-                        seq.req.prompt_tokens + generated - 1 if seq.decoding else seq.computed)
-        self._release(seq)
-        seq.state = "queued"
-        seq.prompt_len = seq.req.prompt_tokens + generated
-        seq.gen_base = generated
-        seq.computed = 0
-        seq.queued_step = self.step_no
-        seq.queued_at = self.clock()
-        self.queue[seq.req.id] = seq
-        self.queue.move_to_end(seq.req.id, last=False)
-        self.queued_tokens += seq.prompt_len
-        self.counts["preempted"] += 1
-        plan.preempted.append(seq.req.id)
-        if self.metrics:
-            self.metrics.preempted.inc()
 
     # ------------------------------------------------------------------------------------------------ ending
     def _release(self, seq: Seq) -> None:

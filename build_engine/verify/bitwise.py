@@ -33,6 +33,7 @@ from onnx import ModelProto, TensorProto, helper
 from ..core import steps
 from ..core.errors import InputError
 from ..core.graph import all_graphs, model_nodes, subgraphs
+from . import fold_feeds
 from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
 from .inputs import MAX_SHAPE_ELEMENTS, draw_feeds, graph_inputs, plan_feeds
@@ -223,7 +224,7 @@ def _trials(original: ModelProto, seed: int, trials: int,
     defaults = {vi.name: inits[vi.name] for vi in original.graph.input if vi.name in inits and vi.name not in sizing}
     out = []
     for k in range(trials):
-        typical = draw_feeds(plan_feeds(original, sizes), seed + k)
+        typical = fold_feeds.sizing_typical(draw_feeds(plan_feeds(original, sizes), seed + k), sizing)
         shapes = {n: list(a.shape) for n, a in typical.items()}
         extreme = {**extreme_inputs(original, shapes, seed + k, k), **{n: typical[n] for n in sizing if n in typical}}
         # integers of every class often index out of range (token ids): also a draw with typical integers

@@ -197,9 +197,13 @@ def control_pins(model: ModelProto) -> tuple[dict[str, object], list[str]]:
 
 
 #: Inputs of ops whose values decide how big a tensor gets or how long a node runs (Range bounds, a ConstantOfShape/
-#: Expand/Reshape shape, Tile repeats, Resize sizes, Pad pads, OneHot depth, TopK k, a Loop's trip count).
+#: Expand/Reshape shape, Tile repeats, Resize scales and sizes, Upsample scales, Pad pads, OneHot depth, TopK k, a
+#: Loop's trip count, DFT/STFT lengths, window and mel-matrix sizes, Col2Im/MaxUnpool/AffineGrid output shapes).
 _SIZE_INPUTS = {"Range": (0, 1, 2), "ConstantOfShape": (0,), "Expand": (1,), "Tile": (1,), "Reshape": (1,),
-                "Resize": (3,), "Pad": (1,), "OneHot": (1,), "TopK": (1,), "CenterCropPad": (1,), "Loop": (0,)}
+                "Resize": (2, 3), "Upsample": (1,), "Pad": (1,), "OneHot": (1,), "TopK": (1,), "CenterCropPad": (1,),
+                "Loop": (0,), "DFT": (1,), "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,),
+                "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1), "Col2Im": (1, 2), "MaxUnpool": (2,),
+                "AffineGrid": (1,)}
 _VALUE_FREE = frozenset({"Shape", "Size"})  # their outputs do not depend on their input's values
 
 
@@ -231,6 +235,18 @@ def sizing_inputs(model: ModelProto) -> set[str]:
                     out.add(vi.name)
                 elif n.op_type not in _VALUE_FREE:
                     stack.extend(o for o in n.output if o)
+    return out
+
+
+def sizing_typical(feeds: dict[str, np.ndarray], sizing: set[str]) -> dict[str, np.ndarray]:
+    """``feeds`` with each float sizing input (a Resize/Upsample scale) set to 1.0 or 2.0: a typical normal draw is
+    negative or zero half the time, which every runtime refuses as a scale, so the check had no verdict
+    (onnxruntime's Upsample also refuses scales below 1, and ``onnx.reference``'s nearest Upsample fractional ones)."""
+    out = dict(feeds)
+    for name in sizing & feeds.keys():
+        a = feeds[name]
+        if a.dtype.kind not in "iub":  # float16/32/64 and ml_dtypes' bfloat16 / float8 carriers
+            out[name] = np.floor(1.0 + np.abs(a.astype(np.float32)) % 2.0).astype(a.dtype)
     return out
 
 

@@ -59,7 +59,7 @@ def test_vllm_v1_allocates_blocks_per_step() -> None:
     40 + (t - 3) tokens after step t: a block is added at step 4 (41 > 40) and step 8 (45 > 44)."""
     s = make("vllm-v1", blocks=40, budget=16)
     s.submit(Request("a", 0, 40, 10))
-    assert len(s.seqs["a"].blocks) == 4
+    assert s.state("a") == "queued" and not s.seqs["a"].blocks  # vLLM admits from the waiting queue in schedule()
     held = []
     for _ in range(8):
         s.step()
@@ -68,6 +68,43 @@ def test_vllm_v1_allocates_blocks_per_step() -> None:
     m = make("max-utilization", blocks=40, budget=16)
     m.submit(Request("a", 0, 40, 10))
     assert len(m.seqs["a"].blocks) == 10
+
+
+def test_vllm_v1_running_requests_get_blocks_before_waiting_ones() -> None:
+    """vLLM v1 ``Scheduler.schedule``: the running queue is served first (a's decode needs its 3rd block at step 2),
+    then the waiting queue with what is left. b (4 blocks) arrives when exactly 4 are free: it must wait, not be
+    admitted and then preempted by a's growth in the same step (the old order: admission first)."""
+    s = make("vllm-v1", blocks=6, budget=64)
+    s.submit(Request("a", 0, 8, 10))  # 2 blocks, then one more at step 2
+    s.step()
+    s.submit(Request("b", 0, 16, 4))  # 4 blocks
+    plan = s.step()
+    assert plan.preempted == [] and plan.admitted == [] and s.state("b") == "queued"
+    assert len(s.seqs["a"].blocks) == 3 and s.counts["preempted"] == 0
+
+
+def test_vllm_v1_admits_with_the_budget_left_and_not_after_a_preemption() -> None:
+    """The waiting queue gets the token budget the running requests left: one decode of a 9-token budget leaves 8,
+    so b's first chunk is 8 tokens in 2 blocks (not 9 tokens in 3). A step that preempted admits nobody."""
+    s = make("vllm-v1", blocks=16, budget=9)
+    s.submit(Request("a", 0, 4, 20))
+    s.step()  # a's prefill (4 tokens): it decodes from the next step on
+    s.submit(Request("b", 0, 40, 4))
+    plan = s.step()
+    assert plan.decode == ["a"] and plan.admitted == ["b"] and ("b", 0, 8) in plan.context
+    assert len(s.seqs["b"].blocks) == 2
+    p = make("vllm-v1", blocks=5, budget=64)
+    p.submit(Request("x", 0, 4, 12))  # 1 block, then grows
+    p.submit(Request("y", 0, 12, 4))  # 3 blocks: both fit at first
+    p.step()
+    p.submit(Request("z", 0, 4, 1))  # 1 block
+    for _ in range(12):
+        plan = p.step()
+        if plan.preempted:
+            assert plan.admitted == [], plan
+            break
+    else:
+        raise AssertionError("no preemption happened")
 
 
 def test_vllm_v1_strict_fcfs_and_newest_preempted() -> None:
