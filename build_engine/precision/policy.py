@@ -29,6 +29,10 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
    padding mask ``(1 - m) * finfo(float32).min``), so every node reading it stays fp32 as well, and so on, up to an
    op whose output is bounded (``_BOUNDED``: Softmax, norms, Sigmoid, ...): ``scores + mask`` converted to fp16 read
    the mask as -inf (NaN out of Softmax for a row with every key masked).
+9. ``Identity`` is a copy: it stays in its input's type and never makes a later node fp32 by itself. Converted, a
+   pass-through ``y = Identity(x)`` of a float32 input and output rounded y through the low type (70000 -> inf in
+   fp16); between two low nodes it now reads through an exact low -> fp32 -> low round trip, which the fold after
+   conversion removes, so the converted graph is the same as before there.
 """
 
 from __future__ import annotations
@@ -163,6 +167,11 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             continue
         if node.op_type in ("Cast", "CastLike"):
             out[idx] = _cast_decision(node, types, fp32_origin)
+            continue
+        if node.op_type == "Identity":  # rule 9: a copy; its output's fp32 tag is its input's (none if converted)
+            out[idx] = NodeDecision(Mode.KEEP, reason="a copy (converting it would only round)")
+            if node.input[0] in fp32_origin:
+                fp32_origin[node.output[0]] = fp32_origin[node.input[0]]
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             out[idx] = NodeDecision(Mode.KEEP, reason="has subgraphs (not converted)")
