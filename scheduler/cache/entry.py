@@ -43,6 +43,16 @@ except ImportError:  # the same JSON through the stdlib (one encoder object, not
         return _stdlib(obj).encode()
 
     _decode = json.loads
+
+
+def encoded_size(value: Any) -> int:
+    """The length of ``value`` as JSON (``repr`` for what JSON cannot hold): what L1 counts for a non-str value."""
+    try:
+        return len(_encode(value))
+    except (TypeError, ValueError):
+        return len(repr(value))
+
+
 TOOL_TASKS = frozenset({"tool", "tools", "agent", "tool-calling", "function-calling"})
 
 
@@ -52,6 +62,7 @@ class CacheConfig:
 
     layers: tuple[str, ...] = ("l1",)
     l1_entries: int = 10_000
+    l1_max_bytes: int = 256 * 2**20  # L1's byte bound (``l1.entry_bytes``), beside its entry bound
     ttl_qa_s: float = 120.0
     ttl_tool_s: float = 3600.0
     stale_grace_s: float = 60.0
@@ -80,7 +91,7 @@ class CacheConfig:
             raise InputError(f"response cache stale_grace_s = {self.stale_grace_s!r}: must be 0 or more seconds")
         # Counts: 0 or less made the first store fail (L1: "value too large"; buffer: pop from an empty deque;
         # l3_dim: a modulo by zero in the embedding), after the answer was computed.
-        for name in ("l1_entries", "flush_entries", "buffer_max", "l3_dim"):
+        for name in ("l1_entries", "l1_max_bytes", "flush_entries", "buffer_max", "l3_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"response cache {name} = {value!r}: must be a whole number of at least 1")

@@ -62,7 +62,7 @@ class ResponseCache:
         self.cfg = cfg or CacheConfig()
         self.metrics = CacheMetrics() if metrics else None
         self.engine_sha = engine_sha
-        self.l1 = L1(self.cfg.l1_entries, self.metrics)
+        self.l1 = L1(self.cfg.l1_entries, self.metrics, self.cfg.l1_max_bytes)
         self.l2 = None
         self.l3 = None
         self.invalidation = None

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from trtforge.build_engine.core.errors import InputError
 from trtforge.scheduler.cache.entry import CacheConfig, Entry
 from trtforge.scheduler.cache.front import ResponseCache
 from trtforge.scheduler.cache.keys import make_key
@@ -257,3 +258,28 @@ def test_replica_catches_up_on_an_invalidation_missed_during_an_outage(own_redis
     finally:
         a.close()
         b.close()
+
+
+def test_l1_has_a_byte_bound_beside_its_entry_bound() -> None:
+    """L1 had only an entry bound: 10,000 answers of 1 MB each held 10 GB in-process. Now its bytes stay under
+    ``l1_max_bytes`` too (least recently used out first, counted as evictions), and one answer larger than all of
+    L1 is not kept there while L2/L3 (here: none) would still store it; nor is the older answer under its key."""
+    from trtforge.scheduler.cache.l1 import entry_bytes
+
+    cap = 64 * 1024
+    cache = ResponseCache(CacheConfig(l1_entries=1000, l1_max_bytes=cap))
+    big = "x" * 20_000
+    for i in range(10):
+        cache.store(make_key(req(f"q{i}")), f"{i}{big}")
+    assert cache.l1.bytes <= cap and 2 <= len(cache.l1) <= 3
+    assert cache.lookup(req("q9")).hit and not cache.lookup(req("q0")).hit  # the oldest went first
+    assert cache.metrics.value("cache_eviction_total", layer="l1") == 10 - len(cache.l1)
+    key = make_key(req("huge"))
+    cache.store(key, "small")
+    assert cache.lookup(req("huge")).value == "small"
+    cache.store(key, "y" * (2 * cap))  # a newer answer too big for L1: the old one must not be served
+    assert not cache.lookup(req("huge")).hit
+    entry = cache.l1.get(make_key(req("q9")).digest)
+    assert entry is not None and entry_bytes(entry) > 20_000
+    with pytest.raises(InputError, match="l1_max_bytes"):
+        CacheConfig(l1_max_bytes=0)
