@@ -25,6 +25,9 @@ A weight initializer that is also listed in ``graph.input`` is only a default th
 (ONNX IR < 4 style): it is not a constant, so its MatMul is never a candidate (quantizing it would silently ignore
 the fed value); it is reported as excluded.
 
+A ``Conv``, ``ConvTranspose`` or ``Einsum`` with a float32 initializer operand is never quantized; each is reported
+as excluded with that reason, so the report lists every weighted layer that stays float.
+
 Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
 touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
 input edge gets the Q/DQ pair (see ``qdq``), so a LoRA node after a quantized projection still reads the float x.
@@ -46,6 +49,8 @@ from ..precision.policy import Mode
 
 # the bias Add of a lowered Gemm (``gemm.GEMM_BIAS_DOC``; defined here, which ``gemm`` imports, to avoid a cycle)
 GEMM_BIAS_DOC = "trtforge.quantize: the bias Add of a lowered Gemm"
+# weighted layers with a float32 initializer operand that are never quantized here: listed as excluded, not silent
+_UNQUANTIZED_WEIGHTED = frozenset({"Conv", "ConvTranspose", "Einsum"})
 _DATA_MOVEMENT = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
@@ -179,6 +184,12 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
+        if node.op_type in _UNQUANTIZED_WEIGHTED and node.domain in ("", "ai.onnx"):
+            w_in = next((x for x in node.input if x in inits and inits[x].data_type == TensorProto.FLOAT), None)
+            if w_in is not None and node.input[0] not in inits:  # a weighted layer this quantizer does not handle
+                excluded.append(Excluded(node_label(node, i), f"{node.op_type} is not quantized (trtforge quantizes "
+                                         "MatMul and Gemm projections only); it stays float"))
+            continue
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             continue
         w = inits.get(node.input[1])

@@ -225,3 +225,40 @@ def test_an_option_the_mode_does_not_read_is_named(cli, tiny_path: Path, tmp_pat
     plain = cli("quantize", tiny_path, "-o", tmp_path / "b.onnx", "--mode", "fp8", "--calib-size", "2")
     assert plain.code == 0 and "ignored" not in plain.err, plain.err
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_a_conv_is_listed_as_kept_float(cli, tmp_path: Path) -> None:
+    """A Conv (and ConvTranspose / Einsum with a weight) is never quantized: the report now lists it among the float
+    layers with that reason (it was missing from the report, which promises every layer that stays float)."""
+    from trtforge_testing import seeded_rng
+
+    rng = seeded_rng("quantize-conv-listed")
+    wc = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "conv_w")
+    wm = numpy_helper.from_array(rng.standard_normal((64, 16)).astype(np.float32), "proj_w")
+    nodes = [helper.make_node("Conv", ["x", "conv_w"], ["c"], name="stem/Conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Flatten", ["c"], ["f"], axis=1),
+             helper.make_node("MatMul", ["f", "proj_w"], ["h"], name="proj/MatMul"),
+             helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])], initializer=[wc, wm])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    src, out, rep = tmp_path / "m.onnx", tmp_path / "q.onnx", tmp_path / "q.json"
+    onnx.save(model, src)
+    res = cli("quantize", src, "-o", out, "--mode", "int8", "--report", rep)
+    assert res.code == 0, res.err
+    assert "stem/Conv (Conv is not quantized" in res.out
+    report = json.loads(rep.read_text())
+    assert "stem/Conv" in json.dumps(report) and "proj/MatMul" not in report.get("excluded", [])
+    q = onnx.load(out)
+    conv = next(n for n in q.graph.node if n.op_type == "Conv")
+    assert conv.input[1] == "conv_w"  # still the float32 weight
+    import onnxruntime as ort
+
+    from trtforge.build_engine.verify.inputs import random_feeds
+
+    feeds = random_feeds(model, int(rng.integers(1 << 30)))  # drawn as the calibration samples are
+    ref = ort.InferenceSession(src.as_posix()).run(None, feeds)[0]
+    got = ort.InferenceSession(out.as_posix()).run(None, feeds)[0]
+    assert np.abs(got - ref).max() <= 0.05 * np.abs(ref).max()  # int8 on the projection only
