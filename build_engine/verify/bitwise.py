@@ -8,7 +8,7 @@ planner ``inputs.random_feeds``) and every value class of each dtype (``fold_fee
 conditions tried both ways; a graph input with a default initializer gets every value class in one more draw.
 Not run (``CannotCheck`` before anything runs): a model with a graph input that is not a tensor or that has more
 than ``inputs.MAX_SHAPE_ELEMENTS`` elements, or with a Loop whose constant trip count exceeds ``MAX_LOOP_TRIPS``.
-A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (from opset 9), and a Loop
+A trip count computed from the inputs is capped at ``MAX_LOOP_TRIPS`` in both models (at every opset), and a Loop
 bounded only by its condition gets that cap as its trip count (``while v < lim: v *= 2`` never ends for the value
 class v = 0.0, and such a Loop hung the check).
 Both models run on the same inputs in the same runtime,
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto, TensorProto
 
 from ..core import steps
 from ..core.errors import InputError
@@ -37,6 +37,7 @@ from . import fold_feeds
 from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
 from .inputs import MAX_SHAPE_ELEMENTS, draw_feeds, graph_inputs, plan_feeds
+from .loops import MAX_LOOP_TRIPS, runnable_loops
 from .sessions import make_session
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
@@ -70,61 +71,6 @@ def uses_low_precision(model: ModelProto) -> bool:
             if (a.name == "to" and a.i in _LOW_PRECISION) or (a.HasField("t") and a.t.data_type in _LOW_PRECISION):
                 return True
     return False
-
-
-def _bodies(model: ModelProto) -> Iterator[tuple[Any, int]]:
-    """Every node list of the model with its default-domain opset: the main graph, model-local function bodies, and
-    the graphs nested in both."""
-    main = _default_opset(model.opset_import, 1)
-    for g in all_graphs(model.graph):
-        yield g, main
-    for fn in model.functions:
-        opset = _default_opset(fn.opset_import, main)
-        yield fn, opset
-        for n in fn.node:
-            for sub in subgraphs(n):
-                yield from ((g, opset) for g in all_graphs(sub))
-
-
-def _default_opset(opsets: Any, fallback: int) -> int:
-    return next((int(o.version) for o in opsets if o.domain in ("", "ai.onnx")), fallback)
-
-
-def _runnable_loops(model: ModelProto) -> ModelProto:
-    """A copy in which every Loop, in the graphs and in function bodies, runs as the check needs: one without a
-    condition input reads a constant true (what the spec says an absent condition means: onnx.reference runs no
-    iteration of such a Loop, hiding any change in its body), and from opset 9 on (int64 Constant, Min or Less and
-    Where) its trip count is capped at ``MAX_LOOP_TRIPS`` (one computed from the inputs, ``n + 1`` for a value-class
-    ``n`` of 2**62, never ended; one without a trip count gets the cap as its trip count). Both models of a check
-    get the same change, so a difference in the first ``MAX_LOOP_TRIPS`` iterations still shows."""
-    if not any(n.op_type == "Loop" for g, _ in _bodies(model) for n in g.node):
-        return model
-    copy = ModelProto()
-    copy.CopyFrom(model)
-    for g, opset in _bodies(copy):
-        for k in range(len(g.node) - 1, -1, -1):
-            n = g.node[k]
-            if n.op_type != "Loop":
-                continue
-            tag, added = f"{n.output[0] if n.output else n.name}__trtforge_check", []
-            if len(n.input) > 1 and not n.input[1]:
-                n.input[1] = f"{tag}_true"
-                added.append(helper.make_node("Constant", [], [n.input[1]],
-                                              value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
-            if n.input and opset >= 9:  # int64 Constant, Less and Where from 9; Min from 12
-                m, cap, trips = n.input[0], f"{tag}_cap", f"{tag}_trips"
-                added.append(helper.make_node("Constant", [], [cap],
-                                              value=helper.make_tensor("", TensorProto.INT64, [], [MAX_LOOP_TRIPS])))
-                if not m:  # bounded by its condition alone: the cap is its trip count
-                    trips = cap
-                else:
-                    added += ([helper.make_node("Min", [m, cap], [trips])] if opset >= 12 else
-                              [helper.make_node("Less", [m, cap], [f"{tag}_less"]),
-                               helper.make_node("Where", [f"{tag}_less", m, cap], [trips])])
-                n.input[0] = trips
-            for a in reversed(added):
-                g.node.insert(k, a)
-    return copy
 
 
 def _as_value(o: Any) -> Any:
@@ -165,8 +111,8 @@ def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str,
     if runtime == "onnx.reference":
         from onnx.reference import ReferenceEvaluator
 
-        return [_as_value(o) for o in ReferenceEvaluator(_runnable_loops(model)).run(None, dict(feeds))]
-    session = make_session(path if path is not None else _runnable_loops(model))
+        return [_as_value(o) for o in ReferenceEvaluator(runnable_loops(model)).run(None, dict(feeds))]
+    session = make_session(path if path is not None else runnable_loops(model))
     return [_as_value(o) for o in session.run(None, dict(feeds))]
 
 
@@ -266,7 +212,6 @@ def _runtime_and_plan(original: ModelProto, seed: int, trials: int, preferred: s
 
 #: A Loop whose trip count is a constant above this is not run by ``--check`` (onnx.reference interprets every
 #: iteration in Python: a model-defined 10**12 would never finish); its trip count is the model's, not an input.
-MAX_LOOP_TRIPS = 10_000
 
 
 def _constant_trip_count(graph: Any, name: str) -> int | None:
