@@ -28,8 +28,9 @@ def build_parser() -> ArgumentParser:
     inj.add_argument("--max-rank", type=int, default=16, help="pool rank R (max adapter rank), 1..64 (default 16)")
     inj.add_argument("--slots", type=int, default=8, help="adapter slots N (default 8)")
     inj.add_argument("--tile", type=int, default=None,
-                     help="fused-kernel tile along H: 32, 64, 128 or 256 (default 128; a GPU profile's [lora] tile is "
-                          "its choice)")
+                     help="fused-kernel tile along H: 32, 64, 128 or 256, written into each plugin node (default: "
+                          "none written; trtforge build then writes its GPU profile's [lora] tile, other runtimes use "
+                          "128)")
     inj.add_argument("--per-sequence", action="store_true", help="one slot per sequence ([batch]) not per token")
 
     dec = sub.add_parser("decompose", help="lower plugin nodes to standard ONNX ops")
@@ -92,7 +93,7 @@ def _inject(args: argparse.Namespace) -> int:
     loaded = _load_graph(args.input)
     try:
         out = inject(loaded.model, _targets(args.targets), args.max_rank, args.slots, per_sequence=args.per_sequence,
-                     tile=args.tile if args.tile is not None else spec.DEFAULT_TILE, inplace=True)
+                     tile=args.tile, inplace=True)
     except InputError as exc:
         raise InputError(f"{args.input}: {exc.message}") from exc
     _save(out, loaded, args.output)

@@ -202,14 +202,16 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
             del conversion
     with _Timer(timings, "fold"):
         from trtforge.plugins import has_plugin_nodes
+        from trtforge.plugins.lora.inject import set_missing_tiles
 
         from ..passes import fold
 
         # In place when conversion made a new model; a model already in the profile's precision (or quantized, built
         # as is) comes back as ``loaded.model`` itself, which nothing else reads after this either.
         folded = fold(converted, inplace=True)
-        unchanged = converted is loaded.model and not folded.report.rules
-        model = folded.model
+        model, plugin_nodes = folded.model, has_plugin_nodes(folded.model)  # plugin nodes with no tile: the profile's
+        tiled = plugin_nodes and set_missing_tiles(model, prof.lora.tile) > 0
+        unchanged = converted is loaded.model and not folded.report.rules and not tiled
         del converted, folded
         precision = quant["mode"] if quant is not None else _effective_precision(model, prof.precision.dtype)
         if quant is None and precision == "fp32":  # debug only: the manifest and the summary line say fp32
@@ -220,7 +222,6 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
                        "would round twice)", onnx_path, precision, prof.name, prof.precision.dtype)
         # The source's size decides external data (model.ByteSize() on a large model costs as much as a save).
         external = loaded.external_data or Path(onnx_path).stat().st_size >= 1_500_000_000
-        plugin_nodes = has_plugin_nodes(model)
         as_is = loaded.external_data and unchanged and _same_as_file(model, Path(onnx_path))
         return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
                        non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),

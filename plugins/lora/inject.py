@@ -45,7 +45,7 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from trtforge.build_engine.core import steps
 from trtforge.build_engine.core.errors import InputError
-from trtforge.build_engine.core.graph import tensor_dims
+from trtforge.build_engine.core.graph import all_graphs, tensor_dims
 from trtforge.build_engine.core.onnx_io import MIGRATION_DOC
 
 from . import spec
@@ -267,10 +267,11 @@ def _reuse_slot_ids(model: ModelProto, slot_dims: tuple[DimT, ...], max_rank: in
 
 @steps.timed("inject")
 def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int, *, per_sequence: bool = False,
-           tile: int = spec.DEFAULT_TILE, inplace: bool = False) -> ModelProto:
+           tile: int | None = None, inplace: bool = False) -> ModelProto:
     """A new model with a plugin node after each target projection (the input model is not mutated unless
     ``inplace``: then it is the model changed and returned, with no copy of its weights; on an error it may be half
-    changed)."""
+    changed). ``tile`` None writes no tile attribute: ``trtforge build`` then writes its GPU profile's ``[lora]`` tile
+    (``set_missing_tiles``), and any other runtime uses ``spec.DEFAULT_TILE``."""
     sites = plan(model, targets)
     lead = sites[0].lead_dims
     if per_sequence and len(lead) != 2:
@@ -290,7 +291,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     new_nodes: dict[int, NodeProto] = {}
     pools: dict[str, Site] = {}  # module path -> its first site: a module applied twice shares one pool
     for site in sites:
-        fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features, tile)
+        fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features, tile or spec.DEFAULT_TILE)
         a, b, sc = (spec.input_name(k, site.path) for k in ("lora_a", "lora_b", "lora_scales"))
         first = pools.setdefault(site.path, site)
         if first is not site:
@@ -306,6 +307,8 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
         base = f"{site.y}.lora_base"
         g.node[site.node_index].output[0] = base
         attrs: dict[str, Any] = dict(fields.as_dict())  # onnx's make_node types **kwargs loosely
+        if tile is None:
+            del attrs["tile"]
         suffix = "" if first is site else f"_{site.node_index}"  # node names stay unique
         new_nodes[site.node_index] = onnx.helper.make_node(
             spec.PLUGIN_NAME, [site.x, base, a, b, spec.SLOT_IDS_INPUT, sc], [site.y],
@@ -321,3 +324,17 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     if not any(imp.domain == spec.ONNX_DOMAIN for imp in out.opset_import):
         out.opset_import.append(onnx.helper.make_opsetid(spec.ONNX_DOMAIN, 1))
     return out
+
+
+def set_missing_tiles(model: ModelProto, tile: int) -> int:
+    """Give every LoRA plugin node without a ``tile`` attribute (in any graph) ``tile``, a GPU profile's ``[lora]``
+    tile (what the plugin's AUTO tactic runs); a node that ``lora inject --tile`` pinned keeps its own. Returns how
+    many nodes got it. Safety: the tile is a kernel blocking choice, never a numerics one."""
+    spec.LoraFields(1, 1, 1, 1, tile)  # refuses a tile the kernel has not
+    count = 0
+    for g in all_graphs(model.graph):
+        for node in g.node:
+            if node.op_type == spec.PLUGIN_NAME and not any(a.name == "tile" for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute("tile", tile))
+                count += 1
+    return count
