@@ -30,6 +30,8 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
 
+from .kv_weights import WeightQuant, projection_params, weights_bytes
+
 GIB = 1 << 30
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
                                  "fp8": 1, "float8": 1, "int8": 1}
@@ -57,9 +59,10 @@ class ModelSpec:
     num_experts: int = 1
     #: ``rope_scaling.factor`` where it stretches ``max_position_embeddings`` (``max_seq_len``)
     rope_factor: float = 1.0
-    #: the config's ``quantization_config`` in words ("awq 4-bit"), "" when none: not modelled (weights are sized
-    #: in the plan's weights dtype), so the KV capacity of such a model is a lower bound
+    #: the config's ``quantization_config`` in words ("awq 4-bit"), "" when none
     quantization: str = ""
+    #: its model (``kv_weights``): the projections' bytes per weight; None (not modelled, or none): the plan's dtype
+    weight_quant: WeightQuant | None = None
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
@@ -92,6 +95,16 @@ class ModelSpec:
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.num_layers * per_layer + embed + head + h
 
+    @property
+    def projection_params(self) -> int:
+        """Parameters of the attention and MLP projections (what weight quantization shrinks)."""
+        return projection_params(self.num_layers, self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
+                                 self.intermediate_size, self.num_experts)
+
+    def weights_bytes(self, dtype: str, tp: int = 1) -> float:
+        """Weights per GPU: the projections quantized per ``weight_quant``, everything else in ``dtype``."""
+        return weights_bytes(self.num_params, self.projection_params, DTYPE_BYTES[dtype], self.weight_quant, tp)
+
     def kv_bytes_per_token(self, kv_dtype: str, tp: int = 1) -> int:
         """K and V for one token, all layers, on one GPU of a ``tp``-way tensor-parallel group."""
         heads = math.ceil(self.num_kv_heads / tp)
@@ -119,6 +132,7 @@ class ModelSpec:
             return cfg[key]
 
         _refuse_unmodeled(cfg, source)
+        quant = WeightQuant.from_config(cfg.get("quantization_config"))
         heads = need("num_attention_heads")
         hidden = need("hidden_size")
         def given(key: str, default: Any) -> Any:  # absent or null: the default; 0 is refused, never defaulted
@@ -135,7 +149,7 @@ class ModelSpec:
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
                        max_position_embeddings=given("max_position_embeddings", 131072),
                        num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source),
-                       quantization=_quantization(cfg))
+                       quantization=quant[0], weight_quant=quant[1])
         except InputError as exc:  # name the file once, and the config's key, not ours
             text = exc.message.removeprefix(f"model {name}: ")
             for ours, key in _HF_KEYS.items():
@@ -157,17 +171,6 @@ def _rope_factor(cfg: dict[str, Any], source: str) -> Any:
     if rope.get("type", rope.get("rope_type")) in _ROPE_PRESTRETCHED:
         return 1.0
     return rope.get("factor", 1.0)
-
-
-def _quantization(cfg: dict[str, Any]) -> str:
-    q = cfg.get("quantization_config")
-    if not q:
-        return ""
-    if not isinstance(q, dict):
-        return "quantized"
-    method = str(q.get("quant_method") or "quantized")
-    bits = q.get("bits") or q.get("w_bit") or (4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None)
-    return f"{method} {bits}-bit" if bits else method
 
 
 #: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)
@@ -254,6 +257,8 @@ class KVPlan:
     tp: int
     weights_dtype: str
     kv_dtype: str
+    #: how the projections' weights were sized: "" (in ``weights_dtype``) or the modelled quantization's label
+    weights_quantization: str
     gpu_memory_bytes: int
     num_params: int
     weights_bytes: int  # per GPU
@@ -343,7 +348,7 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
         raise InputError(f"kv memory fraction must be in (0, 1], got {fraction}")
     gpu = int(profile.hardware.memory_gb * GIB)
     params = model_spec.num_params
-    weights = int(params * DTYPE_BYTES[wdt] / tp)
+    weights = int(model_spec.weights_bytes(wdt, tp))
     act = activation_bytes(model_spec, DTYPE_BYTES[wdt], max_num_tokens, max_batch, tp)
     free = gpu - weights - act - RUNTIME_RESERVE_BYTES
     per_token = model_spec.kv_bytes_per_token(kdt, tp)
@@ -353,7 +358,7 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     g = GIB
     if free <= 0 or num_blocks < 1:
         larger = [t for t in valid_tps(model_spec) if t > tp] or [tp]  # only sizes that split the heads
-        fits = [t for t in larger if (gpu - params * DTYPE_BYTES[wdt] / t - act - RUNTIME_RESERVE_BYTES) * fraction
+        fits = [t for t in larger if (gpu - model_spec.weights_bytes(wdt, t) - act - RUNTIME_RESERVE_BYTES) * fraction
                 >= model_spec.kv_bytes_per_token(kdt, t) * tpb * max(1, -(-request_tokens // tpb))]
         hint = f"--tp {fits[0]} fits" if fits else f"not even --tp {larger[-1]} fits"
         raise InputError(
@@ -362,9 +367,11 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
             f"{gpu / g:.1f} GiB of GPU memory at --tp {tp}; use a GPU with more memory, a larger --tp "
             f"({hint} one {request_tokens}-token request), or fp8 weights"
             + (f" (its quantization_config, {model_spec.quantization}, is not modelled: weights sized as {wdt})"
-               if model_spec.quantization else ""))
+               if model_spec.quantization and model_spec.weight_quant is None else ""))
     per_req = math.ceil(request_tokens / tpb)
+    wq = model_spec.weight_quant.label if model_spec.weight_quant is not None else ""
     return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
+                  weights_quantization=wq,
                   gpu_memory_bytes=gpu, num_params=params, weights_bytes=weights, activation_bytes=act,
                   reserve_bytes=RUNTIME_RESERVE_BYTES, free_bytes=free, memory_fraction=fraction,
                   kv_cache_bytes=kv_bytes, kv_bytes_per_token=per_token, tokens_per_block=tpb,

@@ -44,7 +44,9 @@ def _run(args: Namespace) -> int:
     if args.json:
         write_json(args.json, plan.to_json())
     print(f"model {plan.model} ({plan.num_params / 1e9:.2f} B params) on {plan.profile}, tp={plan.tp}")
-    print(f"  weights        {plan.weights_bytes / GIB:8.2f} GiB per GPU ({plan.weights_dtype})")
+    sized = (f"{plan.weights_quantization} projections, {plan.weights_dtype} others" if plan.weights_quantization
+             else plan.weights_dtype)
+    print(f"  weights        {plan.weights_bytes / GIB:8.2f} GiB per GPU ({sized})")
     print(f"  activations    {plan.activation_bytes / GIB:8.2f} GiB + reserve {plan.reserve_bytes / GIB:.2f} GiB")
     print(f"  free           {plan.free_bytes / GIB:8.2f} GiB x {plan.memory_fraction} -> KV "
           f"{plan.kv_cache_bytes / GIB:.2f} GiB")
@@ -53,7 +55,7 @@ def _run(args: Namespace) -> int:
     print(f"  blocks         {plan.num_blocks}  ->  max tokens {plan.max_tokens}")
     print(f"  requests of {plan.request_tokens} tokens that fit at once: {plan.requests_that_fit} (context "
           f"{plan.max_seq_len} tokens)")
-    if spec.quantization:
+    if spec.quantization and spec.weight_quant is None:
         from ..core.log import logger
 
         logger("kv_plan").warning(f"{args.model} has a quantization_config ({spec.quantization}) that kv-plan does "

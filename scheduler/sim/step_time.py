@@ -28,7 +28,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Final
 
-from ..kv_plan import DTYPE_BYTES, ModelSpec
+from ..kv_plan import ModelSpec
 
 CALIBRATION: Final[Mapping[str, Any]] = MappingProxyType({
     "source": "NVIDIA TensorRT-LLM Performance Overview (perf-overview.md, v0.19/v0.20), trtllm-bench throughput",
@@ -63,7 +63,7 @@ class StepTimeModel:
     # computed properties
     @cached_property
     def weights_bytes(self) -> float:
-        return self.spec.num_params * DTYPE_BYTES[self.weights_dtype] / self.tp
+        return self.spec.weights_bytes(self.weights_dtype, self.tp)  # a quantization_config's projections shrink
 
     @cached_property
     def matmul_params(self) -> int:

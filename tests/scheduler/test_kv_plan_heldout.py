@@ -95,14 +95,15 @@ def test_bad_rope_scaling_is_named(tmp_path, rope: object) -> None:
 
 
 def test_quantization_config_is_named_not_silently_ignored(tmp_path, cli) -> None:
-    """An AWQ 4-bit config was planned with bf16 weights and no word: its KV capacity is a lower bound (and a model
-    that fits quantized may be refused). Both now say that the quantization is not modelled."""
+    """A quantization_config kv-plan does not model (compressed-tensors) was planned with bf16 weights and no word:
+    its KV capacity is a lower bound (and a model that fits quantized may be refused). Both now say so; the
+    methods it models (AWQ, GPTQ, fp8, bitsandbytes: tests/scheduler/test_kv_quant.py) are sized as stored."""
     p = tmp_path / "config.json"
-    p.write_text(json.dumps(SMALL | {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}))
-    assert ModelSpec.from_hf_config(p).quantization == "awq 4-bit"
+    p.write_text(json.dumps(SMALL | {"quantization_config": {"quant_method": "compressed-tensors"}}))
+    assert ModelSpec.from_hf_config(p).quantization == "compressed-tensors"
     res = cli("kv-plan", "--profile", "a100", "--model", str(p))
-    assert res.code == 0 and "quantization_config (awq 4-bit)" in res.err and "lower bound" in res.err, res.err
+    assert res.code == 0 and "quantization_config (compressed-tensors)" in res.err and "lower bound" in res.err, res.err
     big = tmp_path / "big.json"
-    big.write_text(json.dumps(MIXTRAL | {"quantization_config": {"quant_method": "fp8"}}))
+    big.write_text(json.dumps(MIXTRAL | {"quantization_config": {"quant_method": "hqq", "nbits": 4}}))
     res = cli("kv-plan", "--profile", "h100", "--model", str(big))
-    assert res.code == 2 and "quantization_config, fp8, is not modelled" in res.err, res.err
+    assert res.code == 2 and "quantization_config, hqq, is not modelled" in res.err, res.err

@@ -1,0 +1,71 @@
+"""Weight memory of a decoder for ``kv-plan``, with its HF ``quantization_config`` modelled where it is known.
+
+Modelled (``WeightQuant.from_config``): ``awq``, ``gptq`` (and ``gptq_marlin``/``awq_marlin``) with ``bits`` (or
+AWQ's ``w_bit``) and ``group_size`` (or ``q_group_size``; -1 or absent: one group per output column), ``fp8``
+(``quant_method: fp8``, one byte per weight and a per-tensor or per-block scale), and ``bitsandbytes`` 8-bit
+(``load_in_8bit``: one byte and a float32 scale per output row) and 4-bit (``load_in_4bit``: half a byte and, with
+``bnb_4bit_use_double_quant``, one 8-bit absmax per 64 weights, else a float32 one). Only the attention and MLP
+projections are quantized (every expert's MLP too); embeddings, the LM head, norms and the MoE router stay in the
+plan's weights dtype, as those methods leave them. Any other method (compressed-tensors, hqq, ...) or a config
+without its bit width is not modelled: the weights are sized in the plan's dtype (a lower bound on the KV
+capacity) and ``kv-plan`` says so.
+
+Group overhead per quantized weight (AWQ/GPTQ): a 16-bit scale and a ``bits``-wide zero point per group, so
+``bits / 8 + (2 + bits / 8) / group_size`` bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WeightQuant:
+    """``bytes_per_weight`` of the quantized projections; ``label`` names it ("awq 4-bit, group 128")."""
+
+    label: str
+    bytes_per_weight: float
+
+    @staticmethod
+    def from_config(q: Any) -> tuple[str, WeightQuant | None]:
+        """The config's quantization in words (empty when none) and its model (None: not modelled)."""
+        if not q:
+            return "", None
+        if not isinstance(q, dict):
+            return "quantized", None
+        method = str(q.get("quant_method") or "quantized").lower()
+        bits = q.get("bits") or q.get("w_bit") or (4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None)
+        label = f"{method} {bits}-bit" if bits else method
+        if method == "fp8":
+            return label, WeightQuant("fp8", 1.0)
+        if not isinstance(bits, int) or isinstance(bits, bool) or not 2 <= bits <= 8:
+            return label, None
+        if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+            group = q.get("group_size", q.get("q_group_size", -1))
+            if not isinstance(group, int) or isinstance(group, bool) or group == 0 or group < -1:
+                return label, None
+            overhead = 0.0 if group == -1 else (2 + bits / 8) / group
+            return label, WeightQuant(f"{label}, group {group}", bits / 8 + overhead)
+        if method == "bitsandbytes" and bits == 8:
+            return label, WeightQuant(label, 1.0)  # + a float32 scale per row: negligible per weight
+        if method == "bitsandbytes" and bits == 4:
+            absmax = 1 / 64 if q.get("bnb_4bit_use_double_quant") else 4 / 64
+            return label, WeightQuant(label, 0.5 + absmax)
+        return label, None
+
+
+def projection_params(num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                      intermediate: int, num_experts: int) -> int:
+    """Parameters of the attention (q, k, v, o) and MLP (gate, up, down of every expert) projections."""
+    attn = hidden * num_heads * head_dim * 2 + hidden * num_kv_heads * head_dim * 2
+    return num_layers * (attn + 3 * hidden * intermediate * num_experts)
+
+
+def weights_bytes(total_params: int, projections: int, dtype_bytes: float, quant: WeightQuant | None,
+                  tp: int) -> float:
+    """Bytes of weights per GPU of a ``tp``-way group: the projections at the quantized size, the rest (embeddings,
+    LM head, norms, router) at ``dtype_bytes``; without ``quant`` every parameter at ``dtype_bytes``."""
+    if quant is None:
+        return total_params * dtype_bytes / tp
+    return (projections * quant.bytes_per_weight + (total_params - projections) * dtype_bytes) / tp
