@@ -369,9 +369,8 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
             + (f" (its quantization_config, {model_spec.quantization}, is not modelled: weights sized as {wdt})"
                if model_spec.quantization and model_spec.weight_quant is None else ""))
     per_req = math.ceil(request_tokens / tpb)
-    wq = model_spec.weight_quant.label if model_spec.weight_quant is not None else ""
     return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
-                  weights_quantization=wq,
+                  weights_quantization=model_spec.weight_quant.label if model_spec.weight_quant else "",
                   gpu_memory_bytes=gpu, num_params=params, weights_bytes=weights, activation_bytes=act,
                   reserve_bytes=RUNTIME_RESERVE_BYTES, free_bytes=free, memory_fraction=fraction,
                   kv_cache_bytes=kv_bytes, kv_bytes_per_token=per_token, tokens_per_block=tpb,

@@ -168,10 +168,8 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if node.op_type in ("Cast", "CastLike"):
             out[idx] = _cast_decision(node, types, fp32_origin)
             continue
-        if node.op_type == "Identity":  # rule 9: a copy; its output's fp32 tag is its input's (none if converted)
-            out[idx] = NodeDecision(Mode.KEEP, reason="a copy (converting it would only round)")
-            if node.input[0] in fp32_origin:
-                fp32_origin[node.output[0]] = fp32_origin[node.input[0]]
+        if node.op_type == "Identity":  # rule 9
+            out[idx] = _copy_decision(node, fp32_origin)
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             out[idx] = NodeDecision(Mode.KEEP, reason="has subgraphs (not converted)")
@@ -197,6 +195,13 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if origin is not None:
             _mark(node, types, fp32_origin, origin)
     return out
+
+
+def _copy_decision(node: NodeProto, fp32_origin: dict[str, str]) -> NodeDecision:
+    """Rule 9: an Identity stays in its input's type; its output's fp32 tag is its input's (none if converted)."""
+    if node.input[0] in fp32_origin:
+        fp32_origin[node.output[0]] = fp32_origin[node.input[0]]
+    return NodeDecision(Mode.KEEP, reason="a copy (converting it would only round)")
 
 
 def _cast_decision(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[str, str]) -> NodeDecision:

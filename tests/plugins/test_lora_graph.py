@@ -110,7 +110,7 @@ def test_inject_per_sequence_and_refusals():
     assert [d.dim_param for d in slot_in.type.tensor_type.shape.dim] == ["batch"]
     node = next(n for n in lora.graph.node if n.op_type == spec.PLUGIN_NAME)
     attrs = {a.name: a.i for a in node.attribute}
-    assert attrs == {"max_rank": 4, "num_slots": 2, "in_features": 256, "out_features": 64}  # no tile: the build's profile
+    assert attrs == {"max_rank": 4, "num_slots": 2, "in_features": 256, "out_features": 64}  # tile: the build's
     with pytest.raises(InputError, match="q_proj") as err:
         inject(model, ["qkv_proj"], 8, 4)
     assert "self_attn," not in str(err.value)  # attention score MatMuls (no weight) are not projections

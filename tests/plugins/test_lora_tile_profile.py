@@ -1,4 +1,4 @@
-"""The GPU profile's ``[lora] tile`` (DESIGN section 6, "LoRA tile default") reaches the plugin: ``lora inject``
+"""The GPU profile's ``[lora] tile`` (its LoRA tile default) reaches the plugin: ``lora inject``
 without ``--tile`` writes no tile, and ``trtforge build`` writes the profile's into each such node, so TensorRT-RTX
 parses the a10 profile's 32 (a100's 64); a node ``inject --tile`` pinned keeps its own. Before, every injected node
 carried 128 and no build read the profile's tile."""
