@@ -15,7 +15,8 @@ class RemoveDeadNodes(GraphPass):
 
     Must not fire on:
     - nodes of custom domains (plugins may have effects ONNX cannot see) or nodes with no outputs;
-    - initializers that are also graph inputs (part of the model's interface), or read only by a subgraph;
+    - initializers that are also graph inputs (part of the model's interface), or read only by a subgraph, or read or
+      assigned by ``training_info`` (``walk.training_state``: the view counts those as graph inputs);
     - graph or function outputs, even when nothing else reads them.
     """
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from onnx import FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
-from ..core.graph import may_have_subgraphs, nested_indices, subgraphs
+from ..core.graph import free_names, may_have_subgraphs, nested_indices, subgraphs
 from .ir import GraphCtx, Scope
 
 
@@ -61,9 +61,21 @@ def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[
     return types
 
 
+def training_state(model: ModelProto) -> set[str]:
+    """The main graph's initializers that ``model.training_info`` reads or assigns (its algorithm's and
+    initialization's free names, the keys of its bindings): training state, which a training step overwrites, so a
+    rewrite must treat each like a graph input (kept, never folded as a constant)."""
+    names: set[str] = set()
+    for ti in model.training_info:
+        for g in (ti.algorithm, ti.initialization):
+            names |= free_names(g)
+        names.update(b.key for b in (*ti.update_binding, *ti.initialization_binding))
+    return names & {t.name for t in model.graph.initializer} if names else names
+
+
 def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, stats: WalkStats,
-               fixed_point: bool) -> None:
-    ctx = GraphCtx(graph, graph.node, [i.name for i in graph.input], [o.name for o in graph.output], scope,
+               fixed_point: bool, state: Sequence[str] = ()) -> None:
+    ctx = GraphCtx(graph, graph.node, [*(i.name for i in graph.input), *state], [o.name for o in graph.output], scope,
                    initializers=list(graph.initializer))
     _apply(ctx, passes, stats, fixed_point)
     if ctx.changed:
@@ -132,7 +144,7 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
     opset = default_opset(model.opset_import)
     scope = Scope(opset, graph_types(model.graph) if types is None else types, infer=infer,
                   may_add_initializers=model.ir_version >= 4)
-    _run_graph(model.graph, passes, scope, stats, fixed_point)
+    _run_graph(model.graph, passes, scope, stats, fixed_point, sorted(training_state(model)))
     for fn in model.functions:
         stats.nested = True
         fscope = Scope(default_opset(fn.opset_import, opset), {})
