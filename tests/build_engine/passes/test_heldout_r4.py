@@ -42,3 +42,24 @@ def test_training_state_is_neither_folded_nor_dropped() -> None:
     assert sorted(t.name for t in res.graph.initializer) == ["k", "w"]
     assert res.training_info[0] == m.training_info[0]
     onnx.checker.check_model(res, full_check=True)
+
+
+def test_dead_if_whose_branch_holds_another_domain_is_kept() -> None:
+    # fold --help: nodes of other domains are kept, read or not; removing the unread If took its ai.onnx.ml node
+    # (and, for a plugin, whatever effect it has) with it
+    then = h.make_graph([h.make_node("Binarizer", ["x"], ["t"], domain="ai.onnx.ml")], "then", [],
+                        [h.make_tensor_value_info("t", T.FLOAT, [4])])
+    other = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [], [h.make_tensor_value_info("e", T.FLOAT, [4])])
+    plain = h.make_graph([h.make_node("Abs", ["x"], ["p"])], "plain", [], [h.make_tensor_value_info("p", T.FLOAT, [4])])
+    g = h.make_graph([h.make_node("If", ["c"], ["unread"], then_branch=then, else_branch=other),
+                      h.make_node("If", ["c"], ["unread2"], then_branch=plain, else_branch=other),
+                      h.make_node("Neg", ["x"], ["y"])], "g",
+                     [h.make_tensor_value_info("c", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18), h.make_opsetid("ai.onnx.ml", 3)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    res = fold(m)
+    assert [n.op_type for n in res.model.graph.node] == ["If", "Neg"]
+    assert res.model.graph.node[0].output == ["unread"]
+    assert res.report.removed == {"Abs": 1, "If": 1, "Neg": 1}  # the second If (default domain only) still goes
