@@ -49,9 +49,14 @@ def default_opset(opsets: Sequence[OperatorSetIdProto], fallback: int = 1) -> in
 
 
 def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
-    """Element types that ``graph`` itself declares (inputs, outputs, value_info, initializers), not its subgraphs'."""
+    """Element types that ``graph`` itself declares (value_info, outputs, inputs, initializers), not its subgraphs'.
+
+    Where two declarations of one name disagree, the later in that order wins, as in onnx's checker and inference:
+    a graph input's or an initializer's own type is its value's type (a value_info entry naming it is not checked,
+    so a valid model may carry a stale one), and a graph output's declaration is checked where its value_info is
+    not."""
     types = {} if types is None else types
-    for infos in (graph.input, graph.output, graph.value_info):
+    for infos in (graph.value_info, graph.output, graph.input):
         for vi in infos:  # a non-tensor type reads as an unset tensor_type, whose elem_type is 0 (unknown)
             e = vi.type.tensor_type.elem_type
             if e:

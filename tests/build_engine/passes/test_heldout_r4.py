@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -63,3 +64,45 @@ def test_dead_if_whose_branch_holds_another_domain_is_kept() -> None:
     assert [n.op_type for n in res.model.graph.node] == ["If", "Neg"]
     assert res.model.graph.node[0].output == ["unread"]
     assert res.report.removed == {"Abs": 1, "If": 1, "Neg": 1}  # the second If (default domain only) still goes
+
+
+def _stale_input_value_info(body_vi: bool) -> onnx.ModelProto:
+    """``y = Neg(Cast(x, int32))`` with a value_info entry that says the float input ``x`` is int32 (onnx's checker
+    and inference read a graph input's own type and never check such an entry); ``body_vi``: the same inside a Loop
+    body, for its loop-carried input ``v``."""
+    cast = [h.make_node("Cast", ["v" if body_vi else "x"], ["a"], to=T.INT32), h.make_node("Neg", ["a"], ["b"])]
+    if not body_vi:
+        g = h.make_graph([*cast[:1], h.make_node("Neg", ["a"], ["y"])], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y", T.INT32, [4])],
+                         value_info=[h.make_tensor_value_info("x", T.INT32, [4])])
+    else:
+        body = h.make_graph([*cast, h.make_node("Identity", ["c"], ["c2"])], "body",
+                            [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+                             h.make_tensor_value_info("v", T.FLOAT, [4])],
+                            [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("v", T.FLOAT, [4]),
+                             h.make_tensor_value_info("b", T.INT32, [4])],
+                            value_info=[h.make_tensor_value_info("v", T.INT32, [4])])
+        g = h.make_graph([h.make_node("Constant", [], ["n"], value=nh.from_array(np.array(2, np.int64))),
+                          h.make_node("Constant", [], ["t"], value=nh.from_array(np.array(True))),
+                          h.make_node("Loop", ["n", "t", "x"], ["xf", "y"], body=body)], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                         [h.make_tensor_value_info("xf", T.FLOAT, [4]), h.make_tensor_value_info("y", T.INT32, [2, 4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+@pytest.mark.parametrize("body_vi", [False, True])
+def test_stale_value_info_of_an_input_does_not_type_it(body_vi: bool) -> None:
+    # the value_info entry made Cast(x, int32) look like a same-type Cast: it was removed (truncation lost) and
+    # fold's own validation then raised "fold produced a model that shape inference rejects ... a trtforge bug"
+    from onnx.reference import ReferenceEvaluator
+
+    m = _stale_input_value_info(body_vi)
+    res = fold(m).model
+    ops = [n.op_type for n in (res.graph.node[-1].attribute[0].g if body_vi else res.graph).node]
+    assert "Cast" in ops
+    x = {"x": np.array([1.5, -2.7, 3.9, -0.2], np.float32)}
+    want, got = ReferenceEvaluator(m).run(None, x), ReferenceEvaluator(res).run(None, x)
+    assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
