@@ -26,10 +26,10 @@ def build_parser() -> ArgumentParser:
                                      "exactly specified) by the constant it computes, and removes nodes of ANY ONNX "
                                      "op whose outputs nothing reads (dead Constant, Shape, Concat, RandomNormal, "
                                      "... nodes) and unread initializers (not those training_info reads or "
-                                     "updates); nodes of other domains (ai.onnx.ml, com.microsoft, plugins, "
-                                     "model-local functions) are kept, read or not, and so is an unread If/Loop/Scan "
-                                     "whose body holds one. The summary and --report count removed nodes per op "
-                                     "type.")
+                                     "updates, nor values a quantization_annotation names); nodes of other "
+                                     "domains (ai.onnx.ml, com.microsoft, plugins, model-local functions) are kept, "
+                                     "read or not, and so is an unread If/Loop/Scan whose body holds one. The "
+                                     "summary and --report count removed nodes per op type.")
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")

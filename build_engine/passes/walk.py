@@ -78,10 +78,18 @@ def training_state(model: ModelProto) -> set[str]:
     return names & {t.name for t in model.graph.initializer} if names else names
 
 
+def _annotated(graph: GraphProto) -> list[str]:
+    """The names ``graph.quantization_annotation`` speaks about (annotated tensors, their scale and zero-point
+    tensors): protected like graph outputs (kept, under their names and types), so no annotation is left naming a
+    value that fold removed, renamed or retyped."""
+    return [n for a in graph.quantization_annotation
+            for n in (a.tensor_name, *(e.value for e in a.quant_parameter_tensor_names)) if n]
+
+
 def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, stats: WalkStats,
                fixed_point: bool, state: Sequence[str] = ()) -> None:
-    ctx = GraphCtx(graph, graph.node, [*(i.name for i in graph.input), *state], [o.name for o in graph.output], scope,
-                   initializers=list(graph.initializer))
+    ctx = GraphCtx(graph, graph.node, [*(i.name for i in graph.input), *state],
+                   [*(o.name for o in graph.output), *_annotated(graph)], scope, initializers=list(graph.initializer))
     _apply(ctx, passes, stats, fixed_point)
     if ctx.changed:
         ctx.commit(graph.node, last=not ctx.has_subgraphs)  # else a subgraph's view asks this one about its nodes

@@ -106,3 +106,23 @@ def test_stale_value_info_of_an_input_does_not_type_it(body_vi: bool) -> None:
     x = {"x": np.array([1.5, -2.7, 3.9, -0.2], np.float32)}
     want, got = ReferenceEvaluator(m).run(None, x), ReferenceEvaluator(res).run(None, x)
     assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+def test_quantization_annotation_keeps_naming_live_values() -> None:
+    # b = Identity(a) carried a quantization annotation whose scale is the (otherwise unread) initializer s: fold
+    # removed b and dropped s, leaving the annotation naming two values the model no longer has
+    g = h.make_graph([h.make_node("Neg", ["x"], ["a"]), h.make_node("Identity", ["a"], ["b"]),
+                      h.make_node("Abs", ["b"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])],
+                     initializer=[nh.from_array(np.array(0.5, np.float32), "s")])
+    ann = onnx.TensorAnnotation(tensor_name="b")
+    ann.quant_parameter_tensor_names.append(onnx.StringStringEntryProto(key="SCALE_TENSOR", value="s"))
+    g.quantization_annotation.append(ann)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    res = fold(m)
+    out = res.model.graph
+    assert [(n.op_type, list(n.output)) for n in out.node] == [("Neg", ["b"]), ("Abs", ["y"])]  # Identity still goes
+    assert [t.name for t in out.initializer] == ["s"] and out.quantization_annotation[0].tensor_name == "b"
+    assert res.report.removed == {"Identity": 1}
