@@ -18,13 +18,18 @@ from ._outputs import check_outputs
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge fold", "Exact folding, never changing an output bit. It removes: "
                                      "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
-                                     "Cast chains, replaces a Cast of a constant (and the constant expression "
-                                     "feeding it, when every op in it is exactly specified) by the constant it "
-                                     "computes, and removes nodes of ANY ONNX op whose outputs nothing reads (dead "
-                                     "Constant, Shape, Concat, RandomNormal, ... nodes) and unread initializers; "
-                                     "nodes of other domains (ai.onnx.ml, com.microsoft, plugins, model-local "
-                                     "functions) are kept, read or not. The summary and --report count removed nodes "
-                                     "per op type.")
+                                     "Cast chains (also across data-movement ops: Reshape, Transpose, Gather, "
+                                     "...), merges duplicate Casts of one value, lets Shape/Size read a Cast's "
+                                     "input and Gather/GatherElements read the int32 indices an int32->int64 Cast "
+                                     "widens (the Cast goes unless it has other readers), replaces a Cast of a "
+                                     "constant (and the constant expression feeding it, when every op in it is "
+                                     "exactly specified) by the constant it computes, and removes nodes of ANY ONNX "
+                                     "op whose outputs nothing reads (dead Constant, Shape, Concat, RandomNormal, "
+                                     "... nodes) and unread initializers (not those training_info reads or "
+                                     "updates, nor values a quantization_annotation names); nodes of other "
+                                     "domains (ai.onnx.ml, com.microsoft, plugins, model-local functions) are kept, "
+                                     "read or not, and so is an unread If/Loop/Scan whose body holds one. The "
+                                     "summary and --report count removed nodes per op type.")
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")

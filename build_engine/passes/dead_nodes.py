@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import heapq
 
+from ..core.graph import CONTROL_FLOW_OPS, all_graphs, subgraphs
 from .base import GraphPass
 from .ir import GraphCtx
 from .node import Node
+
+
+def _holds_other_domain(n: Node) -> bool:
+    """``n`` (If/Loop/Scan/SequenceMap) has a node of another domain in a body, at any depth: removing ``n`` would
+    remove it too."""
+    return n.op in CONTROL_FLOW_OPS and any(
+        m.domain not in ("", "ai.onnx") for g in subgraphs(n.proto) for b in all_graphs(g) for m in b.node)
 
 
 class RemoveDeadNodes(GraphPass):
@@ -14,8 +22,10 @@ class RemoveDeadNodes(GraphPass):
     reverse topological order so whole dead chains go in one sweep; then drop unread initializers.
 
     Must not fire on:
-    - nodes of custom domains (plugins may have effects ONNX cannot see) or nodes with no outputs;
-    - initializers that are also graph inputs (part of the model's interface), or read only by a subgraph;
+    - nodes of custom domains (plugins may have effects ONNX cannot see) or nodes with no outputs, nor a control-flow
+      node whose body holds one at any depth (``fold --help``: nodes of other domains are kept, read or not);
+    - initializers that are also graph inputs (part of the model's interface), or read only by a subgraph, or read or
+      assigned by ``training_info`` (``walk.training_state``: the view counts those as graph inputs);
     - graph or function outputs, even when nothing else reads them.
     """
 
@@ -36,7 +46,8 @@ class RemoveDeadNodes(GraphPass):
         # ``ctx.num_uses(o) == 0`` for every output, inlined (the first sweep visits every node)
         uses, implicit, protected = ctx.uses, ctx.implicit, ctx.output_set
         return (n.alive and n.onnx_op and bool(n.outputs)
-                and all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs))
+                and all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs)
+                and not _holds_other_domain(n))
 
     def _sweep(self, ctx: GraphCtx) -> int:
         """Every node, in reverse order; from now on the view records which nodes lose a reader."""
@@ -47,7 +58,8 @@ class RemoveDeadNodes(GraphPass):
             if not n.alive or not n.onnx_op or not n.outputs:
                 continue
             # ``_dead`` inlined (this loop visits every node)
-            if all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs):
+            if (all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs)
+                    and not _holds_other_domain(n)):
                 ctx.remove_node(n)
                 ctx.rules[self.name] += 1
                 count += 1

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from onnx import FunctionProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto
 
-from ..core.graph import may_have_subgraphs, nested_indices, subgraphs
+from ..core.graph import free_names, may_have_subgraphs, nested_indices, subgraphs
 from .ir import GraphCtx, Scope
 
 
@@ -49,9 +49,14 @@ def default_opset(opsets: Sequence[OperatorSetIdProto], fallback: int = 1) -> in
 
 
 def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[str, int]:
-    """Element types that ``graph`` itself declares (inputs, outputs, value_info, initializers), not its subgraphs'."""
+    """Element types that ``graph`` itself declares (value_info, outputs, inputs, initializers), not its subgraphs'.
+
+    Where two declarations of one name disagree, the later in that order wins, as in onnx's checker and inference:
+    a graph input's or an initializer's own type is its value's type (a value_info entry naming it is not checked,
+    so a valid model may carry a stale one), and a graph output's declaration is checked where its value_info is
+    not."""
     types = {} if types is None else types
-    for infos in (graph.input, graph.output, graph.value_info):
+    for infos in (graph.value_info, graph.output, graph.input):
         for vi in infos:  # a non-tensor type reads as an unset tensor_type, whose elem_type is 0 (unknown)
             e = vi.type.tensor_type.elem_type
             if e:
@@ -61,10 +66,30 @@ def graph_types(graph: GraphProto, types: dict[str, int] | None = None) -> dict[
     return types
 
 
+def training_state(model: ModelProto) -> set[str]:
+    """The main graph's initializers that ``model.training_info`` reads or assigns (its algorithm's and
+    initialization's free names, the keys of its bindings): training state, which a training step overwrites, so a
+    rewrite must treat each like a graph input (kept, never folded as a constant)."""
+    names: set[str] = set()
+    for ti in model.training_info:
+        for g in (ti.algorithm, ti.initialization):
+            names |= free_names(g)
+        names.update(b.key for b in (*ti.update_binding, *ti.initialization_binding))
+    return names & {t.name for t in model.graph.initializer} if names else names
+
+
+def _annotated(graph: GraphProto) -> list[str]:
+    """The names ``graph.quantization_annotation`` speaks about (annotated tensors, their scale and zero-point
+    tensors): protected like graph outputs (kept, under their names and types), so no annotation is left naming a
+    value that fold removed, renamed or retyped."""
+    return [n for a in graph.quantization_annotation
+            for n in (a.tensor_name, *(e.value for e in a.quant_parameter_tensor_names)) if n]
+
+
 def _run_graph(graph: GraphProto, passes: Sequence[GraphPass], scope: Scope, stats: WalkStats,
-               fixed_point: bool) -> None:
-    ctx = GraphCtx(graph, graph.node, [i.name for i in graph.input], [o.name for o in graph.output], scope,
-                   initializers=list(graph.initializer))
+               fixed_point: bool, state: Sequence[str] = ()) -> None:
+    ctx = GraphCtx(graph, graph.node, [*(i.name for i in graph.input), *state],
+                   [*(o.name for o in graph.output), *_annotated(graph)], scope, initializers=list(graph.initializer))
     _apply(ctx, passes, stats, fixed_point)
     if ctx.changed:
         ctx.commit(graph.node, last=not ctx.has_subgraphs)  # else a subgraph's view asks this one about its nodes
@@ -132,7 +157,7 @@ def run_passes(model: ModelProto, passes: Sequence[GraphPass], *, fixed_point: b
     opset = default_opset(model.opset_import)
     scope = Scope(opset, graph_types(model.graph) if types is None else types, infer=infer,
                   may_add_initializers=model.ir_version >= 4)
-    _run_graph(model.graph, passes, scope, stats, fixed_point)
+    _run_graph(model.graph, passes, scope, stats, fixed_point, sorted(training_state(model)))
     for fn in model.functions:
         stats.nested = True
         fscope = Scope(default_opset(fn.opset_import, opset), {})

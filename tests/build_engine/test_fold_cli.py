@@ -236,3 +236,20 @@ def test_summary_adds_up_when_casts_become_constants(cli, tmp_path: Path) -> Non
     text = " ".join(res.out.split())
     assert "8 -> 3 nodes" in text and "removed: Cast 4, ConstantOfShape 2, Range 1" in text
     assert "added: Constant 2" in text
+
+
+def test_fold_help_names_what_every_rule_removes(cli) -> None:
+    # fold --help says exactly what it removes: it named neither the duplicate-Cast merge, nor the Casts that go
+    # because Shape/Size or Gather indices read past them, nor chains shortened across data movement
+    from trtforge.build_engine.passes.pipeline import default_passes
+
+    said = {"identity": "Identity", "same_type_cast": "no-ops", "cast_round_trip": "round trips",
+            "cast_chain": "Cast chains", "constant_expression": "constant expression", "constant_cast": "Cast of a "
+            "constant", "shape_of_cast": "Shape/Size", "gather_index_cast": "Gather/GatherElements read the int32",
+            "duplicate_cast": "duplicate Casts", "sink_cast": "data-movement ops",
+            "dead_nodes": "outputs nothing reads"}
+    assert sorted(p.name for p in default_passes()) == sorted(said)
+    res = cli("fold", "--help")
+    text = " ".join(res.out.split())
+    for rule, phrase in said.items():
+        assert phrase in text, rule
