@@ -171,6 +171,7 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 if len(shape) != len(tt.shape.dim):
                     raise InputError(f"--shape {vi.name}: rank {len(shape)} but the input has rank "
                                      f"{len(tt.shape.dim)}")
+                _check_static_dims(vi.name, tt.shape.dim, shape)
             else:
                 dims = []
                 for i, d in enumerate(tt.shape.dim):
@@ -190,6 +191,18 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 low, high = -1.0, 1.0
             specs[vi.name] = FeedSpec(vi.name, dtype, shape, low, high)
     return tuple(specs.values())
+
+
+def _check_static_dims(name: str, dims: Any, shape: tuple[int, ...]) -> None:
+    """A ``--shape`` must keep the input's static sizes: Polygraphy's DataLoader drops a shape that contradicts one
+    (and then feeds 1 for every dynamic dim), so the comparison would run, and report, other inputs than asked."""
+    for i, (d, size) in enumerate(zip(dims, shape, strict=True)):
+        if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != size:
+            model_shape = ",".join(str(x.dim_value) if x.HasField("dim_value") else (x.dim_param or "?")
+                                   for x in dims)
+            raise InputError(f"--shape {name}:{','.join(map(str, shape))}: dimension {i} of input {name!r} is "
+                             f"fixed at {d.dim_value} in the model (shape {model_shape}); give {d.dim_value} there "
+                             "and choose sizes only for the dynamic dimensions")
 
 
 def _params_from_shapes(models: list[Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
