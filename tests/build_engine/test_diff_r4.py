@@ -40,3 +40,31 @@ def test_shape_contradicting_a_static_dim_is_refused(tmp_path: Path, rng: np.ran
     summary = json.loads((tmp_path / "r.summary.json").read_text())
     assert summary["inputs"][0]["shape"] == [2, 3, 8]
     assert summary["outputs"][0]["total"] == 2 * 3 * HIDDEN
+
+
+def _cast_model(dtype: int) -> onnx.ModelProto:
+    """y = float(i) for an input i [4] of ``dtype``: the output shows the value diff fed."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["y"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("i", dtype, [4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_value_the_input_dtype_cannot_hold_is_refused(tmp_path: Path, cli) -> None:
+    """--value i=2.7 on an int64 input ran on 2 (the summary said 2.7), --value 70000 on a float16 input on inf,
+    --value -3 on a uint8 input failed as 'running ... failed' naming onnxruntime; now each exits 2 naming the input's
+    dtype and what it holds. Values it holds still run as given."""
+    for dtype, value, needle in ((TensorProto.INT64, "2.7", "int64"), (TensorProto.UINT8, "-3", "from 0 to 255"),
+                                 (TensorProto.FLOAT16, "70000", "65504"), (TensorProto.BOOL, "0.5", "0 or 1")):
+        path = tmp_path / f"m{dtype}.onnx"
+        onnx.save(_cast_model(dtype), path)
+        assert_one_line_error(cli("diff", path, path, "--value", f"i={value}"), 2, "--value", "'i'", needle)
+    from polygraphy.comparator import RunResults
+
+    for dtype, value in ((TensorProto.INT64, -3.0), (TensorProto.UINT8, 255.0), (TensorProto.FLOAT16, -65504.0),
+                         (TensorProto.BOOL, 1.0)):
+        path, save = tmp_path / f"m{dtype}.onnx", tmp_path / f"r{dtype}.json"
+        res = cli("diff", path, path, "--value", f"i={value:g}", "--save", save)
+        assert res.code == 0, res.err
+        fed = RunResults.load(str(save))[0][1][0]["y"]
+        np.testing.assert_array_equal(np.asarray(fed), np.full(4, value, np.float32))
