@@ -312,14 +312,20 @@ def _simple_compare(**kwargs: Any) -> Any:
 
 @contextlib.contextmanager
 def quiet_polygraphy() -> Iterator[None]:
-    """Silence Polygraphy's logger (trtforge prints its own table); errors still surface as exceptions."""
+    """Silence Polygraphy's logger (trtforge prints its own table) and the NumPy RuntimeWarnings its statistics raise
+    on inf/NaN outputs (``inf - inf``: five lines of stderr beside the one ``error:`` line of a mismatch); errors still
+    surface as exceptions."""
+    import warnings
+
     from polygraphy.logger import G_LOGGER
 
     old_sev, old_colors = G_LOGGER.module_severity, G_LOGGER.colors
     G_LOGGER.colors = False  # also skips the "'colored' module is not installed" notice
     G_LOGGER.module_severity = G_LOGGER.CRITICAL + 1
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield
     finally:
         G_LOGGER.module_severity, G_LOGGER.colors = old_sev, old_colors
 
