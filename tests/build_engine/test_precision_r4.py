@@ -1,0 +1,51 @@
+"""trtforge precision, round 4: models whose converted graph computed something else than the source, checked with
+onnx.reference on models built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from trtforge.build_engine.precision.convert import convert_precision
+
+
+def _overridable_weight_model(w: np.ndarray) -> onnx.ModelProto:
+    """y = x @ w where w is a graph input with an initializer: a default the caller may override (IR >= 4)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("to", ["fp16", "bf16"])
+def test_overridable_initializer_is_read_at_run_time(rng: np.random.Generator, to: str) -> None:
+    """The initializer of graph input w was converted to a renamed constant (w__fp16) that the MatMul read, so a fed w
+    was ignored (the default's product came out) and w lost its default; now w is cast at run time: a fed w gives
+    x @ w_fed, an unfed one x @ default, both within the low type's rounding, and w keeps its float32 default."""
+    default = rng.standard_normal((4, 4)).astype(np.float32)
+    fed = (rng.standard_normal((4, 4)) * 3).astype(np.float32)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    out = convert_precision(_overridable_weight_model(default), to).model
+    inits = {t.name: t for t in out.graph.initializer}
+    assert inits["w"].data_type == TensorProto.FLOAT
+    np.testing.assert_array_equal(numpy_helper.to_array(inits["w"]), default)
+    assert [(vi.name, vi.type.tensor_type.elem_type) for vi in out.graph.input] == [("x", 1), ("w", 1)]
+    ref = ReferenceEvaluator(out)
+    tol = {"fp16": 2e-2, "bf16": 1e-1}[to]
+    np.testing.assert_allclose(ref.run(None, {"x": x, "w": fed})[0], x @ fed, atol=tol * 4, rtol=tol)
+    np.testing.assert_allclose(ref.run(None, {"x": x})[0], x @ default, atol=tol * 4, rtol=tol)
+
+
+def test_overridable_initializer_beyond_fp16_keeps_its_consumer_fp32() -> None:
+    """Rule 8 still reads such a default's range: a 1e5 in it keeps the MatMul in fp32 (no inf from a cast)."""
+    default = np.eye(4, dtype=np.float32) * 1e5
+    out = convert_precision(_overridable_weight_model(default), "fp16").model
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(ReferenceEvaluator(out).run(None, {"x": x})[0], x @ default)
+    assert "MatMul" in [n.op_type for n in out.graph.node]
+    assert all(n.op_type != "Cast" or n.input[0] != "w" for n in out.graph.node)
