@@ -213,6 +213,13 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
                       rel_error, top1, nans, shapes)
 
 
+def _missing(out_a: Any, out_b: Any) -> tuple[OutputDiff, ...]:
+    """A failing row for each output only one side produced (an engine's bindings are known only once it runs)."""
+    inf = float("inf")
+    return tuple(OutputDiff(n, inf, inf, 0, 0, False, inf, inf, shapes=f"only {side} has it")
+                 for side, here, there in (("A", out_a, out_b), ("B", out_b, out_a)) for n in here if n not in there)
+
+
 def judge_quantized(diff: OutputDiff, precision: str) -> OutputDiff:
     """Apply a quantized preset's whole-output criteria (module docstring) on top of the element-wise verdict."""
     from dataclasses import replace
@@ -248,6 +255,11 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
             raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
                              f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names{hint}")
         check_same_input_dims(ma, mb, pa, pb)
+    else:
+        from .engine_runner import check_engine_names
+
+        engine_dir, onnx_path, model = (pa, pb, mb) if ma is None else (pb, pa, ma)
+        check_engine_names(engine_dir, onnx_path, _io_names(model), extra_inputs)
     specs = plan_feeds([m for m in (ma, mb) if m is not None], shapes, values)
     name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
     with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:
@@ -264,7 +276,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
     out_a, out_b = run_results[name_a][0], run_results[name_b][0]
     verdicts = accuracy[0][(name_a, name_b)][0]
     diffs = tuple(_output_diff(n, np.asarray(out_a[n]), np.asarray(out_b[n]), atol, rtol, bool(verdicts[n]))
-                  for n in out_a if n in out_b)
+                  for n in out_a if n in out_b) + _missing(out_a, out_b)
     if precision in QUANT_PRESETS:
         diffs = tuple(judge_quantized(d, precision) for d in diffs)
     return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy,
@@ -381,6 +393,6 @@ def check(result: DiffResult) -> None:
 
 def _why(o: OutputDiff) -> str:
     if o.shapes:
-        return f"{o.name} (shapes differ: {o.shapes})"
+        return f"{o.name} ({o.shapes})" if o.shapes.startswith("only") else f"{o.name} (shapes differ: {o.shapes})"
     nan = f", {o.nans} NaN: Polygraphy counts every NaN as a mismatch" if o.nans and o.mismatches else ""
     return f"{o.name} (max abs {o.max_abs:.3g}, {o.mismatches}/{o.total} mismatched{nan})"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge_testing import assert_one_line_error, run_console
@@ -91,3 +92,33 @@ def test_inf_outputs_leave_one_error_line(tmp_path: Path) -> None:
         assert_one_line_error(run_console(["diff", str(a), str(b)]), 1, "y (max abs inf, 3/3 mismatched)")
     res = run_console(["diff", str(inf), str(inf)])
     assert (res.code, res.err) == (0, ""), res.err
+
+
+def _two_output_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """The MatMul model plus a second output z = -y."""
+    model = _matmul_model(rng)
+    model.graph.node.append(helper.make_node("Neg", ["y"], ["z"]))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", "sequence", HIDDEN]))
+    return model
+
+
+def test_engine_folder_against_a_model_with_other_outputs(tmp_path: Path, rng: np.random.Generator, cli,
+                                                          monkeypatch) -> None:
+    """An engine folder on one side skipped the name check two models get, and only the outputs both sides produced
+    were compared: on a GPU, an engine of y against a model of y and z passed on y alone. Now the manifest's names
+    are checked first (exit 2 naming both sides' outputs, before any runner is made), and an output only one side
+    produces is a failed row."""
+    from trtforge.build_engine.core.errors import CheckFailed
+    from trtforge.build_engine.verify.diff import DiffResult, _missing, check
+
+    src, other = tmp_path / "src.onnx", tmp_path / "other.onnx"
+    onnx.save(_matmul_model(rng), src)
+    onnx.save(_two_output_model(rng), other)
+    assert cli("build", src, "--profile", "a100", "-o", tmp_path / "e", "--no-progress").code == 0
+    monkeypatch.setenv("POLYGRAPHY_USE_TENSORRT_RTX", "1")
+    for a, b in ((tmp_path / "e", other), (other, tmp_path / "e")):
+        assert_one_line_error(cli("diff", a, b), 2, "differ in inputs/outputs", "outputs ['y']", "['y', 'z']")
+    rows = _missing({"y": 0, "z": 0}, {"y": 0})
+    assert [(r.name, r.passed, r.shapes) for r in rows] == [("z", False, "only A has it")]
+    with pytest.raises(CheckFailed, match=r"z \(only A has it\)"):  # exit 1
+        check(DiffResult("A", "B", 0.0, 0.0, 0, (), rows))
