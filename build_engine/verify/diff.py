@@ -51,10 +51,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core import steps
+from ..core import interrupt, steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
 from .inputs import FeedSpec, check_same_input_dims, graph_inputs, plan_feeds
+from .polygraphy_env import quiet_polygraphy
 from .sessions import make_session
 
 PRESETS: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-5), "fp16": (1e-2, 1e-3), "bf16": (5e-2, 1e-2)}
@@ -307,6 +308,7 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
         func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True,
                               infinities_compare_equal=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)
+    interrupt.check()  # a signal a bare ``except:`` in Polygraphy swallowed (polygraphy_env)
     return results, accuracy
 
 
@@ -320,26 +322,6 @@ def _simple_compare(**kwargs: Any) -> Any:
 
         return CompareFunc.simple(**kwargs)
     return SimpleCompareFunc(**kwargs)
-
-
-@contextlib.contextmanager
-def quiet_polygraphy() -> Iterator[None]:
-    """Silence Polygraphy's logger (trtforge prints its own table) and the NumPy RuntimeWarnings its statistics raise
-    on inf/NaN outputs (``inf - inf``: five lines of stderr beside the one ``error:`` line of a mismatch); errors still
-    surface as exceptions."""
-    import warnings
-
-    from polygraphy.logger import G_LOGGER
-
-    old_sev, old_colors = G_LOGGER.module_severity, G_LOGGER.colors
-    G_LOGGER.colors = False  # also skips the "'colored' module is not installed" notice
-    G_LOGGER.module_severity = G_LOGGER.CRITICAL + 1
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            yield
-    finally:
-        G_LOGGER.module_severity, G_LOGGER.colors = old_sev, old_colors
 
 
 def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path]:

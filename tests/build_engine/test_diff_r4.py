@@ -122,3 +122,23 @@ def test_engine_folder_against_a_model_with_other_outputs(tmp_path: Path, rng: n
     assert [(r.name, r.passed, r.shapes) for r in rows] == [("z", False, "only A has it")]
     with pytest.raises(CheckFailed, match=r"z \(only A has it\)"):  # exit 1
         check(DiffResult("A", "B", 0.0, 0.0, 0, (), rows))
+
+
+def test_polygraphy_never_imports_torch(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Polygraphy asked of every output whether it was a torch tensor, importing torch (~2 s) inside a bare
+    ``except:``: a Ctrl-C or SIGTERM landing there was swallowed and the next probe re-imported a half-initialised
+    torch, so pybind11 aborted (exit 134, or SIGSEGV) instead of 130/143. Now torch is kept out of the run: a stand-in
+    ``torch`` package on the path (it leaves a marker when imported) is never imported by diff or --save."""
+    import os
+
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "torch-imported"
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise ImportError('stand-in torch')\n")
+    a = tmp_path / "a.onnx"
+    onnx.save(_matmul_model(rng), a)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    res = run_console(["diff", str(a), str(a), "--save", str(tmp_path / "r.json")], env=env)
+    assert res.code == 0, res.err
+    assert not marker.exists(), "diff imported torch"
+    assert (tmp_path / "r.summary.json").is_file()
