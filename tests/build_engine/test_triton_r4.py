@@ -52,3 +52,24 @@ def test_first_dims_of_other_ranges_are_not_one_batch(tmp_path: Path, cli) -> No
                           "shared by every input")
     res = cli("triton", tmp_path / "e", "--repo", tmp_path / "repo2", "--name", "m", "--max-batch", "4")
     assert_one_line_error(res, 2, "--max-batch 4", "shared by every input")
+
+
+def test_write_names_sibling_folders_that_stop_tritonserver(tmp_path: Path, cli) -> None:
+    """An engine folder inside the repository (triton REPO/e --repo REPO --name m) and a .ipynb_checkpoints folder
+    make tritonserver fail to load the whole repository; the write exited 0 without a word and only --check said
+    so. Now the write still succeeds (its entry is valid) and warns once per such folder, naming the fix."""
+    src = _adapter_count_model(tmp_path / "m.onnx")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    res = cli("build", src, "--profile", "a100", "-o", repo / "e", "--no-progress", "--dim", "num_adapters=1:2:4")
+    assert res.code == 0, res.err
+    (repo / ".ipynb_checkpoints").mkdir()
+    res = cli("triton", repo / "e", "--repo", repo, "--name", "m", "-q")
+    assert res.code == 0, res.err
+    warnings = [ln for ln in res.err.splitlines() if ln.startswith("warning: ")]
+    assert len(warnings) == 2, res.err
+    assert f"{repo / '.ipynb_checkpoints'}: hidden folder" in warnings[0]
+    assert f"{repo / 'e'}: no config.pbtxt" in warnings[1]
+    assert cli("triton", "--check", repo / "m").code == 1  # what --check says of the same repository
+    clean = cli("triton", repo / "e", "--repo", tmp_path / "clean", "--name", "m", "-q")
+    assert (clean.code, clean.err) == (0, "")
