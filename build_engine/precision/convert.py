@@ -36,7 +36,7 @@ from ..core import onnx_skeleton, steps
 from ..core.errors import InputError, ModelError
 from ..core.graph import Namer
 from ..core.shape_inference import infer_shapes
-from .fp16_range import beyond_fp16
+from .fp16_range import beyond_fp16, vanish_in_fp16
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
 
@@ -227,13 +227,15 @@ def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str]
 
     ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
     ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
-    by their op contract), not a second list. ``range_exempt``: constants rule 8 (a constant beyond +-65504 keeps
-    its consumers fp32) does not apply to; quantize exempts projection weights, which it stores with float32
-    per-channel / per-block scales (a value computed from another wide constant, a mask sentinel, still counts).
+    by their op contract), not a second list. ``range_exempt``: constants rules 8 and 10 (a constant beyond +-65504,
+    or one fp16 rounds to zero, keeps its consumers fp32) do not apply to; quantize exempts projection weights, which
+    it stores with float32 per-channel / per-block scales (a value computed from another wide constant, a mask
+    sentinel, still counts).
     """
     consts = _constant_tensors(model)
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to) - range_exempt
-    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide)
+    tiny = vanish_in_fp16(consts, to) - range_exempt
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide, tiny=tiny)
 
 
 @steps.timed("convert")
@@ -253,7 +255,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     types = _value_types(model)
     consts = _constant_tensors(model)
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to, data_dir)
-    decisions = decide(model, types, set(consts), to, keep_ops, wide=wide)
+    decisions = decide(model, types, set(consts), to, keep_ops, wide=wide, tiny=vanish_in_fp16(consts, to))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):

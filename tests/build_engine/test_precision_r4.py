@@ -49,3 +49,39 @@ def test_overridable_initializer_beyond_fp16_keeps_its_consumer_fp32() -> None:
     np.testing.assert_array_equal(ReferenceEvaluator(out).run(None, {"x": x})[0], x @ default)
     assert "MatMul" in [n.op_type for n in out.graph.node]
     assert all(n.op_type != "Cast" or n.input[0] != "w" for n in out.graph.node)
+
+
+def _epsilon_model(eps: float) -> onnx.ModelProto:
+    """y = m / sqrt(m * m + eps) with m = x @ I: 0 where x is 0 (fp32), the sign of x elsewhere."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "m"], ["sq"]),
+         helper.make_node("Add", ["sq", "eps"], ["se"]), helper.make_node("Sqrt", ["se"], ["r"]),
+         helper.make_node("Div", ["m", "r"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+         numpy_helper.from_array(np.array(eps, np.float32), "eps")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_epsilon_fp16_rounds_to_zero_keeps_its_reader_fp32(rng: np.random.Generator) -> None:
+    """An epsilon of 1e-12 became fp16 0, so m * m + eps added nothing and 0 / sqrt(0) gave NaN where fp32 gives 0;
+    now the Add reading it stays fp32 (rule 10), the MatMul and Mul still run in fp16, and 1e-5 (an fp16 subnormal)
+    converts as before."""
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    x[0, 1:] = 0.0
+    want = ReferenceEvaluator(_epsilon_model(1e-12)).run(None, {"x": x})[0]
+    res = convert_precision(_epsilon_model(1e-12), "fp16")
+    got = ReferenceEvaluator(res.model).run(None, {"x": x})[0]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, atol=2e-3)
+    ops = {n.op_type: n for n in res.model.graph.node}
+    add_inputs = set(ops["Add"].input)
+    assert "eps" in add_inputs  # the fp32 constant itself, not an fp16 copy
+    low = {vi.name: vi.type.tensor_type.elem_type for vi in res.model.graph.value_info}
+    assert low.get(ops["Mul"].output[0]) == TensorProto.FLOAT16
+    # bf16 keeps fp32's exponent range: nothing rounds to zero there, the Add converts
+    bf = convert_precision(_epsilon_model(1e-12), "bf16").model
+    assert "eps" not in {n for node in bf.graph.node if node.op_type == "Add" for n in node.input}
+    sub = convert_precision(_epsilon_model(1e-5), "fp16").model  # representable: converted as before
+    assert "eps" not in {n for node in sub.graph.node if node.op_type == "Add" for n in node.input}
