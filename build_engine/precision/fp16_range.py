@@ -42,14 +42,15 @@ _TINY_MAX_ELEMENTS = 4096
 
 
 def vanish_in_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
-    """Small float32 constants (in memory, at most ``_TINY_MAX_ELEMENTS``) with a nonzero value, every nonzero value of
-    which fp16 rounds to zero (below 2**-25: an epsilon of 1e-8 or 1e-12): policy rule 10 keeps their readers fp32."""
+    """Small float32 / float64 constants (in memory, at most ``_TINY_MAX_ELEMENTS``; a double literal the model casts
+    to float counts) with a nonzero value, every nonzero value of which fp16 rounds to zero (below 2**-25: an epsilon
+    of 1e-8 or 1e-12): policy rule 10 keeps their readers fp32."""
     if to != "fp16":
         return frozenset()
     out: set[str] = set()
     for name, t in consts.items():
         small = 0 < _elements(t) <= _TINY_MAX_ELEMENTS
-        if t.data_type != FLOAT or t.data_location == TensorProto.EXTERNAL or not small:
+        if t.data_type not in (FLOAT, TensorProto.DOUBLE) or t.data_location == TensorProto.EXTERNAL or not small:
             continue
         flat = numpy_helper.to_array(t).reshape(-1)
         nonzero = flat[(flat != 0) & np.isfinite(flat)]

@@ -150,11 +150,14 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
     captured = _subgraph_reads(model.graph.node)
     wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
+    tiny_values = set(tiny)  # rule 10: the constants, and constant subgraphs of them (Cast of a double literal)
     for idx, node in enumerate(model.graph.node):
         if node.input and node.op_type not in _NONDETERMINISTIC and all(not n or n in constants for n in node.input):
             # A constant subgraph: TensorRT folds it; leaving it in fp32 keeps e.g. rotary inv_freq exact, and its
             # low consumers get a Cast of the folded value.
             constants.update(n for n in node.output if n)
+            if any(n in tiny_values for n in node.input):
+                tiny_values.update(n for n in node.output if n)
             out[idx] = NodeDecision(Mode.KEEP, reason="constant subgraph")
             continue
         dyn_all = [n for n in node.input if n and n not in constants]
@@ -182,7 +185,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
             continue
-        why = _forced_fp32(node, types, captured, wide_values, tiny)
+        why = _forced_fp32(node, types, captured, wide_values, tiny_values)
         if why:
             out[idx] = NodeDecision(Mode.KEEP, reason=why)
             _mark(node, types, fp32_origin, "norm")
@@ -265,7 +268,7 @@ _WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
 
 
 def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str],
-                 tiny: frozenset[str] = frozenset()) -> str:
+                 tiny: set[str]) -> str:
     """Rules 7, 8 and 10: why the node must stay fp32 ("" when none applies)."""
     if any(n in captured and types.get(n) == FLOAT for n in node.output):
         return "output read inside a subgraph (not converted)"

@@ -85,3 +85,19 @@ def test_epsilon_fp16_rounds_to_zero_keeps_its_reader_fp32(rng: np.random.Genera
     assert "eps" not in {n for node in bf.graph.node if node.op_type == "Add" for n in node.input}
     sub = convert_precision(_epsilon_model(1e-5), "fp16").model  # representable: converted as before
     assert "eps" not in {n for node in sub.graph.node if node.op_type == "Add" for n in node.input}
+
+
+def test_epsilon_as_a_double_literal_cast_to_float(rng: np.random.Generator) -> None:
+    """The same epsilon written as exporters often do, Cast(Constant(float64 1e-12), to=float): the constant subgraph
+    stayed fp32 but its fp16 reader got a Cast of it to 0 (NaN again); rule 10 now follows constant subgraphs."""
+    model = _epsilon_model(1e-12)
+    model.graph.initializer.pop()  # eps: now computed from a double literal
+    model.graph.node.insert(0, helper.make_node("Cast", ["eps64"], ["eps"], to=TensorProto.FLOAT))
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["eps64"],
+                                                value=numpy_helper.from_array(np.array(1e-12, np.float64))))
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    x[1, :2] = 0.0
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, atol=2e-3)
