@@ -292,7 +292,12 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
 
     meta = TensorMetadata()
     for s in specs:
-        meta.add(s.name, np.dtype(s.dtype) if s.dtype != "bfloat16" else None, s.shape)
+        if s.dtype in ("bfloat16", "object") or s.dtype.startswith(("float8", "float4", "int4", "uint4")):
+            # ml_dtypes types: Polygraphy's data loader cannot generate them, onnxruntime's Python API cannot take them
+            raise InputError(f"input {s.name!r} is {s.dtype}, which Polygraphy's data loader cannot generate and "
+                             "onnxruntime's Python API cannot take; compare variants of the models with float32 or "
+                             "float16 inputs (Cast to it inside the model), or check with 'trtforge fold --check'")
+        meta.add(s.name, np.dtype(s.dtype), s.shape)
     with quiet_polygraphy():
         loader = DataLoader(seed=seed, iterations=1, input_metadata=meta,
                             val_range={s.name: (s.low, s.high) for s in specs})

@@ -142,3 +142,15 @@ def test_polygraphy_never_imports_torch(tmp_path: Path, rng: np.random.Generator
     assert res.code == 0, res.err
     assert not marker.exists(), "diff imported torch"
     assert (tmp_path / "r.summary.json").is_file()
+
+
+def test_inputs_no_numpy_loader_can_feed_are_one_clear_error(tmp_path: Path, cli) -> None:
+    """A bfloat16 or float8 graph input: Polygraphy's data loader failed ('use a custom data loader') under a hint to
+    check onnxruntime and pass --shape, and for float8 it first printed two '[W]' lines of its own; now one error
+    line naming the input, its dtype and what to compare instead."""
+    for dtype, name in ((TensorProto.BFLOAT16, "bfloat16"), (TensorProto.FLOAT8E4M3FN, "float8_e4m3fn")):
+        path = tmp_path / f"{name}.onnx"
+        model = _cast_model(dtype)
+        model.opset_import[0].version = 19
+        onnx.save(model, path)
+        assert_one_line_error(cli("diff", path, path), 2, f"input 'i' is {name}", "float32")
