@@ -371,7 +371,7 @@ def check(result: DiffResult) -> None:
         bad = whole
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs fail the {result.precision} preset (relative "
                           f"error <= {max_rel:g}, top-1 agreement >= {min_top1:g}): " + ", ".join(
-                              f"{o.name} (relative error {o.rel_error:.3g}, top-1 "
+                              _why(o) if o.shapes else f"{o.name} (relative error {o.rel_error:.3g}, top-1 "
                               f"{'n/a' if o.top1 is None else f'{o.top1:.3f}'})" for o in bad))
     if bad:
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs differ beyond atol={result.atol} "

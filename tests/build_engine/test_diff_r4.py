@@ -154,3 +154,24 @@ def test_inputs_no_numpy_loader_can_feed_are_one_clear_error(tmp_path: Path, cli
         model.opset_import[0].version = 19
         onnx.save(model, path)
         assert_one_line_error(cli("diff", path, path), 2, f"input 'i' is {name}", "float32")
+
+
+def _reshape_model(shape: list[int]) -> onnx.ModelProto:
+    """y = Reshape(x [2], shape): the same values, another output shape."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])],
+        [numpy_helper.from_array(np.array(shape, np.int64), "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_quantized_preset_names_an_output_shape_mismatch(tmp_path: Path, cli) -> None:
+    """Outputs of other shapes under --precision int8 read 'y (relative error inf, top-1 n/a)', a number with no
+    cause; now the same words as the element-wise presets: 'y (shapes differ: A [2, 1] vs B [1, 2])', exit 1."""
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    onnx.save(_reshape_model([2, 1]), a)
+    onnx.save(_reshape_model([1, 2]), b)
+    for preset in ("int8", "fp32"):
+        assert_one_line_error(cli("diff", a, b, "--precision", preset), 1,
+                              "y (shapes differ: A [2, 1] vs B [1, 2])")
