@@ -37,6 +37,7 @@ from ..core.errors import InputError, ModelError
 from ..core.graph import Namer
 from ..core.shape_inference import infer_shapes
 from .fp16_range import beyond_fp16, vanish_in_fp16
+from .opset import bf16_opset
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
 
@@ -250,6 +251,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         raise InputError(f"unknown precision {to!r}; choose one of {', '.join(PRECISIONS)}")
     start = time.perf_counter()
     low = LOW_TYPES[to]
+    model = bf16_opset(model) if to == "bf16" else model
     # The analysis reads ``model``; the rewrite edits ``src``, a copy without the initializers: the fp32 weights are
     # never copied (most become converted copies); the ones still used as they are are copied back at the end.
     types = _value_types(model)

@@ -101,3 +101,24 @@ def test_epsilon_as_a_double_literal_cast_to_float(rng: np.random.Generator) -> 
     got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, atol=2e-3)
+
+
+def test_bf16_of_an_opset_11_model_converts(rng: np.random.Generator) -> None:
+    """Below opset 13 MatMul/Add/Softmax admit no bfloat16, so --to bf16 kept every node in float32 ('bf16, 0 nodes
+    converted'; build for a100 made an fp32 engine); now the model is first converted to opset 13 (as quantize does),
+    then to bf16, with the source's numbers within bf16 rounding (Unsqueeze's axes moved to an input on the way)."""
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Unsqueeze", ["m"], ["u"], axes=[0]),
+         helper.make_node("Softmax", ["u"], ["s"], axis=-1), helper.make_node("Add", ["s", "u"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6)
+    res = convert_precision(model, "bf16")
+    out = res.model
+    assert [o.version for o in out.opset_import if o.domain in ("", "ai.onnx")] == [13]
+    onnx.checker.check_model(out, full_check=True)
+    assert res.report.nodes_low >= 2  # MatMul and Add in bf16 (Softmax stays fp32 by policy)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ReferenceEvaluator(out).run(None, {"x": x})[0], want, atol=5e-2, rtol=2e-2)
