@@ -152,12 +152,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
     tiny_values = set(tiny)  # rule 10: the constants, and constant subgraphs of them (Cast of a double literal)
     for idx, node in enumerate(model.graph.node):
-        if node.input and node.op_type not in _NONDETERMINISTIC and all(not n or n in constants for n in node.input):
-            # A constant subgraph: TensorRT folds it; leaving it in fp32 keeps e.g. rotary inv_freq exact, and its
-            # low consumers get a Cast of the folded value.
-            constants.update(n for n in node.output if n)
-            if any(n in tiny_values for n in node.input):
-                tiny_values.update(n for n in node.output if n)
+        if _constant_subgraph(node, constants, tiny_values):
             out[idx] = NodeDecision(Mode.KEEP, reason="constant subgraph")
             continue
         dyn_all = [n for n in node.input if n and n not in constants]
@@ -265,6 +260,18 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
 
 
 _WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
+
+
+def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str]) -> bool:
+    """Whether every input of ``node`` is a constant (rule 4): TensorRT folds it; leaving it in fp32 keeps e.g. rotary
+    inv_freq exact, and its low consumers get a Cast of the folded value. Its outputs join ``constants``, and
+    ``tiny`` when it reads a tiny constant (rule 10: ``Cast`` of a double epsilon)."""
+    if not node.input or node.op_type in _NONDETERMINISTIC or not all(not n or n in constants for n in node.input):
+        return False
+    constants.update(n for n in node.output if n)
+    if any(n in tiny for n in node.input):
+        tiny.update(n for n in node.output if n)
+    return True
 
 
 def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str],
