@@ -36,7 +36,8 @@ from ..core import onnx_skeleton, steps
 from ..core.errors import InputError, ModelError
 from ..core.graph import Namer
 from ..core.shape_inference import infer_shapes
-from .fp16_range import beyond_fp16
+from .fp16_range import beyond_fp16, vanish_in_fp16
+from .opset import bf16_opset
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
 
@@ -82,10 +83,15 @@ def _value_types(model: ModelProto) -> dict[str, int]:
     return types
 
 
-def _constant_tensors(model: ModelProto) -> dict[str, TensorProto]:
+def _constant_tensors(model: ModelProto, *, overridable: bool = False) -> dict[str, TensorProto]:
     """Initializers, Constant nodes' values, and Identity aliases of those (exporters put Identity on tied or
-    shared weights), so a low consumer gets a converted initializer instead of a runtime Cast of fp32 weights."""
-    consts = {t.name: t for t in model.graph.initializer}
+    shared weights), so a low consumer gets a converted initializer instead of a runtime Cast of fp32 weights.
+
+    An initializer that is also a graph input is only a default the caller may override at run time (as fold's
+    ``constant_tensor`` reads it): not a constant, unless ``overridable`` (rule 8 reads its default's range: a value
+    beyond +-65504 keeps its consumers fp32). A converted copy of it would be read instead of the fed value."""
+    inputs = set() if overridable else {vi.name for vi in model.graph.input}
+    consts = {t.name: t for t in model.graph.initializer if t.name not in inputs}
     for node in model.graph.node:
         if node.op_type == "Constant":
             for a in node.attribute:
@@ -222,13 +228,15 @@ def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str]
 
     ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
     ``trtforge precision``: one policy (norms, softmax, rotary/position arithmetic, shape and index chains, plugins
-    by their op contract), not a second list. ``range_exempt``: constants rule 8 (a constant beyond +-65504 keeps
-    its consumers fp32) does not apply to; quantize exempts projection weights, which it stores with float32
-    per-channel / per-block scales (a value computed from another wide constant, a mask sentinel, still counts).
+    by their op contract), not a second list. ``range_exempt``: constants rules 8 and 10 (a constant beyond +-65504,
+    or one fp16 rounds to zero, keeps its consumers fp32) do not apply to; quantize exempts projection weights, which
+    it stores with float32 per-channel / per-block scales (a value computed from another wide constant, a mask
+    sentinel, still counts).
     """
     consts = _constant_tensors(model)
-    wide = beyond_fp16(consts, to) - range_exempt
-    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide)
+    wide = beyond_fp16(_constant_tensors(model, overridable=True), to) - range_exempt
+    tiny = vanish_in_fp16(consts, to) - range_exempt
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide, tiny=tiny)
 
 
 @steps.timed("convert")
@@ -243,11 +251,13 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
         raise InputError(f"unknown precision {to!r}; choose one of {', '.join(PRECISIONS)}")
     start = time.perf_counter()
     low = LOW_TYPES[to]
+    model = bf16_opset(model) if to == "bf16" else model
     # The analysis reads ``model``; the rewrite edits ``src``, a copy without the initializers: the fp32 weights are
     # never copied (most become converted copies); the ones still used as they are are copied back at the end.
     types = _value_types(model)
     consts = _constant_tensors(model)
-    decisions = decide(model, types, set(consts), to, keep_ops, wide=beyond_fp16(consts, to, data_dir))
+    wide = beyond_fp16(_constant_tensors(model, overridable=True), to, data_dir)
+    decisions = decide(model, types, set(consts), to, keep_ops, wide=wide, tiny=vanish_in_fp16(consts, to))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):

@@ -1,5 +1,6 @@
 """Which float32 constants an fp16 conversion may not clip: those holding a finite value beyond +-65504 (precision
-policy rule 8: their consumers stay fp32, as clipping ``x * 1e5`` to 65504 would change the result).
+policy rule 8: their consumers stay fp32, as clipping ``x * 1e5`` to 65504 would change the result), and small ones
+it would round to zero (rule 10: an epsilon of 1e-12 added in fp16 adds nothing).
 
 A weight still on disk (lazy loading of external data) is read from its file in chunks when the caller gives its
 folder (``data_dir``); without it such a weight cannot be read and is not judged (``onnx_io.load`` without ``lazy``
@@ -33,6 +34,36 @@ def beyond_fp16(consts: dict[str, TensorProto], to: str, data_dir: Path | None =
         elif holds_beyond_fp16(numpy_helper.to_array(t).reshape(-1)):
             out.add(name)
     return frozenset(out)
+
+
+#: Elements of a constant judged by ``vanish_in_fp16``: epsilons are scalars or short vectors; a weight matrix is not
+#: read a second time for it (one all-tiny weight is not what this rule is for).
+_TINY_MAX_ELEMENTS = 4096
+
+
+def vanish_in_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
+    """Small float32 / float64 constants (in memory, at most ``_TINY_MAX_ELEMENTS``; a double literal the model casts
+    to float counts) with a nonzero value, every nonzero value of which fp16 rounds to zero (below 2**-25: an epsilon
+    of 1e-8 or 1e-12): policy rule 10 keeps their readers fp32."""
+    if to != "fp16":
+        return frozenset()
+    out: set[str] = set()
+    for name, t in consts.items():
+        small = 0 < _elements(t) <= _TINY_MAX_ELEMENTS
+        if t.data_type not in (FLOAT, TensorProto.DOUBLE) or t.data_location == TensorProto.EXTERNAL or not small:
+            continue
+        flat = numpy_helper.to_array(t).reshape(-1)
+        nonzero = flat[(flat != 0) & np.isfinite(flat)]
+        if nonzero.size and not np.any(nonzero.astype(np.float16) != 0):
+            out.add(name)
+    return frozenset(out)
+
+
+def _elements(t: TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
 
 
 def _on_disk_beyond_fp16(tensor: TensorProto, data_dir: Path) -> bool:

@@ -33,6 +33,9 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
    pass-through ``y = Identity(x)`` of a float32 input and output rounded y through the low type (70000 -> inf in
    fp16); between two low nodes it now reads through an exact low -> fp32 -> low round trip, which the fold after
    conversion removes, so the converted graph is the same as before there.
+10. fp16 only: a node with a small float32 constant input whose every nonzero value fp16 rounds to zero (``tiny``:
+    an epsilon of 1e-12 or 1e-8) stays fp32: ``x * x + 1e-12`` in fp16 adds 0, so the ``Sqrt`` / ``Div`` after it
+    made 0 / 0 = NaN where fp32 gave 0. Only the reading node: its result is in range, so nothing spreads.
 """
 
 from __future__ import annotations
@@ -136,7 +139,8 @@ def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[
 
 
 def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
-           keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
+           keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset(),
+           tiny: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
     """Decide a Mode for each top-level node (by index, nodes in topological order)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
@@ -146,11 +150,9 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
     captured = _subgraph_reads(model.graph.node)
     wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
+    tiny_values = set(tiny)  # rule 10: the constants, and constant subgraphs of them (Cast of a double literal)
     for idx, node in enumerate(model.graph.node):
-        if node.input and node.op_type not in _NONDETERMINISTIC and all(not n or n in constants for n in node.input):
-            # A constant subgraph: TensorRT folds it; leaving it in fp32 keeps e.g. rotary inv_freq exact, and its
-            # low consumers get a Cast of the folded value.
-            constants.update(n for n in node.output if n)
+        if _constant_subgraph(node, constants, tiny_values):
             out[idx] = NodeDecision(Mode.KEEP, reason="constant subgraph")
             continue
         dyn_all = [n for n in node.input if n and n not in constants]
@@ -178,7 +180,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
             continue
-        why = _forced_fp32(node, types, captured, wide_values)
+        why = _forced_fp32(node, types, captured, wide_values, tiny_values)
         if why:
             out[idx] = NodeDecision(Mode.KEEP, reason=why)
             _mark(node, types, fp32_origin, "norm")
@@ -260,12 +262,27 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
 _WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
 
 
-def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str]) -> str:
-    """Rules 7 and 8: why the node must stay fp32 ("" when neither applies)."""
+def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str]) -> bool:
+    """Whether every input of ``node`` is a constant (rule 4): TensorRT folds it; leaving it in fp32 keeps e.g. rotary
+    inv_freq exact, and its low consumers get a Cast of the folded value. Its outputs join ``constants``, and
+    ``tiny`` when it reads a tiny constant (rule 10: ``Cast`` of a double epsilon)."""
+    if not node.input or node.op_type in _NONDETERMINISTIC or not all(not n or n in constants for n in node.input):
+        return False
+    constants.update(n for n in node.output if n)
+    if any(n in tiny for n in node.input):
+        tiny.update(n for n in node.output if n)
+    return True
+
+
+def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str],
+                 tiny: set[str]) -> str:
+    """Rules 7, 8 and 10: why the node must stay fp32 ("" when none applies)."""
     if any(n in captured and types.get(n) == FLOAT for n in node.output):
         return "output read inside a subgraph (not converted)"
     if any(n in wide for n in node.input):
         return _WIDE
+    if any(n in tiny for n in node.input):
+        return "reads a constant fp16 rounds to zero (an epsilon)"
     return ""
 
 

@@ -6,7 +6,8 @@ reading a plan needs a GPU.
 Batch semantics (Triton's ``max_batch_size``): when ``max_batch_size > 0`` Triton prepends a batch dimension to every
 input and output, so ``dims`` exclude it, and Triton sends any batch size from 1 to ``max_batch_size`` to the engine.
 That is only safe when the engine's first dimension is a dynamic batch dimension everywhere: every input and output
-has ``-1`` first, and every optimization profile admits batch 1 (``min[0] == 1``). Then ``max_batch_size`` is the
+has ``-1`` first, with the same range in every input of each optimization profile, and every optimization profile
+admits batch 1 (``min[0] == 1``). Then ``max_batch_size`` is the
 largest batch every profile admits (or ``--max-batch``, which must not exceed it). Otherwise (e.g. a LoRA engine whose
 adapter-pool inputs have a static first dimension) ``max_batch_size`` is 0 and ``dims`` are the full shapes.
 
@@ -129,8 +130,13 @@ def serving_notes(manifest: Manifest) -> list[str]:
 
 
 def engine_max_batch(manifest: Manifest) -> int:
-    """The largest batch every optimization profile admits, or 0 if the first dim is not a dynamic batch dim."""
+    """The largest batch every optimization profile admits, or 0 if the first dim is not a dynamic batch dim: also when
+    the inputs' first dims have different ranges in some profile (a ``build --dim`` dimension such as a count of
+    adapters, not the batch: Triton would make every request send as many rows of it as of the batch)."""
     if any(not t.shape or t.shape[0] != -1 for t in manifest.inputs + manifest.outputs):
+        return 0
+    firsts = {tuple((p.min[0], p.opt[0], p.max[0]) for p in t.profiles) for t in manifest.inputs}
+    if len(firsts) > 1:
         return 0
     best: int | None = None
     for t in manifest.inputs:
@@ -180,7 +186,8 @@ def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
         raise InputError(f"--max-batch {max_batch}: must be >= 0")
     elif max_batch > engine_max:
         why = (f"the engine's profiles admit at most batch {engine_max}" if engine_max else
-               "the engine's first dimension is not a dynamic batch dimension admitting batch 1 in every profile")
+               "the engine's first dimension is not a dynamic batch dimension shared by every input, admitting "
+               "batch 1 in every profile")
         raise InputError(f"--max-batch {max_batch}: {why}; pass --max-batch <= {engine_max} or rebuild the engine "
                          "with a larger batch range")
     else:

@@ -37,6 +37,20 @@ def warn_leftovers(repo: Path) -> None:
                         "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
 
 
+def warn_siblings(repo: Path, name: str) -> None:
+    """For writers, once ``repo/name`` is written: name each other folder of ``repo`` that stops tritonserver from
+    loading the repository (an engine folder copied in, a ``.ipynb_checkpoints``), with its fix. The entry is valid;
+    the repository is not, and only ``--check`` said so."""
+    import logging
+
+    log = logging.getLogger("trtforge.triton.layout")
+    legacy = {p.name for p in staging.legacy_temporaries(repo)}  # warn_leftovers named those before the write
+    for child in sorted(repo.iterdir()):
+        if child.is_dir() and child.name != name and child.name not in legacy:
+            for problem in entry_problems(child):
+                log.warning("%s", problem)
+
+
 def version_number(name: str) -> int | None:
     """The version a folder name gives, as tritonserver 2.51 reads it: ASCII digits without a leading zero ("0"
     itself is version 0); it ignores "01" ("contains leading zeros") and other digits ("fails to convert")."""

@@ -20,7 +20,14 @@ from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
 from ..engine.manifest import MANIFEST_NAME, Manifest
 from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
-from .layout import is_repository, recover_repository, repository_problems, version_number, warn_leftovers
+from .layout import (
+    is_repository,
+    recover_repository,
+    repository_problems,
+    version_number,
+    warn_leftovers,
+    warn_siblings,
+)
 from .validate import Problem, is_other_backend, validate_text
 from .warmup import check_files as check_warmup_files
 from .warmup import plan_warmup
@@ -102,6 +109,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
             with contextlib.suppress(OSError):
                 repo_path.rmdir()
         raise
+    warn_siblings(repo_path, name)
     return EntryReport(dest, cfg, (version,), notes=tuple(notes))
 
 

@@ -103,7 +103,8 @@ def _batch_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Probl
         emax = engine_max_batch(manifest)
         if emax == 0:
             out.append(Problem(mbs_line, f"max_batch_size {mbs} but the engine's first dimension is not a dynamic "
-                                         "batch dimension admitting batch 1; use max_batch_size: 0 and full dims"))
+                                         "batch dimension shared by every input, admitting batch 1; use "
+                                         "max_batch_size: 0 and full dims"))
         elif mbs > emax:
             out.append(Problem(mbs_line, f"max_batch_size {mbs} exceeds the engine's largest batch {emax} (its "
                                          "optimization profiles); lower it or rebuild the engine"))

@@ -51,10 +51,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core import steps
+from ..core import interrupt, steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
 from .inputs import FeedSpec, check_same_input_dims, graph_inputs, plan_feeds
+from .polygraphy_env import quiet_polygraphy
 from .sessions import make_session
 
 PRESETS: dict[str, tuple[float, float]] = {"fp32": (1e-5, 1e-5), "fp16": (1e-2, 1e-3), "bf16": (5e-2, 1e-2)}
@@ -213,6 +214,13 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
                       rel_error, top1, nans, shapes)
 
 
+def _missing(out_a: Any, out_b: Any) -> tuple[OutputDiff, ...]:
+    """A failing row for each output only one side produced (an engine's bindings are known only once it runs)."""
+    inf = float("inf")
+    return tuple(OutputDiff(n, inf, inf, 0, 0, False, inf, inf, shapes=f"only {side} has it")
+                 for side, here, there in (("A", out_a, out_b), ("B", out_b, out_a)) for n in here if n not in there)
+
+
 def judge_quantized(diff: OutputDiff, precision: str) -> OutputDiff:
     """Apply a quantized preset's whole-output criteria (module docstring) on top of the element-wise verdict."""
     from dataclasses import replace
@@ -248,6 +256,11 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
             raise InputError(f"{pa} and {pb} differ in inputs/outputs: {pa.name} has inputs {ia} outputs {oa}, "
                              f"{pb.name} has inputs {ib} outputs {ob}; diff needs the same names{hint}")
         check_same_input_dims(ma, mb, pa, pb)
+    else:
+        from .engine_runner import check_engine_names
+
+        engine_dir, onnx_path, model = (pa, pb, mb) if ma is None else (pb, pa, ma)
+        check_engine_names(engine_dir, onnx_path, _io_names(model), extra_inputs)
     specs = plan_feeds([m for m in (ma, mb) if m is not None], shapes, values)
     name_a, name_b = f"A:{pa.name}", f"B:{pb.name}"
     with tempfile.TemporaryDirectory(prefix="trtforge-diff-") as tmp, contextlib.ExitStack() as stack:
@@ -264,7 +277,7 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
     out_a, out_b = run_results[name_a][0], run_results[name_b][0]
     verdicts = accuracy[0][(name_a, name_b)][0]
     diffs = tuple(_output_diff(n, np.asarray(out_a[n]), np.asarray(out_b[n]), atol, rtol, bool(verdicts[n]))
-                  for n in out_a if n in out_b)
+                  for n in out_a if n in out_b) + _missing(out_a, out_b)
     if precision in QUANT_PRESETS:
         diffs = tuple(judge_quantized(d, precision) for d in diffs)
     return DiffResult(str(pa), str(pb), atol, rtol, seed, specs, diffs, tuple(decomposed), run_results, accuracy,
@@ -279,7 +292,12 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
 
     meta = TensorMetadata()
     for s in specs:
-        meta.add(s.name, np.dtype(s.dtype) if s.dtype != "bfloat16" else None, s.shape)
+        if s.dtype in ("bfloat16", "object") or s.dtype.startswith(("float8", "float4", "int4", "uint4")):
+            # ml_dtypes types: Polygraphy's data loader cannot generate them, onnxruntime's Python API cannot take them
+            raise InputError(f"input {s.name!r} is {s.dtype}, which Polygraphy's data loader cannot generate and "
+                             "onnxruntime's Python API cannot take; compare variants of the models with float32 or "
+                             "float16 inputs (Cast to it inside the model), or check with 'trtforge fold --check'")
+        meta.add(s.name, np.dtype(s.dtype), s.shape)
     with quiet_polygraphy():
         loader = DataLoader(seed=seed, iterations=1, input_metadata=meta,
                             val_range={s.name: (s.low, s.high) for s in specs})
@@ -295,6 +313,7 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
         func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True,
                               infinities_compare_equal=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)
+    interrupt.check()  # a signal a bare ``except:`` in Polygraphy swallowed (polygraphy_env)
     return results, accuracy
 
 
@@ -308,20 +327,6 @@ def _simple_compare(**kwargs: Any) -> Any:
 
         return CompareFunc.simple(**kwargs)
     return SimpleCompareFunc(**kwargs)
-
-
-@contextlib.contextmanager
-def quiet_polygraphy() -> Iterator[None]:
-    """Silence Polygraphy's logger (trtforge prints its own table); errors still surface as exceptions."""
-    from polygraphy.logger import G_LOGGER
-
-    old_sev, old_colors = G_LOGGER.module_severity, G_LOGGER.colors
-    G_LOGGER.colors = False  # also skips the "'colored' module is not installed" notice
-    G_LOGGER.module_severity = G_LOGGER.CRITICAL + 1
-    try:
-        yield
-    finally:
-        G_LOGGER.module_severity, G_LOGGER.colors = old_sev, old_colors
 
 
 def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path]:
@@ -366,7 +371,7 @@ def check(result: DiffResult) -> None:
         bad = whole
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs fail the {result.precision} preset (relative "
                           f"error <= {max_rel:g}, top-1 agreement >= {min_top1:g}): " + ", ".join(
-                              f"{o.name} (relative error {o.rel_error:.3g}, top-1 "
+                              _why(o) if o.shapes else f"{o.name} (relative error {o.rel_error:.3g}, top-1 "
                               f"{'n/a' if o.top1 is None else f'{o.top1:.3f}'})" for o in bad))
     if bad:
         raise CheckFailed(f"{len(bad)} of {len(result.outputs)} outputs differ beyond atol={result.atol} "
@@ -375,6 +380,6 @@ def check(result: DiffResult) -> None:
 
 def _why(o: OutputDiff) -> str:
     if o.shapes:
-        return f"{o.name} (shapes differ: {o.shapes})"
+        return f"{o.name} ({o.shapes})" if o.shapes.startswith("only") else f"{o.name} (shapes differ: {o.shapes})"
     nan = f", {o.nans} NaN: Polygraphy counts every NaN as a mismatch" if o.nans and o.mismatches else ""
     return f"{o.name} (max abs {o.max_abs:.3g}, {o.mismatches}/{o.total} mismatched{nan})"

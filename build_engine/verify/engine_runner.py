@@ -36,6 +36,21 @@ def engine_runner(engine_dir: Path, name: str) -> Any:
     return TrtRunner(EngineFromBytes(BytesFromPath(str(engine_dir / manifest.plan))), name=name)
 
 
+def check_engine_names(engine_dir: Path, onnx_path: Path, names: tuple[list[str], list[str]],
+                       extra_inputs: bool) -> None:
+    """An engine folder against a model whose (sorted inputs, outputs) are ``names``: the same output names (and
+    input names unless ``extra_inputs``), read from the manifest, as ``diff`` asks of two models; without it an
+    output only one side had was left out of the comparison."""
+    from ..engine.manifest import Manifest
+
+    man = Manifest.load(engine_dir)
+    ie, oe = sorted(t.name for t in man.inputs), [t.name for t in man.outputs]
+    im, om = names
+    if sorted(oe) != sorted(om) or (ie != im and not extra_inputs):
+        raise InputError(f"{engine_dir} and {onnx_path} differ in inputs/outputs: the engine has inputs {ie} outputs "
+                         f"{oe}, {onnx_path.name} has inputs {im} outputs {om}; diff needs the same names")
+
+
 def _check_can_run(engine_dir: Path, manifest: Any) -> None:
     from ..engine.backend import available_backends, local_gpu_compute_capabilities
     from ..engine.polygraphy_plugin import polygraphy_uses_rtx

@@ -171,6 +171,7 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 if len(shape) != len(tt.shape.dim):
                     raise InputError(f"--shape {vi.name}: rank {len(shape)} but the input has rank "
                                      f"{len(tt.shape.dim)}")
+                _check_static_dims(vi.name, tt.shape.dim, shape)
             else:
                 dims = []
                 for i, d in enumerate(tt.shape.dim):
@@ -181,7 +182,7 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                         dims.append(by_param.setdefault(d.dim_param, size) if d.dim_param else size)
                 shape = tuple(dims)
             if vi.name in values:
-                low = high = values[vi.name]
+                low = high = _check_value(vi.name, dtype, values[vi.name])
             elif dtype == "bool":
                 low, high = 0, 1
             elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
@@ -190,6 +191,36 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 low, high = -1.0, 1.0
             specs[vi.name] = FeedSpec(vi.name, dtype, shape, low, high)
     return tuple(specs.values())
+
+
+def _check_value(name: str, dtype: str, value: float) -> float:
+    """A ``--value`` the input's dtype holds exactly: Polygraphy's DataLoader truncated 2.7 to 2 for an integer input,
+    rounded 70000 to inf for a float16 one, and failed a uint8 input at -3 with a message naming onnxruntime."""
+    if dtype == "bool":
+        ok, holds = value in (0.0, 1.0), "0 or 1"
+    elif np.issubdtype(np.dtype(dtype), np.integer):
+        info = np.iinfo(np.dtype(dtype))
+        ok, holds = value.is_integer() and info.min <= value <= info.max, f"whole numbers from {info.min} to {info.max}"
+    else:
+        import ml_dtypes  # its finfo knows bfloat16 / float8 too (onnx's own carriers)
+
+        top = float(ml_dtypes.finfo(_np_dtype(dtype)).max)
+        ok, holds = abs(value) <= top, f"finite numbers up to {top:g} in magnitude"
+    if not ok:
+        raise InputError(f"--value {name}={value:g}: input {name!r} is {dtype}, which holds {holds}; give such a value")
+    return value
+
+
+def _check_static_dims(name: str, dims: Any, shape: tuple[int, ...]) -> None:
+    """A ``--shape`` must keep the input's static sizes: Polygraphy's DataLoader drops a shape that contradicts one
+    (and then feeds 1 for every dynamic dim), so the comparison would run, and report, other inputs than asked."""
+    for i, (d, size) in enumerate(zip(dims, shape, strict=True)):
+        if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != size:
+            model_shape = ",".join(str(x.dim_value) if x.HasField("dim_value") else (x.dim_param or "?")
+                                   for x in dims)
+            raise InputError(f"--shape {name}:{','.join(map(str, shape))}: dimension {i} of input {name!r} is "
+                             f"fixed at {d.dim_value} in the model (shape {model_shape}); give {d.dim_value} there "
+                             "and choose sizes only for the dynamic dimensions")
 
 
 def _params_from_shapes(models: list[Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
