@@ -74,3 +74,16 @@ def test_real_traces_first_lines() -> None:
     mc = read_mooncake_jsonl(TRACES / "mooncake_conversation_trace.jsonl", max_requests=50)
     assert len(mc) == 50 and mc[0].prompt_tokens == 6758 and mc[0].block_hashes[:2] == (0, 1)
     assert all(len(r.block_hashes) == -(-r.prompt_tokens // 512) for r in mc)
+
+
+def test_unsorted_rows_arrive_from_the_earliest(tmp_path) -> None:
+    """Rows out of time order: arrivals are seconds from the earliest request (none negative), in time order."""
+    jl = tmp_path / "t.jsonl"
+    jl.write_text("".join(json.dumps({"timestamp": ts, "input_length": 10, "output_length": 2}) + "\n"
+                          for ts in (5000, 0, 2500)))
+    assert [(r.id, r.arrival) for r in read_mooncake_jsonl(jl)] == [("mooncake-1", 0.0), ("mooncake-2", 2.5),
+                                                                  ("mooncake-0", 5.0)]
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.5,10,2\n"
+                        "2023-11-16 18:15:46.5,20,2\n")
+    assert [(r.id, r.arrival) for r in read_azure_csv(csv_path)] == [("azure-1", 0.0), ("azure-0", 4.0)]
