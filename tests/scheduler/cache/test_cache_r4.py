@@ -1,0 +1,39 @@
+"""The response cache, held-out QA round 4, against a real redis-server: an answer longer than the server's
+``proto-max-bulk-len`` is not sent (Redis answered its SET with a protocol error and closed the connection: the tier
+went down as an outage, the whole flush was dropped, and the next lookups missed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtforge.scheduler.cache.entry import CacheConfig
+from trtforge.scheduler.cache.front import ResponseCache
+
+from .conftest import start_redis
+
+pytest.importorskip("prometheus_client", reason="cache metrics need prometheus_client (trtforge[sim])")
+
+
+def _req(text: str) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0}
+
+
+def test_an_answer_over_the_bulk_limit_does_not_take_the_tier_down() -> None:
+    server = start_redis(None, "--proto-max-bulk-len", "1mb")  # Redis' smallest allowed limit
+    rc = ResponseCache(CacheConfig(layers=("l1", "l2"), redis_url=server.url, flush_interval_s=60))
+    try:
+        assert rc.l2 is not None and rc.l2.max_value_bytes == 2**20
+        reqs = [_req(f"question {i}") for i in range(3)]
+        for i, r in enumerate(reqs):
+            rc.store(rc.lookup(r).key, "x" * (2 * 2**20 if i == 1 else 10))
+        assert rc.l2.flush() == 2  # the two others went out in one flush
+        assert rc.l2.up and rc.l2.dropped == 1
+        assert rc.metrics is not None
+        assert rc.metrics.dropped.labels(reason="too_large")._value.get() == 1
+        rc.l1.clear()
+        got = [rc.lookup(r) for r in reqs]
+        assert [g.layer for g in got] == ["l2", None, "l2"]
+        assert got[0].value == "x" * 10 and got[2].value == "x" * 10
+    finally:
+        rc.close()
+        server.stop()
