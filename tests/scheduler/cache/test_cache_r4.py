@@ -1,13 +1,16 @@
 """The response cache, held-out QA round 4, against a real redis-server: an answer longer than the server's
 ``proto-max-bulk-len`` is not sent (Redis answered its SET with a protocol error and closed the connection: the tier
-went down as an outage, the whole flush was dropped, and the next lookups missed)."""
+went down as an outage, the whole flush was dropped, and the next lookups missed); L3 scores true cosines of an
+embedding that does not normalise (an unrelated question scored 2.2 and was served another one's answer)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trtforge.scheduler.cache.entry import CacheConfig
 from trtforge.scheduler.cache.front import ResponseCache
+from trtforge.scheduler.cache.l3 import ngram_embedding
 
 from .conftest import start_redis
 
@@ -37,3 +40,20 @@ def test_an_answer_over_the_bulk_limit_does_not_take_the_tier_down() -> None:
     finally:
         rc.close()
         server.stop()
+
+
+def test_l3_scores_cosines_of_an_encoder_that_does_not_normalise() -> None:
+    """An embedding whose vectors are not unit length (sentence-transformers' default): its inner products are not
+    cosines; an unrelated question scored 2.2 against the 0.9 threshold and was served another one's answer."""
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    base = ngram_embedding(256)
+
+    def embed(text: str) -> np.ndarray:
+        return base(text) * (3.0 + len(text) / 10)
+
+    rc = ResponseCache(CacheConfig(layers=("l1", "l3"), l3_threshold=0.9), embed=embed)
+    first = _req("What is the capital city of France, please tell me")
+    rc.store(rc.lookup(first).key, "Paris")
+    assert rc.lookup(_req("How do I bake sourdough bread at home")).layer is None
+    near = rc.lookup(_req("What is the capital city of France, please tell me!"))
+    assert near.layer == "l3" and near.value == "Paris" and 0.9 <= near.similarity <= 1.0 + 1e-5
