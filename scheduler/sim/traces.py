@@ -141,6 +141,7 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
 def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> list[Request]:
     p = Path(path)
     out: list[Request] = []
+    odd = False  # a hash id that Python's hash() does not keep apart from another one (see _dense_ids)
     with _reading(p, "JSONL"), open(p, encoding="utf-8-sig") as fh:  # UTF-8, an optional BOM skipped
         for line_no, text in enumerate(fh, 1):
             if not text.strip():
@@ -174,13 +175,26 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                 raise InputError(f"{p}:{line_no}: {len(hashes)} hash_ids for input_length {prompt}: at most "
                                  f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} (one per {MOONCAKE_BLOCK_TOKENS}-token "
                                  "prompt block); fix the row")
+            odd = odd or not all(0 <= h < _HASH_MODULUS for h in hashes)
             out.append(Request(f"mooncake-{len(out)}", t, prompt,
                                max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
                                block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
                                adapter=adapter))
             if max_requests is not None and len(out) >= max_requests:
                 break
-    return _sorted(out, p)
+    return _sorted(_dense_ids(out) if odd else out, p)
+
+
+# hash() of an int is the int modulo 2**61 - 1 (and hash(-1) == hash(-2)): ids outside [0, 2**61 - 1) can hash alike
+_HASH_MODULUS = (1 << 61) - 1
+
+
+def _dense_ids(reqs: list[Request]) -> list[Request]:
+    """The same trace with its hash ids renumbered 0, 1, 2... in order of appearance (equal ids stay equal, unequal
+    ones stay apart). The prefix cache chains ``hash()`` of the ids, so ids -1 and -2, or 0 and 2**61 - 1, were the
+    same block: requests with different prompts shared prefix KV. Traces of ids in [0, 2**61 - 1) keep theirs."""
+    dense: dict[int, int] = {}
+    return [replace(r, block_hashes=tuple(dense.setdefault(h, len(dense)) for h in r.block_hashes)) for r in reqs]
 
 
 def _sorted(reqs: list[Request], p: Path) -> list[Request]:

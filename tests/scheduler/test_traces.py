@@ -87,3 +87,27 @@ def test_unsorted_rows_arrive_from_the_earliest(tmp_path) -> None:
     csv_path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.5,10,2\n"
                         "2023-11-16 18:15:46.5,20,2\n")
     assert [(r.id, r.arrival) for r in read_azure_csv(csv_path)] == [("azure-1", 0.0), ("azure-0", 4.0)]
+
+
+def test_hash_ids_python_hashes_alike_stay_apart(tmp_path) -> None:
+    """hash(-1) == hash(-2) and hash(2**61 - 1) == hash(0): such Mooncake ids made requests with different prompts
+    share prefix blocks; they are renumbered (equal ids stay equal), and ordinary ids are kept as they are."""
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+
+    jl = tmp_path / "t.jsonl"
+    ids = [[-1, 7], [-2, 8], [2**61 - 1, 9], [0, 10], [-1, 7]]
+    jl.write_text("".join(json.dumps({"timestamp": i, "input_length": 1024, "output_length": 4, "hash_ids": h}) + "\n"
+                          for i, h in enumerate(ids)))
+    reqs = read_mooncake_jsonl(jl)
+    assert [r.block_hashes for r in reqs] == [(0, 1), (2, 3), (4, 5), (6, 7), (0, 1)]
+    s = Scheduler(SchedulerConfig(num_blocks=1000, tokens_per_block=64, policy="cache-aware"))
+    hits = []
+    for r in reqs:
+        s.submit(r)
+        while s.seqs[r.id].computed < r.prompt_tokens:
+            s.step()
+        hits.append(s.seqs[r.id].hits)
+    assert hits == [0, 0, 0, 0, 15]  # only the repeat of the first prompt hits (all but its last token's block)
+    plain = tmp_path / "p.jsonl"
+    plain.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [5, 2**40]}))
+    assert read_mooncake_jsonl(plain)[0].block_hashes == (5, 2**40)
