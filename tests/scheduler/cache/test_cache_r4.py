@@ -57,3 +57,21 @@ def test_l3_scores_cosines_of_an_encoder_that_does_not_normalise() -> None:
     assert rc.lookup(_req("How do I bake sourdough bread at home")).layer is None
     near = rc.lookup(_req("What is the capital city of France, please tell me!"))
     assert near.layer == "l3" and near.value == "Paris" and 0.9 <= near.similarity <= 1.0 + 1e-5
+
+
+def test_a_completions_prompt_never_shares_a_chat_messages_key() -> None:
+    """{"prompt": "Hello"} (completions: the model continues the raw text) and a chat request whose one user message
+    is "Hello" (answered through the chat template) had one key and one L3 scope: one was served the other's
+    answer. Chat keys are unchanged; equal prompts still share theirs."""
+    from trtforge.scheduler.cache.keys import _CANONICAL, _canonical_fields, _encode_canonical, make_key
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "temperature": 0}
+    completion = {"model": "m", "prompt": "Hello", "temperature": 0}
+    assert make_key(chat).digest != make_key(completion).digest
+    assert make_key(chat).scope != make_key(completion).scope
+    assert make_key(completion).digest == make_key({**completion, "prompt": " Hello \r\n", "id": "x"}).digest
+    assert _encode_canonical(_canonical_fields(completion)) == _CANONICAL(_canonical_fields(completion))
+    assert make_key(chat).digest == "a259ae10ec7dc6b7cdb98ab469098635707d3e18bac7b4d61e401f5135ac5882"  # as before
+    rc = ResponseCache(CacheConfig())
+    rc.store(rc.lookup(chat).key, "Hi! How can I help?")
+    assert rc.lookup(completion).layer is None
