@@ -170,7 +170,7 @@ class L2:
             return False
         try:
             return bool(self.client.set(f"{self.cfg.namespace}:r:{version}:{digest}", b"1", nx=True,
-                                        px=int(hold_s * 1000)))
+                                        px=max(1, int(hold_s * 1000))))  # PX 0 is refused: nobody refreshed
         except self._errors as exc:
             if not isinstance(exc, self._outage):
                 self._command_failed(exc)

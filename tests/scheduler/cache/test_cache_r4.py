@@ -75,3 +75,22 @@ def test_a_completions_prompt_never_shares_a_chat_messages_key() -> None:
     rc = ResponseCache(CacheConfig())
     rc.store(rc.lookup(chat).key, "Hi! How can I help?")
     assert rc.lookup(completion).layer is None
+
+
+def test_a_ttl_under_a_millisecond_still_elects_a_refresher(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """ttl_qa_s 0.0004: the refresh claim's hold (min(30 s, TTL)) became PX 0, which Redis refuses ("invalid expire
+    time"), so every caller got the stale answer and none was told to recompute it for the whole grace period."""
+    import time
+
+    rc = ResponseCache(CacheConfig(layers=("l1", "l2"), redis_url=redis_server.url, ttl_qa_s=0.0004,
+                                   namespace="r4-ttl"))
+    try:
+        req = _req("a short-lived question")
+        t = time.time()
+        rc.store(rc.lookup(req).key, "old", now=t)
+        assert rc.l2 is not None and rc.l2.flush() == 1
+        rc.l1.clear()
+        first = rc.lookup(req, now=t + 0.001)
+        assert (first.layer, first.stale, first.refresh) == ("l2", True, True)  # the claim (1 ms) went through
+    finally:
+        rc.close()
