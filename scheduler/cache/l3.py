@@ -98,6 +98,18 @@ def ngram_embedding(dim: int = 256) -> Embedding:
     return embed
 
 
+def _unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` (rows) as float32 with every non-zero row of another length than 1 (beyond float32 rounding)
+    scaled to length 1; unit rows are kept bit for bit."""
+    vecs = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vecs.reshape(len(vecs), -1), axis=1)
+    off = (norms > 0) & (np.abs(norms - 1.0) > 1e-4)
+    if off.any():
+        vecs = vecs.copy()
+        vecs[off] /= norms[off, None]
+    return vecs
+
+
 def faiss_ids(index: Any) -> list[int]:
     """The ids an ``IndexIDMap2`` holds, in insertion order."""
     import faiss
@@ -133,12 +145,8 @@ class L3:
         if not np.isfinite(vec).all():
             raise InputError(f"L3 embedding gave a non-finite value for the text {text[:40]!r}; fix the embedding")
         # Inner products are cosines only of unit vectors: an encoder that does not normalise (sentence-transformers'
-        # default) scored unrelated texts 2.2 against a threshold of 0.9, and served their answers. Unit vectors
-        # (within float32 rounding) are kept bit for bit.
-        norm = float(np.linalg.norm(vec))
-        if norm > 0 and abs(norm - 1.0) > 1e-4:
-            vec = vec / np.float32(norm)
-        return vec
+        # default) scored unrelated texts 2.2 against a threshold of 0.9, and served their answers.
+        return _unit_rows(vec)
 
     def _new_index(self) -> Any:
         import faiss
@@ -173,7 +181,9 @@ class L3:
 
     def add_batch(self, entries: list[Entry], vectors: np.ndarray) -> None:
         """Bulk insert (index rebuilds, benchmarks): one FAISS call per scope. An entry replaces an earlier one of
-        its digest (a refreshed answer), so expired copies never pile up in front of the live one."""
+        its digest (a refreshed answer), so expired copies never pile up in front of the live one. Rows that are not
+        unit vectors are normalised, as ``add`` does (inner products are cosines only of unit vectors)."""
+        vectors = _unit_rows(vectors)
         by_scope: dict[str, list[int]] = {}
         for row, e in enumerate(entries):
             by_scope.setdefault(e.scope, []).append(row)

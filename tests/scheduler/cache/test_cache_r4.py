@@ -94,3 +94,21 @@ def test_a_ttl_under_a_millisecond_still_elects_a_refresher(redis_server) -> Non
         assert (first.layer, first.stale, first.refresh) == ("l2", True, True)  # the claim (1 ms) went through
     finally:
         rc.close()
+
+
+def test_l3_add_batch_normalises_rows_too() -> None:
+    """The bulk path (index rebuilds, benchmarks) took its vectors as given: a row of length 5 matched any query."""
+    pytest.importorskip("faiss", reason="L3 needs faiss-cpu")
+    import time
+
+    from trtforge.scheduler.cache.entry import Entry
+    from trtforge.scheduler.cache.l3 import L3
+
+    embed = ngram_embedding(256)
+    l3 = L3(CacheConfig(layers=("l1", "l3"), l3_threshold=0.9), embed)
+    now = time.time()
+    entry = Entry("d1", "answer", now, now + 60, "v", scope="s", text="the capital city of France")
+    l3.add_batch([entry], 5.0 * embed(entry.text).reshape(1, -1))
+    assert l3.search("s", "how do I bake sourdough bread", "v", now) is None
+    found = l3.search("s", "the capital city of France", "v", now)
+    assert found is not None and abs(found[1] - 1.0) < 1e-5
