@@ -355,19 +355,11 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     block_bytes = per_token * tpb
     kv_bytes = int(max(free, 0) * fraction)
     num_blocks = kv_bytes // block_bytes
-    g = GIB
     if free <= 0 or num_blocks < 1:
-        larger = [t for t in valid_tps(model_spec) if t > tp] or [tp]  # only sizes that split the heads
-        fits = [t for t in larger if (gpu - model_spec.weights_bytes(wdt, t) - act - RUNTIME_RESERVE_BYTES) * fraction
-                >= model_spec.kv_bytes_per_token(kdt, t) * tpb * max(1, -(-request_tokens // tpb))]
-        hint = f"--tp {fits[0]} fits" if fits else f"not even --tp {larger[-1]} fits"
-        raise InputError(
-            f"model {model_spec.name} does not fit profile {profile.name}: weights {weights / g:.1f} GiB + "
-            f"activations {act / g:.1f} GiB + reserve {RUNTIME_RESERVE_BYTES / g:.1f} GiB per GPU vs "
-            f"{gpu / g:.1f} GiB of GPU memory at --tp {tp}; use a GPU with more memory, a larger --tp "
-            f"({hint} one {request_tokens}-token request), or fp8 weights"
-            + (f" (its quantization_config, {model_spec.quantization}, is not modelled: weights sized as {wdt})"
-               if model_spec.quantization and model_spec.weight_quant is None else ""))
+        from .kv_fit import no_fit  # it reads this module's sizes
+
+        raise no_fit(profile, model_spec, tp, (wdt, kdt), (request_tokens, max_num_tokens, max_batch, tpb), fraction,
+                     (weights, act))
     per_req = math.ceil(request_tokens / tpb)
     return KVPlan(profile=profile.name, model=model_spec.name, tp=tp, weights_dtype=wdt, kv_dtype=kdt,
                   weights_quantization=model_spec.weight_quant.label if model_spec.weight_quant else "",

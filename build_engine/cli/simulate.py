@@ -79,6 +79,7 @@ MAX_REPLICAS = 1024
 MAX_KV_BLOCKS = 10_000_000
 MAX_RUNNING = 1_000_000
 MAX_TOKEN_BUDGET = 2**31 - 1
+MAX_WINDOW_S = 2.0**42  # ~4.4e12 s: up to here a float time is exact to 2**-10 s (a step takes milliseconds)
 
 
 def _check_sizes(args: Namespace) -> None:
@@ -126,6 +127,19 @@ def _check(args: Namespace) -> None:
         raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
 
 
+def _check_span(reqs: Any, args: Namespace) -> None:
+    """The window (the scaled arrivals and the horizon) stays where a float holds simulated milliseconds: past that
+    a step's time rounds away, and past float's range a request arrived at infinity and was never submitted
+    (--time-scale 1e308: exit 0, requests "unserved", every rate over an infinite window)."""
+    from ..core.errors import InputError
+
+    end = max(r.arrival for r in reqs) + args.horizon
+    if not math.isfinite(end) or end >= MAX_WINDOW_S:
+        raise InputError(f"--time-scale {args.time_scale:g} / --horizon {args.horizon:g}: the simulated window then "
+                         f"ends past {MAX_WINDOW_S:.0e} s, where a float no longer holds a step's milliseconds; give "
+                         "a smaller --time-scale or --horizon")
+
+
 def _run(args: Namespace) -> int:
     from dataclasses import replace
 
@@ -151,6 +165,7 @@ def _run(args: Namespace) -> int:
     reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]
+    _check_span(reqs, args)
     if args.adapters is not None:
         reqs = assign_adapters(reqs, args.adapters, seed=args.seed)
     adapters = tuple(sorted({r.adapter for r in reqs if r.adapter is not None}))

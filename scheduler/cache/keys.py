@@ -15,7 +15,8 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
   earlier turns are identified by it and not read. A message's other fields (``name``, ``tool_calls``,
   ``tool_call_id``...) and a content that is not a string (a list of parts, or null beside ``tool_calls``) are keyed
   as canonical JSON |
-| ``prompt`` | instead of ``messages``: the same text normalisation |
+| ``prompt`` | instead of ``messages``: the same text normalisation; a completions request (a raw prompt, no chat
+  template), so never the key of a chat request whose user message holds the same text |
 | ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
 | ``top_k``, ``max_tokens``, ``seed`` | integers, exact; absent = null |
 | ``stop`` | a string or list of strings, sorted and deduplicated |
@@ -316,6 +317,8 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     }
     if len(last) == 3:  # only when present: the keys of plain final messages stay what they were
         c["final_extra"] = last[2]
+    if "messages" not in req:  # a raw prompt continues text where a chat message is answered: other answers
+        c["completion"] = 1
     return c
 
 
@@ -334,7 +337,8 @@ def _encode_canonical(c: dict[str, Any]) -> str:
     final_extra = f',"final_extra":{_CANONICAL(c["final_extra"])}' if "final_extra" in c else ""
     sampling = c["sampling"]
     stop = ",".join([enc(s) for s in c["stop"]])
-    return (f'{{"adapter":{"null" if adapter is None else enc(adapter)},'
+    completion = '"completion":1,' if "completion" in c else ""
+    return (f'{{"adapter":{"null" if adapter is None else enc(adapter)},{completion}'
             f'"conversation":{"null" if conversation is None else enc(conversation)},"final":{enc(c["final"])}'
             f'{final_extra},'
             f'"max_tokens":{"null" if max_tokens is None else repr(max_tokens)},"model":{enc(c["model"])},'

@@ -6,6 +6,9 @@
   round trip per response. A SET the server refuses (e.g. out of memory) is dropped and counted. The buffer is
   bounded (``buffer_max``): when full, the oldest write is dropped and counted. An answer that JSON cannot hold
   exactly (``entry.Entry.to_bytes``) is not written (counted as ``unencodable``, one warning); L1 still serves it.
+  Nor is one longer than the server's ``proto-max-bulk-len`` (read at start-up; 512 MiB, Redis' default, when
+  ``CONFIG`` is refused): counted as ``too_large``, one warning. Redis answers such a SET with a protocol error and
+  closes the connection, so it took the tier down as an outage and dropped the whole flush with it.
 - Each key lives ``stale_grace_s`` past its logical expiry (stored in the value), so a stale answer can be served
   while one caller, the one that wins ``claim_refresh`` (``SET NX``), recomputes it.
 - Every pooled connection busy for the pool's timeout (0.2 s) is not an outage: that lookup is a miss (counted
@@ -31,6 +34,7 @@ from .entry import CacheConfig, Entry
 from .l2wire import pack_set, send_packed
 
 log = logging.getLogger(__name__)
+DEFAULT_MAX_BULK = 512 * 2**20  # Redis' default proto-max-bulk-len: no SET argument may be longer
 
 
 def _pool_busy(exc: BaseException) -> bool:
@@ -65,6 +69,7 @@ class L2:
         self._down_until = 0.0
         self._warned = False
         self._warned_value = False
+        self._warned_size = False
         self.dropped = 0
         self.flushes = 0
         self._thread = threading.Thread(target=self._flusher, name="trtforge-cache-l2", daemon=True)
@@ -73,10 +78,23 @@ class L2:
             metrics.l2_up.set(1)
             # Read when scraped: a live depth, and no gauge update (a lock) on every write.
             metrics.buffer_depth.set_function(lambda: len(self._buffer))
+        self.max_value_bytes = DEFAULT_MAX_BULK
         try:  # unreachable at start-up: warn now and serve from L1 (the library never fails a request for it)
             self.client.ping()
+            self.max_value_bytes = self._bulk_limit()
         except self._errors as exc:
             self._failed(exc)
+
+    def _bulk_limit(self) -> int:
+        """The server's largest argument (``proto-max-bulk-len``); Redis' default where CONFIG is not allowed."""
+        try:
+            got = cast("dict[Any, Any]", self.client.config_get("proto-max-bulk-len"))
+            value = got.get(b"proto-max-bulk-len", got.get("proto-max-bulk-len"))
+            return int(value) if value is not None else DEFAULT_MAX_BULK
+        except self._outage:
+            raise
+        except (self._errors[0], ValueError):  # CONFIG renamed or forbidden by an ACL: assume the default
+            return DEFAULT_MAX_BULK
 
     # --- health -------------------------------------------------------------------------------------------------
     def ping(self) -> bool:
@@ -152,7 +170,7 @@ class L2:
             return False
         try:
             return bool(self.client.set(f"{self.cfg.namespace}:r:{version}:{digest}", b"1", nx=True,
-                                        px=int(hold_s * 1000)))
+                                        px=max(1, int(hold_s * 1000))))  # PX 0 is refused: nobody refreshed
         except self._errors as exc:
             if not isinstance(exc, self._outage):
                 self._command_failed(exc)
@@ -178,6 +196,14 @@ class L2:
                 self._warned_value = True
                 log.warning("response cache: an answer was not written to Redis (%s); such answers are served "
                             "from L1 only (counted as cache_dropped_writes_total{reason=\"unencodable\"})", exc)
+            return
+        if len(blob) > self.max_value_bytes:  # Redis would drop the connection, and the whole flush with it
+            self._drop("too_large")
+            if not self._warned_size:
+                self._warned_size = True
+                log.warning("response cache: an answer of %d bytes was not written to Redis (its proto-max-bulk-len "
+                            "is %d); such answers are served from L1 only (counted as cache_dropped_writes_total"
+                            "{reason=\"too_large\"})", len(blob), self.max_value_bytes)
             return
         write = pack_set(prefix + entry.digest.encode(), blob, ttl_ms)
         with self._lock:

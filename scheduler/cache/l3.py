@@ -3,9 +3,10 @@
 A lookup embeds the request's normalised final user message and serves the nearest entry of the *same scope*
 (model, adapter, conversation, task: a semantic hit never crosses them) whose cosine similarity is at least
 ``l3_threshold``, written under the current version and still fresh. The embedding is pluggable (any
-``Callable[[str], np.ndarray]`` of unit vectors of ``l3_dim``); the default, ``ngram_embedding``, is dependency-free
-character 3- and 4-gram hashing, which catches near-duplicates (typos, punctuation, word order changes nearby) but
-not paraphrases with other words; plug a sentence encoder for those.
+``Callable[[str], np.ndarray]`` of vectors of ``l3_dim``, normalised here when they are not unit vectors); the
+default, ``ngram_embedding``, is dependency-free character 3- and 4-gram hashing, which catches near-duplicates
+(typos, punctuation, word order changes nearby) but not paraphrases with other words; plug a sentence encoder for
+those.
 
 A candidate whose numbers (digit runs, in order) differ from the query's is never served, however similar: texts
 differing only in an id, an amount or a date are near-duplicates to an n-gram embedding (customer 1043 and 1044:
@@ -97,6 +98,18 @@ def ngram_embedding(dim: int = 256) -> Embedding:
     return embed
 
 
+def _unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` (rows) as float32 with every non-zero row of another length than 1 (beyond float32 rounding)
+    scaled to length 1; unit rows are kept bit for bit."""
+    vecs = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vecs.reshape(len(vecs), -1), axis=1)
+    off = (norms > 0) & (np.abs(norms - 1.0) > 1e-4)
+    if off.any():
+        vecs = vecs.copy()
+        vecs[off] /= norms[off, None]
+    return vecs
+
+
 def faiss_ids(index: Any) -> list[int]:
     """The ids an ``IndexIDMap2`` holds, in insertion order."""
     import faiss
@@ -131,7 +144,9 @@ class L3:
                              "set CacheConfig.l3_dim to the embedding's dimension")
         if not np.isfinite(vec).all():
             raise InputError(f"L3 embedding gave a non-finite value for the text {text[:40]!r}; fix the embedding")
-        return vec
+        # Inner products are cosines only of unit vectors: an encoder that does not normalise (sentence-transformers'
+        # default) scored unrelated texts 2.2 against a threshold of 0.9, and served their answers.
+        return _unit_rows(vec)
 
     def _new_index(self) -> Any:
         import faiss
@@ -166,7 +181,9 @@ class L3:
 
     def add_batch(self, entries: list[Entry], vectors: np.ndarray) -> None:
         """Bulk insert (index rebuilds, benchmarks): one FAISS call per scope. An entry replaces an earlier one of
-        its digest (a refreshed answer), so expired copies never pile up in front of the live one."""
+        its digest (a refreshed answer), so expired copies never pile up in front of the live one. Rows that are not
+        unit vectors are normalised, as ``add`` does (inner products are cosines only of unit vectors)."""
+        vectors = _unit_rows(vectors)
         by_scope: dict[str, list[int]] = {}
         for row, e in enumerate(entries):
             by_scope.setdefault(e.scope, []).append(row)

@@ -121,7 +121,6 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
         if header[:3] != need:
             raise InputError(f"{p}:1: header must be {','.join(need)}, got {','.join(header) or 'nothing'}")
         col = header.index("adapter") if "adapter" in header else -1
-        t0: float | None = None
         for row in reader:
             line = reader.line_num
             if not row or not "".join(row).strip():
@@ -130,11 +129,10 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
                 raise InputError(f"{p}:{line}: expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), "
                                  f"got {len(row)}")
             t = _timestamp(row[0], p, line)
-            t0 = t if t0 is None else t0
             prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
             new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
             adapter = row[col].strip() or None if 0 <= col < len(row) else None
-            out.append(Request(f"azure-{len(out)}", t - t0, prompt, new, adapter=adapter))
+            out.append(Request(f"azure-{len(out)}", t, prompt, new, adapter=adapter))
             if max_requests is not None and len(out) >= max_requests:
                 break
     return _sorted(out, p)
@@ -143,7 +141,7 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
 def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> list[Request]:
     p = Path(path)
     out: list[Request] = []
-    t0: float | None = None
+    odd = False  # a hash id that Python's hash() does not keep apart from another one (see _dense_ids)
     with _reading(p, "JSONL"), open(p, encoding="utf-8-sig") as fh:  # UTF-8, an optional BOM skipped
         for line_no, text in enumerate(fh, 1):
             if not text.strip():
@@ -164,7 +162,6 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
                 raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
             t = float(ts) / 1000.0
-            t0 = t if t0 is None else t0
             hashes = obj.get("hash_ids", [])
             if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                        for h in hashes):
@@ -178,19 +175,36 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                 raise InputError(f"{p}:{line_no}: {len(hashes)} hash_ids for input_length {prompt}: at most "
                                  f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} (one per {MOONCAKE_BLOCK_TOKENS}-token "
                                  "prompt block); fix the row")
-            out.append(Request(f"mooncake-{len(out)}", t - t0, prompt,
+            odd = odd or not all(0 <= h < _HASH_MODULUS for h in hashes)
+            out.append(Request(f"mooncake-{len(out)}", t, prompt,
                                max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
                                block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
                                adapter=adapter))
             if max_requests is not None and len(out) >= max_requests:
                 break
-    return _sorted(out, p)
+    return _sorted(_dense_ids(out) if odd else out, p)
+
+
+# hash() of an int is the int modulo 2**61 - 1 (and hash(-1) == hash(-2)): ids outside [0, 2**61 - 1) can hash alike
+_HASH_MODULUS = (1 << 61) - 1
+
+
+def _dense_ids(reqs: list[Request]) -> list[Request]:
+    """The same trace with its hash ids renumbered 0, 1, 2... in order of appearance (equal ids stay equal, unequal
+    ones stay apart). The prefix cache chains ``hash()`` of the ids, so ids -1 and -2, or 0 and 2**61 - 1, were the
+    same block: requests with different prompts shared prefix KV. Traces of ids in [0, 2**61 - 1) keep theirs."""
+    dense: dict[int, int] = {}
+    return [replace(r, block_hashes=tuple(dense.setdefault(h, len(dense)) for h in r.block_hashes)) for r in reqs]
 
 
 def _sorted(reqs: list[Request], p: Path) -> list[Request]:
+    """In arrival order (stable: ties keep file order), as seconds from the earliest arrival: a file whose rows are
+    not in time order made its first row time 0, so the earlier requests arrived at negative times."""
     if not reqs:
         raise InputError(f"{p}: the trace holds no requests")
-    return sorted(reqs, key=lambda r: r.arrival)  # stable: ties keep file order
+    out = sorted(reqs, key=lambda r: r.arrival)
+    t0 = out[0].arrival
+    return [replace(r, arrival=r.arrival - t0) for r in out]
 
 
 def synthetic_trace(num_requests: int = 2000, rate: float = 4.0, seed: int = 0, *,

@@ -107,3 +107,19 @@ def test_quantization_config_is_named_not_silently_ignored(tmp_path, cli) -> Non
     big.write_text(json.dumps(MIXTRAL | {"quantization_config": {"quant_method": "hqq", "nbits": 4}}))
     res = cli("kv-plan", "--profile", "h100", "--model", str(big))
     assert res.code == 2 and "quantization_config, hqq, is not modelled" in res.err, res.err
+
+
+def test_no_fit_hint_judges_each_tp_with_its_own_activations() -> None:
+    """llama-3.1-8b on h100 with --max-num-tokens 700000: 80.2 GiB of activations at tp 1, ~48 GiB at tp 2 (they
+    shard). The error said "not even --tp 32 fits" (every tp judged with tp 1's activations) and did not name
+    --max-num-tokens; --tp 2 plans fine."""
+    from trtforge.scheduler.kv_plan import PRESETS
+
+    h100, spec = load_profile("h100"), PRESETS["llama-3.1-8b"]
+    with pytest.raises(InputError, match=r"--tp 2 fits one 4096-token request\), a smaller --max-num-tokens") as exc:
+        plan_kv(h100, spec, max_num_tokens=700_000)
+    assert "not even" not in exc.value.message
+    assert plan_kv(h100, spec, tp=2, max_num_tokens=700_000).requests_that_fit >= 1
+    with pytest.raises(InputError, match="--tp 2 fits") as exc:  # weights dominate: no --max-num-tokens advice
+        plan_kv(h100, ModelSpec.from_dict(MIXTRAL))
+    assert "--max-num-tokens" not in exc.value.message

@@ -191,9 +191,12 @@ def test_kv_plan_refuses_hybrid_layouts_naming_the_field(tmp_path, extra: dict[s
 
 def test_kv_plan_does_not_fit_suggests_a_tp_that_splits_the_heads() -> None:
     # 40 heads, 8 KV heads: --tp 1/2/4/8/40 split them. Doubling suggested --tp 16, which no engine builds
-    spec = ModelSpec("m", 80, 40, 8, 256, 10240, 28672, 32000)  # ~91 B parameters: 22.6 GiB a GPU at tp 8
-    with pytest.raises(InputError, match=r"does not fit profile a10.*\(--tp 40 fits one 4096-token request\)"):
+    # ~91 B parameters: 21.3 GiB of weights a GPU at tp 8, whose activations shard to 0.7 GiB: --tp 8 plans (3
+    # requests fit; the hint said --tp 40, judging tp 8 with tp 1's 2.0 GiB of activations)
+    spec = ModelSpec("m", 80, 40, 8, 256, 10240, 28672, 32000)
+    with pytest.raises(InputError, match=r"does not fit profile a10.*\(--tp 8 fits one 4096-token request\)"):
         plan_kv(load_profile("a10"), spec)
+    assert plan_kv(load_profile("a10"), spec, tp=8).requests_that_fit >= 1
     with pytest.raises(InputError, match=r"\(not even --tp 1 fits one"):
         plan_kv(load_profile("a10"), ModelSpec("one", 80, 1, 1, 256, 10240, 28672, 32000))
 

@@ -143,3 +143,23 @@ def test_cli_max_num_tokens_is_token_budget(cli, tmp_path) -> None:
     assert cli("simulate", "--trace", "synthetic:60", "--profile", "h100", "--model", "llama-3.1-8b",
                "--policy", "cache-aware", "--json", default).code == 0
     assert json.loads(default.read_text())["ttft_p99_s"] != runs[0]["ttft_p99_s"]  # 512 is not the default 8192
+
+
+def test_cli_time_scale_past_float_range_is_refused(cli, tmp_path) -> None:
+    """--time-scale 1e308 on a 9 s trace: the later arrivals became infinite and were never submitted (exit 0, two of
+    three requests 'unserved', an infinite window); now exit 2 naming the flag, nothing written, for any window past
+    where a float holds a step's milliseconds."""
+    trace, out = tmp_path / "t.jsonl", tmp_path / "o.json"
+    trace.write_text("".join(json.dumps({"timestamp": ms, "input_length": 10, "output_length": 3}) + "\n"
+                             for ms in (0, 5000, 9000)))
+    args = ("simulate", "--trace", trace, "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "cache-aware")
+    res = cli(*args, "--time-scale", "1e308", "--json", out)
+    assert_one_line_error(res, 2, "--time-scale")
+    assert not out.exists()
+    # 1e300: finite, but the 600 s horizon rounded away and the last arrival was never served
+    assert_one_line_error(cli(*args, "--time-scale", "1e300", "--json", out), 2, "--time-scale")
+    assert_one_line_error(cli(*args, "--horizon", "1e13", "--json", out), 2, "--horizon")
+    res = cli(*args, "--time-scale", "1e8", "--json", out)  # a window of 9e8 s: still exact, every request served
+    assert res.code == 0, res.err
+    data = json.loads(out.read_text())
+    assert data["completed"] == 3 and data["unserved"] == 0

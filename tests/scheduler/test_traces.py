@@ -74,3 +74,40 @@ def test_real_traces_first_lines() -> None:
     mc = read_mooncake_jsonl(TRACES / "mooncake_conversation_trace.jsonl", max_requests=50)
     assert len(mc) == 50 and mc[0].prompt_tokens == 6758 and mc[0].block_hashes[:2] == (0, 1)
     assert all(len(r.block_hashes) == -(-r.prompt_tokens // 512) for r in mc)
+
+
+def test_unsorted_rows_arrive_from_the_earliest(tmp_path) -> None:
+    """Rows out of time order: arrivals are seconds from the earliest request (none negative), in time order."""
+    jl = tmp_path / "t.jsonl"
+    jl.write_text("".join(json.dumps({"timestamp": ts, "input_length": 10, "output_length": 2}) + "\n"
+                          for ts in (5000, 0, 2500)))
+    assert [(r.id, r.arrival) for r in read_mooncake_jsonl(jl)] == [("mooncake-1", 0.0), ("mooncake-2", 2.5),
+                                                                  ("mooncake-0", 5.0)]
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:50.5,10,2\n"
+                        "2023-11-16 18:15:46.5,20,2\n")
+    assert [(r.id, r.arrival) for r in read_azure_csv(csv_path)] == [("azure-1", 0.0), ("azure-0", 4.0)]
+
+
+def test_hash_ids_python_hashes_alike_stay_apart(tmp_path) -> None:
+    """hash(-1) == hash(-2) and hash(2**61 - 1) == hash(0): such Mooncake ids made requests with different prompts
+    share prefix blocks; they are renumbered (equal ids stay equal), and ordinary ids are kept as they are."""
+    from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+
+    jl = tmp_path / "t.jsonl"
+    ids = [[-1, 7], [-2, 8], [2**61 - 1, 9], [0, 10], [-1, 7]]
+    jl.write_text("".join(json.dumps({"timestamp": i, "input_length": 1024, "output_length": 4, "hash_ids": h}) + "\n"
+                          for i, h in enumerate(ids)))
+    reqs = read_mooncake_jsonl(jl)
+    assert [r.block_hashes for r in reqs] == [(0, 1), (2, 3), (4, 5), (6, 7), (0, 1)]
+    s = Scheduler(SchedulerConfig(num_blocks=1000, tokens_per_block=64, policy="cache-aware"))
+    hits = []
+    for r in reqs:
+        s.submit(r)
+        while s.seqs[r.id].computed < r.prompt_tokens:
+            s.step()
+        hits.append(s.seqs[r.id].hits)
+    assert hits == [0, 0, 0, 0, 15]  # only the repeat of the first prompt hits (all but its last token's block)
+    plain = tmp_path / "p.jsonl"
+    plain.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [5, 2**40]}))
+    assert read_mooncake_jsonl(plain)[0].block_hashes == (5, 2**40)
