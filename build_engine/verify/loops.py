@@ -47,12 +47,14 @@ def runnable_loops(model: ModelProto) -> ModelProto:
         return model
     copy = ModelProto()
     copy.CopyFrom(model)
+    count = 0
     for g, opset in _bodies(copy):
         for k in range(len(g.node) - 1, -1, -1):
             n = g.node[k]
             if n.op_type != "Loop":
                 continue
-            tag, added = f"{n.output[0] if n.output else n.name}__trtforge_check", []
+            count += 1  # unique per Loop: two Loops may both have an empty first output and no node name
+            tag, added = f"{n.output[0] if n.output else n.name}__trtforge_check{count}", []
             if len(n.input) > 1 and not n.input[1]:
                 n.input[1] = f"{tag}_true"
                 added.append(helper.make_node("Constant", [], [n.input[1]],

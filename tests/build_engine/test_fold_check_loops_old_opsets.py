@@ -12,6 +12,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from trtforge.build_engine.verify.bitwise import MAX_LOOP_TRIPS, check_equivalent, run_model
+from trtforge.build_engine.verify.loops import runnable_loops
 from trtforge_testing import graph_model
 
 
@@ -62,3 +63,26 @@ def test_a_trip_count_is_capped_below_opset_9(opset: int) -> None:
         got = run_model(m, {"n": np.array(n, np.int64), "x": x}, "onnx.reference")[0]
         assert got.tolist() == [want], (n, got)
     assert check_equivalent(m, m).passed
+
+
+def test_two_unnamed_loops_get_their_own_cap_names() -> None:
+    # two Loops with no node name and an empty first output (an unused final value) got the same added names
+    # ("__trtforge_check_cap" twice), so the checked copy was not a valid graph
+    def loop(x: str, scan: str) -> onnx.NodeProto:
+        body = h.make_graph([h.make_node("Add", ["v", "one"], ["v2"]), h.make_node("Identity", ["c"], ["c2"]),
+                             h.make_node("Identity", ["v2"], ["s"])], "body",
+                            [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+                             h.make_tensor_value_info("v", T.FLOAT, [1])],
+                            [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("v2", T.FLOAT, [1]),
+                             h.make_tensor_value_info("s", T.FLOAT, [1])],
+                            initializer=[nh.from_array(np.array([1.0], np.float32), "one")])
+        return h.make_node("Loop", ["n", "", x], ["", scan], body=body)
+
+    m = graph_model([loop("x", "s1"), loop("x", "s2")], [("n", T.INT64, []), ("x", T.FLOAT, [1])],
+                    [("s1", T.FLOAT, [None, 1]), ("s2", T.FLOAT, [None, 1])], opsets=(("", 17),))
+    onnx.checker.check_model(m, full_check=True)
+    onnx.checker.check_model(runnable_loops(m), full_check=True)  # SSA: the added names are unique
+    got = run_model(m, {"n": np.array(3, np.int64), "x": np.array([0.5], np.float32)}, "onnx.reference")
+    assert [g.ravel().tolist() for g in got] == [[1.5, 2.5, 3.5]] * 2
+    assert check_equivalent(m, m).passed
+    # (onnxruntime 1.2x crashes on a Loop with an empty first output; the check runs onnx.reference first)
