@@ -63,7 +63,7 @@ KEEP_OPS: frozenset[str] = frozenset({
     "BatchNormalization", "LpNormalization", "MeanVarianceNormalization",
     "Softmax", "LogSoftmax",
     "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-    "ReduceProd", "CumSum",
+    "ReduceProd", "CumSum", "GlobalAveragePool", "AveragePool", "GlobalLpPool", "LpPool",  # pooling: reductions too
     "Pow", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
     "Sin", "Cos", "Range",
 })

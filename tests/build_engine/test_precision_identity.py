@@ -51,3 +51,26 @@ def test_an_identity_between_converted_nodes_changes_nothing() -> None:
         x = (rng.standard_normal((3, 8)) * 30).astype(np.float32)
         a, b = _outputs(with_id, {"x": x})[0], _outputs(without, {"x": x})[0]
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("op,attrs", [("GlobalAveragePool", {}), ("AveragePool", {"kernel_shape": [2, 2]}),
+                                      ("GlobalLpPool", {}), ("LpPool", {"kernel_shape": [2, 2]})])
+def test_pooling_reductions_stay_fp32(op: str, attrs: dict) -> None:
+    """README: reductions are kept in fp32. Pooling averages (and Lp norms) over windows are reductions, yet ran in
+    fp16 (a window of values near 65504 sums past fp16's range; Lp pooling squares them first)."""
+    rng = seeded_rng(f"precision-pool-{op}")
+    w = nh.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w")
+    m = graph_model([h.make_node("Conv", ["x", "w"], ["c"]), h.make_node(op, ["c"], ["y"], **attrs)],
+                    [("x", T.FLOAT, [1, 3, 4, 4])], [("y", T.FLOAT, ["a", "b", "c", "d"])], [w])
+    res = convert_precision(m, "fp16")
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in [*res.model.graph.value_info, *res.model.graph.input, *res.model.graph.output]}
+    pool = next(n for n in res.model.graph.node if n.op_type == op)
+    conv = next(n for n in res.model.graph.node if n.op_type == "Conv")
+    assert types.get(pool.input[0], T.FLOAT) == T.FLOAT and not pool.input[0].endswith("__fp16")
+    assert conv.input[0].endswith("__fp16")  # the Conv still runs in fp16
+    x = (rng.standard_normal((1, 3, 4, 4)) * 10).astype(np.float32)
+    import onnxruntime as ort  # onnx.reference has no GlobalLpPool
+
+    ref, got = (ort.InferenceSession(mm.SerializeToString()).run(None, {"x": x})[0] for mm in (m, res.model))
+    assert np.allclose(got, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
