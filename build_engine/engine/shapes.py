@@ -203,12 +203,14 @@ def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], sour
         if name not in named:
             raise InputError(f"--dim {name}: {source} has no dynamic dimension named {name!r} (its named dynamic "
                              f"dimensions: {sorted(named) or 'none'}); give one of those")
-        _check_range("--dim", f"{name}={r.min}:{r.opt}:{r.max}", r)
+        _check_range("--dim", f"{name}={r.min}:{r.opt}:{r.max}", r, low=0)
 
 
-def _check_range(what: str, item: str, r: Range) -> None:
-    if not 1 <= r.min <= r.opt <= r.max:
-        raise InputError(f"{what} {item!r}: need 1 <= MIN <= OPT <= MAX")
+def _check_range(what: str, item: str, r: Range, low: int = 1) -> None:
+    """``low``: the least MIN; 0 for a ``--dim`` (a decoder's past length is 0 at its first step, and TensorRT
+    builds a profile with a 0 minimum), 1 elsewhere; MAX is at least 1."""
+    if not (low <= r.min <= r.opt <= r.max and r.max >= 1):
+        raise InputError(f"{what} {item!r}: need {low} <= MIN <= OPT <= MAX (and MAX >= 1)")
 
 
 def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
@@ -224,7 +226,7 @@ def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
             raise InputError(f"{what} {item!r}: {why}")
         lo, mid, hi = (int(x) for x in parts)
         out[name] = Range(min=lo, opt=mid, max=hi)
-        _check_range(what, item, out[name])
+        _check_range(what, item, out[name], low=0)
     return out
 
 

@@ -51,8 +51,8 @@ def test_dim_override_sizes_every_profile(cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("dim", "why"), [
     ("height=1:2:3", "no dynamic dimension named 'height'"),
     ("batch=1:2:3", "come from the profile"),
-    ("patches=4:2:8", "1 <= MIN <= OPT <= MAX"),
-    ("patches=0:2:8", "1 <= MIN <= OPT <= MAX"),
+    ("patches=4:2:8", "0 <= MIN <= OPT <= MAX"),
+    ("patches=0:0:0", "0 <= MIN <= OPT <= MAX (and MAX >= 1)"),
     ("patches=1:2", "NAME=MIN:OPT:MAX"),
     ("patches", "NAME=MIN:OPT:MAX"),
 ])
@@ -61,3 +61,16 @@ def test_bad_dim_override_is_exit_2(cli, tmp_path: Path, dim: str, why: str) -> 
     res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", dim)
     assert_one_line_error(res, 2, "--dim", why)
     assert not (tmp_path / "e").exists()
+
+
+def test_a_dim_may_start_at_zero(cli, tmp_path: Path) -> None:
+    """A decoder's past length is 0 at its first step: --dim past=0:...:... was refused ("need 1 <= MIN") although
+    TensorRT(-RTX) builds a profile with a 0 minimum. Now it builds, the manifest says 0, and Triton takes it."""
+    src = _patches(tmp_path / "p.onnx")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", "patches=0:2:8")
+    assert res.code == 0, res.err
+    manifest = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    x = next(i for i in manifest["inputs"] if i["name"] == "x")
+    assert [p["min"][1] for p in x["profiles"]] == [0, 0] and x["max"][1] == 8
+    assert cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "p").code == 0
+    assert cli("triton", "--check", tmp_path / "repo" / "p").code == 0
