@@ -156,6 +156,30 @@ def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bo
                   if not (repo / m / "config.pbtxt").is_file()]
 
 
+def _served(proto: Any, versions: list[int]) -> set[int]:
+    """The versions ``version_policy`` makes tritonserver load: the latest ``num_versions`` (default 1), all, or the
+    specific ones."""
+    policy = proto.version_policy if proto is not None else None
+    if policy is not None and policy.HasField("all"):
+        return set(versions)
+    if policy is not None and policy.HasField("specific"):
+        return set(policy.specific.versions) & set(versions)
+    n = policy.latest.num_versions if policy is not None and policy.HasField("latest") else 1
+    return set(versions[-max(n, 1):])
+
+
+def _version_manifest(vdir: Path, problems: list[str]) -> Manifest | None:
+    """``vdir/manifest.json`` when there is one (an older version served beside the latest); a broken one is a
+    problem."""
+    if not (vdir / "manifest.json").is_file():
+        return None
+    try:
+        return load_for_triton(vdir)
+    except InputError as exc:
+        problems.append(str(exc))
+        return None
+
+
 def check_repository(repo: str | Path) -> list[EntryReport]:
     """Validate every entry of repository ``repo`` and its layout; CheckFailed lists every problem."""
     path = Path(repo)
@@ -220,8 +244,10 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
         plan = mdir / str(v) / plan_name
         if not (plan.is_file() or (other and plan.is_dir())):  # a SavedModel is a folder
             problems.append(f"{plan}: missing; Triton cannot load version {v}")
-        elif v == versions[-1] and manifest is not None and sha256_file(plan) != manifest.plan_sha256:
-            problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
+        elif manifest is not None and v in _served(proto, versions):  # every version tritonserver loads
+            man = manifest if v == versions[-1] else _version_manifest(mdir / str(v), problems)
+            if man is not None and sha256_file(plan) != man.plan_sha256:
+                problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
     if problems:
         raise CheckFailed("; ".join(problems))
     from .config import config_from_proto

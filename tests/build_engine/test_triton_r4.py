@@ -3,6 +3,7 @@ of tiny models built here; configs parsed with tritonclient's ModelConfig)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +74,28 @@ def test_write_names_sibling_folders_that_stop_tritonserver(tmp_path: Path, cli)
     assert cli("triton", "--check", repo / "m").code == 1  # what --check says of the same repository
     clean = cli("triton", repo / "e", "--repo", tmp_path / "clean", "--name", "m", "-q")
     assert (clean.code, clean.err) == (0, "")
+
+
+def test_check_hashes_every_version_the_policy_serves(tmp_path: Path, cli) -> None:
+    """--check compared only the latest version's plan with its manifest, though version_policy all / specific /
+    latest { num_versions: 2 } makes tritonserver load older versions too; a corrupted version 1 passed. Now every
+    served version with a manifest is hashed, and a version the policy does not serve is not judged."""
+    src = _adapter_count_model(tmp_path / "m.onnx")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", "num_adapters=1:2:4")
+    assert res.code == 0, res.err
+    res = cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "m", "--version", "2")
+    assert res.code == 0, res.err
+    entry = tmp_path / "repo" / "m"
+    shutil.copytree(entry / "2", entry / "1")  # an older version kept beside it (writes replace a whole entry)
+    assert sorted(p.name for p in entry.iterdir() if p.is_dir() and p.name.isdigit()) == ["1", "2"]
+    with open(entry / "1" / "model.plan", "ab") as fh:  # version 1's plan no longer matches its manifest
+        fh.write(b"\0")
+    assert cli("triton", "--check", entry).code == 0  # default policy: latest 1, so version 2 only
+    cfg = entry / "config.pbtxt"
+    text = cfg.read_text()
+    for policy in ("version_policy { all { } }", "version_policy { specific { versions: [1, 2] } }",
+                   "version_policy { latest { num_versions: 2 } }"):
+        cfg.write_text(text + "\n" + policy + "\n")
+        assert_one_line_error(cli("triton", "--check", entry), 1, "1/model.plan", "sha256 differs")
+    cfg.write_text(text + "\nversion_policy { specific { versions: [2] } }\n")
+    assert cli("triton", "--check", entry).code == 0
