@@ -140,15 +140,19 @@ class Scheduler(Preemption):
         return budget
 
     def update(self, plan: StepPlan) -> StepPlan:
-        """Apply ``plan``: prefill chunks computed (their full blocks become findable), the last chunk's first
-        token, one token per decoding request; requests that reach their cap finish (``plan.finished``)."""
+        """Apply ``plan``: prefill chunks computed, the last chunk's first token, one token per decoding request;
+        requests that reach their cap finish (``plan.finished``). A prompt's full blocks become findable by other
+        requests when its context completes (TensorRT-LLM ``KVCacheManager.update_resources`` stores context blocks
+        once ``context_remaining_length`` is 0, as the adapter's ``context_done``), or chunk by chunk for vLLM v1
+        (its ``cache_blocks`` after each step)."""
         t = plan.step
         for rid, _, n in plan.context:
             seq = self.seqs[rid]
             if seq.state != "running":
                 continue  # preempted after it was planned
             seq.computed += n
-            self._register(seq)
+            if self.policy.alloc_per_step or seq.computed == seq.prompt_len:
+                self._register(seq)
             if seq.computed == seq.prompt_len:
                 self._start_decode(seq, plan, t)
         heap = self._finish_heap
