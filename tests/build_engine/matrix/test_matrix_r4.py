@@ -36,3 +36,17 @@ def test_two_cells_with_one_triton_entry_name_are_refused(tmp_path: Path, rng: n
     assert code == 2, err
     assert "m_a10/a100" in err and "m/a10_a100" in err and "'m_a10_a100'" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "repo").exists()
+
+
+def test_table_prints_profile_names_and_reasons_literally(tmp_path: Path, rng: np.random.Generator,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # old: the table read each cell as rich markup: the unknown profile "[/]" raised MarkupError (exit 3, "internal
+    # error", no table) and "[bold]x" was printed as a bold "x"; now both are printed as given and the run exits 1
+    monkeypatch.setenv("COLUMNS", "400")
+    _model(tmp_path / "m.onnx", rng)
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["[bold]x", "[/]"]\n[[model]]\npath = "m.onnx"\n')
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    assert "unknown profile '[bold]x'" in captured.out and "profile file [/] not found" in captured.out
