@@ -50,3 +50,16 @@ def test_table_prints_profile_names_and_reasons_literally(tmp_path: Path, rng: n
     captured = capsys.readouterr()
     assert code == 1, captured.err
     assert "unknown profile '[bold]x'" in captured.out and "profile file [/] not found" in captured.out
+
+
+def test_lora_max_rank_beyond_the_plugin_is_refused_at_load(tmp_path: Path, rng: np.random.Generator,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # old: max_rank up to 1024 passed the matrix's validation (dry run exit 0), then every cell failed in the worker
+    # (lora inject allows 1..64); now the matrix file is refused with its line, exit 2
+    _model(tmp_path / "m.onnx", rng)
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a100"]\n[[model]]\npath = "m.onnx"\n'
+                                      '[model.pipeline]\nlora = { targets = ["w"], max_rank = 65 }\n')
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "mx.toml:6: pipeline.lora.max_rank: must be an integer from 1 to 64 (got 65)" in err
