@@ -52,8 +52,9 @@ def _table(title: str, cells: Any, started: dict[int, float] | None = None, keys
     import time
 
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
+    table = Table(title=Text(title))
     for col in ("model", "profile", *(("key",) if keys else ()), "status", "seconds", "plan", "reason"):
         table.add_column(col)
     for st in cells:
@@ -62,7 +63,10 @@ def _table(title: str, cells: Any, started: dict[int, float] | None = None, keys
         if started is not None and st.status in ("running", "retry") and id(st) in started:
             secs = time.perf_counter() - started[id(st)]
         key = (st.cell.key[:16],) if keys else ()
-        table.add_row(st.cell.model.name, st.cell.profile_name, *key, st.status, f"{secs:.1f}", plan, st.reason)
+        # plain Text, not markup: a reason or profile like "[batch, seq]" was swallowed as a style tag, and "[/]"
+        # (an unknown profile's name) raised rich's MarkupError (exit 3, no table)
+        row = (st.cell.model.name, st.cell.profile_name, *key, st.status, f"{secs:.1f}", plan, st.reason)
+        table.add_row(*(Text(v) for v in row))
     return table
 
 

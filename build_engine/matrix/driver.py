@@ -125,6 +125,8 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
     entries = [] if spec.triton_repo is None else [
         (f"[triton] repo entry {e}", spec.triton_repo / e)
         for e in (entry_name(m.name, names.get(p, p)) for m in spec.models for p in m.profiles)]
+    if spec.triton_repo is not None:
+        _check_entry_names(spec, names)
     paths.check(inputs=[("MATRIX.toml", spec.source), *((f"model {m.name}", m.path) for m in spec.models),
                         *((f"profile {ref}", path) for ref, path in tomls.items())],
                 folders=[("-o", outroot), *entries])
@@ -163,6 +165,22 @@ def _check_cell_folders(spec: MatrixSpec, names: dict[str, str]) -> None:
                                  f"named {name!r}, so both engines would be OUTROOT/{m.name}/{name}; list the "
                                  "profile once or give the .toml profile another name")
             seen[name] = ref
+
+
+def _check_entry_names(spec: MatrixSpec, names: dict[str, str]) -> None:
+    """Two cells may not share a [triton] entry ``<model>_<profile>`` (model ``m_a10`` x profile ``a100`` and model
+    ``m`` x a profile named ``a10_a100``): the second entry replaced the first, both cells reported built."""
+    from .triton_assembly import entry_name
+
+    seen: dict[str, str] = {}
+    for m in spec.models:
+        for ref in m.profiles:
+            cell = f"{m.name}/{names.get(ref, ref)}"
+            entry = entry_name(m.name, names.get(ref, ref))
+            if entry in seen:
+                raise InputError(f"{spec.source}: cells {seen[entry]} and {cell} would both be the [triton] repo "
+                                 f"entry {entry!r} (<model>_<profile>); rename one of the models or profiles")
+            seen[entry] = cell
 
 
 def _profile_name(ref: str, path: Path) -> str:

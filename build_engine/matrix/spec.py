@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trtforge.plugins.lora import spec as lora_spec
+
 from ..core.errors import InputError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -141,9 +143,11 @@ def _pipeline(r: _Reader, data: Any, nth: int) -> Pipeline:
         ld = r.table(d["lora"], "pipeline.lora", {"targets", "max_rank", "slots"}, nth)
         if "targets" not in ld:
             raise r.fail("pipeline.lora", "needs targets = [\"q_proj\", ...]", nth)
+        # the plugin's own bounds (``lora inject`` refuses others): max_rank 1000 passed here, then failed every cell
         lora = LoraStep(targets=r.string_list(ld["targets"], "pipeline.lora.targets", nth),
-                        max_rank=r.integer(ld.get("max_rank", 16), "pipeline.lora.max_rank", 1, 1024, nth),
-                        slots=r.integer(ld.get("slots", 8), "pipeline.lora.slots", 1, 4096, nth))
+                        max_rank=r.integer(ld.get("max_rank", 16), "pipeline.lora.max_rank", 1, lora_spec.MAX_RANK,
+                                           nth),
+                        slots=r.integer(ld.get("slots", 8), "pipeline.lora.slots", 1, lora_spec.MAX_SLOTS, nth))
     return Pipeline(fold=fold, precision=precision, lora=lora)
 
 

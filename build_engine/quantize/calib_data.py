@@ -137,7 +137,8 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
         sample = {name: np.asarray(arr[k] if arr.ndim == len(inputs[name].type.tensor_type.shape.dim) + 1 else arr)
                   for name, arr in arrays.items()}
         for name in _slot_inputs(model) - set(arrays):  # no adapter during calibration
-            sample[name] = np.full(_slot_shape(inputs[name], sample), lora_spec.NO_ADAPTER, lora_spec.SLOT_DTYPE)
+            sample[name] = np.full(_slot_shape(inputs[name], sample, inputs), lora_spec.NO_ADAPTER,
+                                   lora_spec.SLOT_DTYPE)
         for name in set(pools) - set(arrays):  # unread with slot ids -1: zeros
             sample[name] = np.zeros(*pools[name])
         samples.append(sample)
@@ -160,10 +161,26 @@ def _check_named_dims(path: str | Path, inputs: Mapping[str, Any], arrays: Mappi
                                  f"input {first!r} has {size}; the model takes one size for {d.dim_param!r}")
 
 
-def _slot_shape(vi: object, sample: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+def _slot_shape(vi: object, sample: Mapping[str, np.ndarray], inputs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The slot ids' shape for ``sample``: each dim's fixed size, or the size the sample gives its dim name (inject
+    names them after the projection input's dims); else the first array's leading dims. The first array alone gave
+    ``[b, 4]`` for slot ids ``[b, s]`` when it was another input (a ``[b, 4, 8]`` cache), and calibration failed."""
+    named: dict[str, int] = {}
+    for name, arr in sample.items():
+        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
+        for d, size in zip(dims, arr.shape, strict=False):
+            if d.dim_param:
+                named.setdefault(d.dim_param, int(size))
     first = next(iter(sample.values()))
-    rank = len(vi.type.tensor_type.shape.dim)  # type: ignore[attr-defined]
-    return tuple(first.shape[:rank])
+    out = []
+    for i, d in enumerate(vi.type.tensor_type.shape.dim):  # type: ignore[attr-defined]
+        if d.HasField("dim_value"):
+            out.append(int(d.dim_value))
+        elif d.dim_param in named:
+            out.append(named[d.dim_param])
+        else:
+            out.append(int(first.shape[i]))
+    return tuple(out)
 
 
 def _check_array(path: str | Path, vi: object, arr: np.ndarray, spec: FeedSpec, bounded: bool) -> int:

@@ -26,7 +26,8 @@ A weight initializer that is also listed in ``graph.input`` is only a default th
 the fed value); it is reported as excluded.
 
 A ``Conv``, ``ConvTranspose`` or ``Einsum`` with a float32 initializer operand is never quantized; each is reported
-as excluded with that reason, so the report lists every weighted layer that stays float.
+as excluded with that reason, as is every weighted layer (MatMul, Gemm, those three) inside an If/Loop/Scan body,
+which is never quantized either, so the report lists every weighted layer that stays float.
 
 Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
 touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
@@ -165,6 +166,23 @@ def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto],
     return None
 
 
+def _nested(model: ModelProto) -> list[Excluded]:
+    """The weighted layers inside If/Loop/Scan bodies: never quantized (only the main graph is), so each is listed
+    as excluded with that reason (a body's MatMul stayed float and the report did not name it)."""
+    from ..core.graph import all_graphs
+
+    graphs = list(all_graphs(model.graph))
+    weights = {t.name for g in graphs for t in g.initializer if t.data_type == TensorProto.FLOAT}
+    out = []
+    for g in graphs[1:]:
+        for i, node in enumerate(g.node):
+            weighted = node.op_type in _UNQUANTIZED_WEIGHTED | {"MatMul", "Gemm"} and node.domain in ("", "ai.onnx")
+            if weighted and any(x in weights for x in node.input):
+                out.append(Excluded(node_label(node, i), f"{node.op_type} inside the subgraph {g.name!r} (an If/Loop/"
+                                    "Scan body) is not quantized (only main-graph projections are); it stays float"))
+    return out
+
+
 def node_label(node: object, index: int) -> str:
     name = getattr(node, "name", "")
     return name or f"{getattr(node, 'op_type', 'node')}#{index}"
@@ -212,4 +230,4 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
             excluded.append(Excluded(label, f"--exclude {pattern!r}"))
         else:
             targets.append(Target(i, label, node.input[0], node.input[1], int(w.dims[0]), int(w.dims[1])))
-    return Selection(tuple(targets), tuple(excluded))
+    return Selection(tuple(targets), tuple(excluded + _nested(model)))

@@ -2,8 +2,9 @@
 
 Targets are matched against each MatMul/Gemm's *module path*, the first of: the weight initializer's name without
 ``.weight`` (``model.layers.0.self_attn.q_proj``; also through the Transpose/Cast/DequantizeLinear chains exporters
-put in front of a weight); the exporter's module metadata (torch.onnx's dynamo exporter names nodes
-``node_linear_N`` and records the module in ``metadata_props``: ``pkg.torch.onnx.name_scopes`` or ``namespace``);
+put in front of a weight, and to ``trtforge quantize``'s stored ``<path>.weight_quantized``); the exporter's module
+metadata (torch.onnx's dynamo exporter names nodes ``node_linear_N`` and records the module in ``metadata_props``:
+``pkg.torch.onnx.name_scopes`` or ``namespace``);
 the node name's folders (``/model/layers.0/self_attn/q_proj/MatMul`` -> ``model.layers.0.self_attn.q_proj``, the
 TorchScript exporter). A target matches when it is one dotted component of the path (``q_proj``) or a dotted suffix
 of it (``self_attn.q_proj``).
@@ -36,6 +37,7 @@ graph output and value_info keeps working unchanged.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,11 +104,19 @@ def metadata_path(node: NodeProto) -> str | None:
     return None
 
 
+# the stored weight ``trtforge quantize`` writes for ``<path>.weight`` (a lowered transB Gemm's ``_transposed`` copy,
+# ``Namer``'s ``_N`` suffixes): ``qdq._weight_node`` names it ``<weight>_quantized``
+_QUANTIZED_WEIGHT = re.compile(r"^(?P<path>.+)\.weight(?:_transposed(?:_\d+)?)?_quantized(?:_\d+)?$")
+
+
 def module_path(node: NodeProto, initializers: set[str], producer: dict[str, NodeProto] | None = None) -> str:
     weight = node.input[1] if len(node.input) > 1 else ""
     source = _weight_source(weight, initializers, producer or {})
     if source in initializers and source.endswith(".weight"):
         return source[: -len(".weight")]
+    quantized = _QUANTIZED_WEIGHT.match(source) if source in initializers and source != weight else None
+    if quantized:  # a quantized model's weight (behind its DequantizeLinear) names the same module as the float one
+        return quantized["path"]
     meta = metadata_path(node)
     if meta:
         return meta
