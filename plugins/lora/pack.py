@@ -11,7 +11,8 @@ and scale 0, which adds exactly nothing.
 is a regular expression the whole module path must match (``re.fullmatch``), ``"all-linear"`` every module. A
 config without ``lora_alpha`` gets PEFT's ``LoraConfig`` default, 8.
 
-Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file, a
+Refused (InputError, exit 2, naming the folder and tensor): a missing or malformed config or weights file (an
+``adapter_model.bin`` pickle is named with the one-line conversion to safetensors), a
 weight whose dtype is not F16/BF16/F32/F64 or whose data does not match its header shape, two weights of one module
 (two adapter names in one file), a NaN/inf weight or one beyond the pool dtype's range (fp16: 65504), a rank
 above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
@@ -104,6 +105,11 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 def load_adapter(folder: Path) -> Adapter:
     cfg_path, w_path = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not w_path.exists() and (folder / "adapter_model.bin").is_file():
+        raise InputError(f"{folder}: holds adapter_model.bin (a PyTorch pickle: PEFT save_pretrained with "
+                         "safe_serialization=False), which pack does not read; convert it: python -c \"import torch; "
+                         "from safetensors.torch import save_file; save_file(torch.load('adapter_model.bin', "
+                         "weights_only=True), 'adapter_model.safetensors')\" in that folder")
     for p in (cfg_path, w_path):
         if not p.is_file():
             what = "is not a regular file" if p.exists() else "is missing"

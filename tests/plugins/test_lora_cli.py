@@ -221,3 +221,14 @@ def test_pack_names_an_adapter_file_that_is_not_a_file(cli, tmp_path, kind):
     res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors")
     assert_one_line_error(res, 2, "adapter_config.json is not a regular file")
     assert not (tmp_path / "pool.safetensors").exists()
+
+
+def test_pack_names_a_bin_adapter_and_its_conversion(cli, tmp_path):
+    """A PEFT folder saved with safe_serialization=False holds adapter_model.bin: the error says so and how to
+    convert it (it said adapter_model.safetensors 'is missing', as if the folder were not an adapter)."""
+    _adapter(tmp_path / "a", 4, 8.0, {"model.layers.0.self_attn.q_proj": (H, 256)}, seed=1)
+    st = tmp_path / "a" / "adapter_model.safetensors"
+    st.rename(tmp_path / "a" / "adapter_model.bin")
+    res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors")
+    assert_one_line_error(res, 2, "adapter_model.bin", "safe_serialization=False", "save_file(torch.load(")
+    assert not (tmp_path / "pool.safetensors").exists()
