@@ -127,7 +127,7 @@ def load_adapter(folder: Path) -> Adapter:
                              "plain LoRA on linear projections is supported (embedding LoRA, DoRA magnitudes and "
                              "trained biases are not), and leaving it out would change the adapter's outputs")
         path = m["path"]
-        if targets and not _targeted(path, targets):
+        if targets and not _peft_targeted(path, targets):
             raise InputError(f"{folder}: tensor {key} adapts module {path!r}, which is not in target_modules "
                              f"{list(targets)}; fix adapter_config.json")
         weights = a if m["ab"] == "A" else b
@@ -200,7 +200,16 @@ def _refuse_features(cfg: Mapping[str, Any], cfg_path: Path) -> None:
                          "which a LoRA slot cannot carry; merge the adapter into the model instead")
 
 
+def _peft_targeted(path: str, targets: Targets) -> bool:
+    """PEFT's ``target_modules`` rule: a regular expression over the whole path, or a list of names the path equals
+    or ends with as ``.name`` (a name of an enclosing module, ``self_attn`` for ``...self_attn.q_proj``, is not one)."""
+    if isinstance(targets, str):
+        return _targeted(path, targets)
+    return any(path == t or path.endswith("." + t) for t in targets)
+
+
 def _targeted(path: str, targets: Targets) -> bool:
+    """``--targets`` (and a string ``target_modules``): as ``lora inject`` matches, a dotted component or suffix."""
     if isinstance(targets, str):  # PEFT: a string is a regular expression over the whole module path
         return targets == "all-linear" or re.fullmatch(targets, path) is not None
     parts = path.split(".")

@@ -232,3 +232,19 @@ def test_pack_names_a_bin_adapter_and_its_conversion(cli, tmp_path):
     res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors")
     assert_one_line_error(res, 2, "adapter_model.bin", "safe_serialization=False", "save_file(torch.load(")
     assert not (tmp_path / "pool.safetensors").exists()
+
+
+@pytest.mark.parametrize("targets, ok", [(["q_proj"], True), (["self_attn.q_proj"], True), (["self_attn"], False),
+                                         (["layers"], False)])
+def test_pack_target_modules_list_is_peft_suffix_rule(cli, tmp_path, targets, ok):
+    """A target_modules list matches as PEFT does: the module path equals a name or ends with ``.name``. A name of an
+    enclosing module (``self_attn``, ``layers``) adapts no projection in PEFT, so a q_proj tensor under it is not
+    targeted and is refused (it was accepted: any dotted component matched)."""
+    q0 = "model.layers.0.self_attn.q_proj"
+    _adapter(tmp_path / "a", 4, 8.0, {q0: (H, 256)}, target_modules=targets, seed=3)
+    res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors")
+    if ok:
+        assert res.code == 0, res.err
+    else:
+        assert_one_line_error(res, 2, f"base_model.model.{q0}.lora_A.weight", "not in target_modules")
+        assert not (tmp_path / "pool.safetensors").exists()
