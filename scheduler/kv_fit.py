@@ -12,10 +12,10 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
 
-from .kv_plan import DTYPE_BYTES, GIB, RUNTIME_RESERVE_BYTES, ModelSpec, activation_bytes, valid_tps
+from .kv_weights import DTYPE_BYTES, GIB, RUNTIME_RESERVE_BYTES, activation_bytes, valid_tps
 
 
-def no_fit(profile: Any, spec: ModelSpec, tp: int, dtypes: tuple[str, str], sizes: tuple[int, int, int, int],
+def no_fit(profile: Any, spec: Any, tp: int, dtypes: tuple[str, str], sizes: tuple[int, int, int, int],
            fraction: float, used: tuple[int, int]) -> InputError:
     """A plan without one KV block: its sizes and what fits one request (each larger --tp with its own activations)."""
     (wdt, kdt), (request_tokens, max_num_tokens, max_batch, tpb), (weights, act) = dtypes, sizes, used

@@ -30,15 +30,18 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
 
-from .kv_weights import WeightQuant, projection_params, weights_bytes
-
-GIB = 1 << 30
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
-                                 "fp8": 1, "float8": 1, "int8": 1}
-#: What ``--kv-dtype`` accepts: fp8 and int8 KV caches hold one byte per element (half of fp16/bf16).
-KV_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp8", "int8")
-#: CUDA context, cuBLAS/attention workspaces and the runtime's own buffers (TensorRT-LLM leaves about this much).
-RUNTIME_RESERVE_BYTES = 1 * GIB
+from .kv_fit import no_fit
+from .kv_weights import (
+    DTYPE_BYTES,
+    GIB,
+    KV_DTYPES,
+    RUNTIME_RESERVE_BYTES,
+    WeightQuant,
+    activation_bytes,
+    projection_params,
+    valid_tps,
+    weights_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -281,24 +284,6 @@ class KVPlan:
         return asdict(self)
 
 
-def activation_bytes(spec: ModelSpec, dtype_bytes: float, max_num_tokens: int, max_batch: int, tp: int) -> int:
-    """Estimated activation peak of one forward over ``max_num_tokens`` tokens.
-
-    Live at the MLP: the residual stream and normed input (2 x hidden), q/k/v/attention output
-    ((heads + 2 kv_heads) x head_dim / tp + hidden), gate/up/act (3 x intermediate / tp); plus fp32 logits for
-    ``max_batch`` last tokens (the LM head runs on the last token of each sequence only).
-    """
-    attn = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim / tp + spec.hidden_size
-    per_token = 2 * spec.hidden_size + attn + 3 * spec.intermediate_size / tp
-    return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
-
-
-def valid_tps(spec: ModelSpec) -> list[int]:
-    """The tensor-parallel sizes that split ``spec``'s heads evenly (``_check_tp``), ascending."""
-    q, kv = spec.num_heads, spec.num_kv_heads
-    return [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
-
-
 def _check_tp(spec: ModelSpec, tp: int) -> None:
     """Tensor parallelism splits the attention heads evenly (TensorRT-LLM, vLLM): ``tp`` must divide the query
     heads, and divide the KV heads or, past them, be a multiple of them (each KV head then replicated); else no
@@ -356,8 +341,6 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     kv_bytes = int(max(free, 0) * fraction)
     num_blocks = kv_bytes // block_bytes
     if free <= 0 or num_blocks < 1:
-        from .kv_fit import no_fit  # it reads this module's sizes
-
         raise no_fit(profile, model_spec, tp, (wdt, kdt), (request_tokens, max_num_tokens, max_batch, tpb), fraction,
                      (weights, act))
     per_req = math.ceil(request_tokens / tpb)

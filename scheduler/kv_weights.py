@@ -19,6 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+GIB = 1 << 30
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
+                                 "fp8": 1, "float8": 1, "int8": 1}
+#: What ``--kv-dtype`` accepts: fp8 and int8 KV caches hold one byte per element (half of fp16/bf16).
+KV_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp8", "int8")
+#: CUDA context, cuBLAS/attention workspaces and the runtime's own buffers (TensorRT-LLM leaves about this much).
+RUNTIME_RESERVE_BYTES = 1 * GIB
+
 
 @dataclass(frozen=True)
 class WeightQuant:
@@ -69,3 +77,21 @@ def weights_bytes(total_params: int, projections: int, dtype_bytes: float, quant
     if quant is None:
         return total_params * dtype_bytes / tp
     return (projections * quant.bytes_per_weight + (total_params - projections) * dtype_bytes) / tp
+
+
+def activation_bytes(spec: Any, dtype_bytes: float, max_num_tokens: int, max_batch: int, tp: int) -> int:
+    """Estimated activation peak of one forward over ``max_num_tokens`` tokens.
+
+    Live at the MLP: the residual stream and normed input (2 x hidden), q/k/v/attention output
+    ((heads + 2 kv_heads) x head_dim / tp + hidden), gate/up/act (3 x intermediate / tp); plus fp32 logits for
+    ``max_batch`` last tokens (the LM head runs on the last token of each sequence only).
+    """
+    attn = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim / tp + spec.hidden_size
+    per_token = 2 * spec.hidden_size + attn + 3 * spec.intermediate_size / tp
+    return int(max_num_tokens * per_token * dtype_bytes + max_batch * spec.vocab_size * 4 / tp)
+
+
+def valid_tps(spec: Any) -> list[int]:
+    """The tensor-parallel sizes that split ``spec``'s heads evenly (``_check_tp``), ascending."""
+    q, kv = spec.num_heads, spec.num_kv_heads
+    return [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]

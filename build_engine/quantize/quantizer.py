@@ -20,6 +20,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ..core.errors import InputError
 from ..core.graph import Namer
 from ..passes import fold
+from ..precision.opset import at_opset
 from . import awq, calibrators, gemm, smoothquant
 from .calib_data import CalibSet
 from .config import METADATA_KEY, MIN_BLOCK, MIN_IR, MIN_OPSET, QuantConfig
@@ -120,38 +121,6 @@ def _at_opset(model: ModelProto, mode: str) -> ModelProto:
     weights go back unchanged; the IR version stays the source's, or the mode's minimum (the converter writes its
     newest); model-local functions (which the converter drops) and metadata are the source's."""
     return at_opset(model, MIN_OPSET[mode], MIN_IR[mode], f"--mode {mode}")
-
-
-def at_opset(model: ModelProto, target: int, min_ir: int, what: str) -> ModelProto:
-    """``_at_opset`` for any ``target`` opset (IR at least ``min_ir``); ``what`` names the option that needs it."""
-    from onnx import version_converter
-
-    from ..core.onnx_skeleton import skeleton, without_initializers
-
-    opset = max((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), default=0)
-    if opset >= target:
-        return model
-    skel = skeleton(model)
-    stood_in = {i.name for i in skel.graph.input} - {i.name for i in model.graph.input}
-    try:
-        converted = version_converter.convert_version(skel, target)
-    except Exception as exc:  # onnx raises RuntimeError/ConvertError with the adapter's message
-        text = " ".join(str(exc).split())[:200]
-        raise InputError(f"the model is opset {opset}; {what} needs opset >= {target} and onnx's "
-                         f"version converter failed ({text}); re-export the model at opset >= "
-                         f"{target}") from exc
-    g = converted.graph
-    small = {t.name for t in g.initializer}
-    inputs = [i for i in g.input if i.name not in stood_in]
-    del g.input[:]
-    g.input.extend(inputs)
-    out = without_initializers(model)  # the source's fields (functions, metadata), its weights not copied
-    out.graph.CopyFrom(g)
-    out.graph.initializer.extend(t for t in model.graph.initializer if t.name not in small)  # the one weight copy
-    del out.opset_import[:]
-    out.opset_import.extend(converted.opset_import)
-    out.ir_version = max(model.ir_version, min_ir)
-    return out
 
 
 def _lift_weight_constants(model: ModelProto) -> ModelProto:
