@@ -99,3 +99,20 @@ def assert_fold_check_refused(cli: Any, tmp_path: Path, model: Any, *needles: st
     onnx.save_model(model, src)
     assert_one_line_error(cli("fold", src, "-o", out, "--check"), 2, *needles)
     assert not out.exists()
+
+
+def parse_plugin_layers(rtx: Any, path: Any) -> tuple[Any, Any, list[Any]]:
+    """Parse ``path`` with TensorRT(-RTX) module ``rtx``'s ONNX parser (plugins registered by the caller); returns the
+    builder and network (kept alive together) and the network's IPluginV3 layers, cast so ``.plugin`` is readable."""
+    logger = rtx.Logger(rtx.Logger.ERROR)
+    builder = rtx.Builder(logger)
+    network = builder.create_network(0)
+    parser = rtx.OnnxParser(network, logger)
+    assert parser.parse_from_file(str(path)), [parser.get_error(i).desc() for i in range(parser.num_errors)]
+    layers = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == rtx.LayerType.PLUGIN_V3:
+            layer.__class__ = rtx.IPluginV3Layer
+            layers.append(layer)
+    return builder, network, layers

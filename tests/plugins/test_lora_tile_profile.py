@@ -17,6 +17,7 @@ from trtforge.examples.llama import make_llama
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.inject import inject
 from trtforge.profiles.loader import load_profile
+from trtforge_testing import parse_plugin_layers
 
 
 def _tiles(model: onnx.ModelProto) -> list[int | None]:
@@ -53,14 +54,5 @@ def test_tensorrt_rtx_parses_the_profiles_tile(tmp_path: Path) -> None:
     rtx = backend.module
     path = tmp_path / "staged.onnx"
     onnx.save(_staged(tmp_path, None, "a10"), path)
-    logger = rtx.Logger(rtx.Logger.ERROR)
-    network = rtx.Builder(logger).create_network(0)
-    parser = rtx.OnnxParser(network, logger)
-    assert parser.parse_from_file(str(path)), [parser.get_error(i).desc() for i in range(parser.num_errors)]
-    tiles = []
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type == rtx.LayerType.PLUGIN_V3:
-            layer.__class__ = rtx.IPluginV3Layer
-            tiles.append(layer.plugin.fields.tile)
-    assert tiles == [32, 32]  # the example's 2 layers x v_proj
+    _, _, layers = parse_plugin_layers(rtx, path)
+    assert [layer.plugin.fields.tile for layer in layers] == [32, 32]  # the example's 2 layers x v_proj

@@ -12,6 +12,7 @@ from trtforge.plugins import configure_builder, register_all
 from trtforge.plugins.lora import spec
 from trtforge.plugins.lora.inject import inject
 from trtforge.plugins.lora.variants import AUTO, EXTRA_FIELDS, TRITON_BASE, valid_tactics
+from trtforge_testing import parse_plugin_layers
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +32,7 @@ def lora_network(rtx, tmp_path_factory):
 
     path = tmp_path_factory.mktemp("lora") / "lora.onnx"
     onnx.save(inject(make_llama(), ["q_proj", "v_proj"], max_rank=16, slots=8, tile=64), path)
-    logger = rtx.Logger(rtx.Logger.ERROR)
-    builder = rtx.Builder(logger)
-    network = builder.create_network(0)
-    parser = rtx.OnnxParser(network, logger)
-    assert parser.parse_from_file(str(path)), [parser.get_error(i).desc() for i in range(parser.num_errors)]
-    layers = []
-    for i in range(network.num_layers):
-        layer = network.get_layer(i)
-        if layer.type == rtx.LayerType.PLUGIN_V3:
-            layer.__class__ = rtx.IPluginV3Layer
-            layers.append(layer)
-    return builder, network, layers
+    return parse_plugin_layers(rtx, path)
 
 
 def test_parsed_plugin_layers_carry_the_onnx_fields(rtx, lora_network):
