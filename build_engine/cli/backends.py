@@ -34,20 +34,22 @@ def _run(args: Any) -> int:
     if args.json:
         print(json.dumps({"backends": rows}, indent=2))
         return 0
+    from rich.markup import escape  # INSTALL_RTX holds 'trtforge[rtx]', which rich would take as a style tag
     from rich.table import Table
 
     console = stdout_console()
     if not rows:
-        console.print(f"no TensorRT backend found; {INSTALL_RTX}, or {INSTALL_TRT}")
+        console.print(escape(f"no TensorRT backend found; {INSTALL_RTX}, or {INSTALL_TRT}"))
         return 0
     table = Table(title="TensorRT backends")
     for col in ("name", "version", "targets (compute capability)", "can run here"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], r["version"], ", ".join(r["targets"]) or "-", "yes" if r["can_run"] else "no")
+        table.add_row(escape(r["name"]), escape(r["version"]), ", ".join(r["targets"]) or "-",
+                      "yes" if r["can_run"] else "no")
     console.print(table)
     if not any(r["name"] == "tensorrt" for r in rows):
-        console.print(f"full TensorRT not found (needed for 9.0 / H100): {INSTALL_TRT}")
+        console.print(escape(f"full TensorRT not found (needed for 9.0 / H100): {INSTALL_TRT}"))
     return 0
 
 

@@ -25,6 +25,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from trtforge.examples.demo import run_demo, write_summary
@@ -37,19 +38,19 @@ def _run(args: Any) -> int:
     results = run_demo(work)
     total = time.perf_counter() - t0
     write_summary(work, results)
-    table = Table(title=f"trtforge demo: {work} ({total:.0f} s)")
+    table = Table(title=escape(f"trtforge demo: {work}") + f" ({total:.0f} s)")
     for col in ("step", "status", "s", "result"):
         table.add_column(col, overflow="fold")
     for r in results:
         style = {"ok": "green", "failed": "bold red"}.get(r.status, "yellow")
-        table.add_row(r.name, f"[{style}]{r.status}[/]", f"{r.seconds:.1f}", r.detail)
+        table.add_row(escape(r.name), f"[{style}]{escape(r.status)}[/]", f"{r.seconds:.1f}", escape(r.detail))
     console = stdout_console()
     if not console.is_terminal:
         console.width = 150  # logs and the README keep the table readable
     console.print()
     console.print(table)
     failed = [r.name for r in results if r.status == "failed"]
-    console.print(f"summary: {work / 'summary.md'}; plot: {work / '08_sim' / 'cache-aware.png'}")
+    console.print(escape(f"summary: {work / 'summary.md'}; plot: {work / '08_sim' / 'cache-aware.png'}"))
     if failed:
         console.print(f"[bold red]{len(failed)} step(s) failed:[/] {', '.join(failed)}")
         return 1

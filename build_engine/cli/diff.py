@@ -44,6 +44,7 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from ..verify.diff import check, run_diff, save_paths, save_results
@@ -56,24 +57,26 @@ def _run(args: Namespace) -> int:
     result = run_diff(args.a, args.b, precision=args.precision, atol=args.atol, rtol=args.rtol, seed=args.seed,
                       shapes=parse_shape_args(args.shape), values=parse_value_args(args.value),
                       extra_inputs=args.extra_inputs, ort_optimize=args.ort_optimize)
-    table = Table(title=f"{args.a} vs {args.b} (atol={result.atol:g}, rtol={result.rtol:g}, seed={result.seed})")
+    # every name below comes from the user's files: escaped, so '[/x]' prints as written instead of raising
+    title = escape(f"{args.a} vs {args.b}") + f" (atol={result.atol:g}, rtol={result.rtol:g}, seed={result.seed})"
+    table = Table(title=title)
     for col in ("output", "max abs", "max rel", "rel to scale", "rel error", "top-1", "mismatches", "pass"):
         table.add_column(col, justify="left" if col == "output" else "right")
     for o in result.outputs:
-        table.add_row(o.name, f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.rel_to_scale:.3g}", f"{o.rel_error:.3g}",
-                      "-" if o.top1 is None else f"{o.top1:.3f}",
+        table.add_row(escape(o.name), f"{o.max_abs:.3g}", f"{o.max_rel:.3g}", f"{o.rel_to_scale:.3g}",
+                      f"{o.rel_error:.3g}", "-" if o.top1 is None else f"{o.top1:.3f}",
                       f"{o.mismatches}/{o.total}",
                       "[green]yes[/green]" if o.passed else "[red]NO[/red]")
     console = stdout_console()
     if result.decomposed:
-        console.print(f"decomposed plugin nodes of {', '.join(result.decomposed)} before running")
+        console.print(f"decomposed plugin nodes of {escape(', '.join(result.decomposed))} before running")
     console.print(table)
     for o in result.outputs:  # one plain line per output for scripts and the demo summary
         if o.top1 is not None and args.precision in ("int8", "int4-wo", "fp8"):
-            console.print(f"accuracy {o.name}: top-1 agreement {o.top1:.3f}, relative error {o.rel_error:.4f}")
+            console.print(f"accuracy {escape(o.name)}: top-1 agreement {o.top1:.3f}, relative error {o.rel_error:.4f}")
     if args.save is not None:
         saved = save_results(result, args.save)
-        console.print("saved " + ", ".join(str(p) for p in saved))
+        console.print("saved " + escape(", ".join(str(p) for p in saved)))
     check(result)
     from ..core import steps
 

@@ -47,17 +47,19 @@ def build_parser() -> ArgumentParser:
 
 
 def _summary(report: dict[str, Any], output: str, written: bool) -> None:
+    from rich.markup import escape  # the path and op types are the user's: '[bold]' in them prints as written
+
     console = stdout_console()
-    removed = ", ".join(f"{op} {n}" for op, n in report["removed"].items()) or "nothing"
+    removed = escape(", ".join(f"{op} {n}" for op, n in report["removed"].items())) or "nothing"
     rules = ", ".join(f"{r} {n}" for r, n in report["rules"].items()) or "none fired"
     from ..core import steps
 
-    console.print(f"[bold]{output}[/bold]: {report['nodes_before']} -> {report['nodes_after']} nodes "
+    console.print(f"[bold]{escape(output)}[/bold]: {report['nodes_before']} -> {report['nodes_after']} nodes "
                   f"in {steps.elapsed():.2f} s (load, fold{', check' if 'check' in report else ''} and save; the "
                   f"fold pass {report['seconds']:.3f} s)" + ("" if written else " [red](not written)[/red]"))
     console.print(f"  removed: {removed}")
     if report["added"]:  # the constants folded Casts became (else before - removed != after)
-        console.print("  added:   " + ", ".join(f"{op} {n}" for op, n in report["added"].items()))
+        console.print("  added:   " + escape(", ".join(f"{op} {n}" for op, n in report["added"].items())))
     console.print(f"  rules:   {rules}")
     check = report.get("check")
     if check is not None:

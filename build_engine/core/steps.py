@@ -47,6 +47,13 @@ def _console() -> Any:
     return _state["console"]
 
 
+def _plain(text: str) -> str:
+    """Labels carry file names: escaped so a '[red]' in a name shows as written, not as rich markup."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
 @contextlib.contextmanager
 def step(label: str) -> Iterator[None]:
     """Time (and, when display is on, show) one step; see the module docstring."""
@@ -56,7 +63,7 @@ def step(label: str) -> Iterator[None]:
     status = None
     try:
         if _state["show"]:
-            text = " > ".join(stack)
+            text = _plain(" > ".join(stack))
             if _state["status"] is None:
                 status = _console().status(f"{text} ...", spinner="dots")
                 status.start()
@@ -71,9 +78,9 @@ def step(label: str) -> Iterator[None]:
             status.stop()
             _state["status"] = None
             if dt >= SHOW_AFTER:
-                _console().print(f"[dim]{label}[/dim]  {dt:.1f} s")
+                _console().print(f"[dim]{_plain(label)}[/dim]  {dt:.1f} s")
         elif _state["status"] is not None and stack:
-            _state["status"].update(f"{' > '.join(stack)} ...")
+            _state["status"].update(f"{_plain(' > '.join(stack))} ...")
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
