@@ -38,7 +38,8 @@ def build_parser() -> ArgumentParser:
                    help="sequence length of generated samples (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated samples and AWQ row sampling (default 0)")
     p.add_argument("--exclude", default="", help="comma-separated node-name patterns kept in float (fnmatch globs; "
-                                                 "a pattern without *?[ matches as a substring; one that matches no "
+                                                 "a pattern without *?[ matches as a substring whose numbers match "
+                                                 "whole, so layers.1 is not layers.10; one that matches no "
                                                  "node name is refused)")
     p.add_argument("--alpha", type=float, default=None,
                    help="SmoothQuant migration strength for int8 (default 0.5); an option the --mode does not read "

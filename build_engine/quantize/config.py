@@ -25,7 +25,7 @@ class QuantConfig:
     """``alpha``: SmoothQuant migration strength (int8); ``block_size``: INT4 block along the input dim;
     ``calib_size``: samples generated when no file is given (a file's samples are all used); ``seq_len``: the
     sequence length of generated samples; ``exclude``: node-name patterns (fnmatch globs; a pattern without
-    ``*?[`` matches as a substring) kept in float."""
+    ``*?[`` matches as a substring, its numbers whole) kept in float."""
 
     mode: str
     alpha: float = 0.5

@@ -26,7 +26,7 @@ from .calib_data import CalibSet
 from .config import METADATA_KEY, MIN_BLOCK, MIN_IR, MIN_OPSET, QuantConfig
 from .qdq import EdgePlan, WeightPlan, rewrite
 from .report import NodeReport, QuantReport
-from .targets import Excluded, Selection, Target, select
+from .targets import Excluded, Selection, Target, select, source_labels
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,9 @@ def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
 def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResult:
     start = time.perf_counter()
     _check_source(model)
-    model = _at_opset(model, cfg.mode)
-    model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
+    with source_labels(model):  # the report's and --exclude's labels are the source's (module targets)
+        model = _at_opset(model, cfg.mode)
+        model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
     model = _lift_weight_constants(model)
     model, sel = _select(model, cfg)
     if cfg.mode == "int4-wo":

@@ -19,7 +19,8 @@ candidate stays float when:
    head); or a MatMul onto the vocabulary (weight ``[H, V]`` for the largest embedding table ``[V, H]``, a ``Gather``
    of a 2-D initializer) from which a graph output is reached through ops other than MatMul/Gemm that read no other
    run-time value (logits post-processed before the output: temperature, soft-capping, Softmax, ArgMax);
-3. its name matches an ``--exclude`` pattern.
+3. its name matches an ``--exclude`` pattern (an unnamed node's name is its label in the source, ``MatMul#7`` for
+   node 7; ``quantizer`` names the copies so, and the output model keeps those names).
 
 A weight initializer that is also listed in ``graph.input`` is only a default the caller may override at run time
 (ONNX IR < 4 style): it is not a constant, so its MatMul is never a candidate (quantizing it would silently ignore
@@ -36,8 +37,10 @@ input edge gets the Q/DQ pair (see ``qdq``), so a LoRA node after a quantized pr
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-from collections.abc import Collection, Sequence
+import re
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from onnx import ModelProto, NodeProto, TensorProto
@@ -80,8 +83,15 @@ class Selection:
 
 
 def _matches(name: str, patterns: Sequence[str]) -> str | None:
+    """The first pattern ``name`` matches: an fnmatch glob when it holds ``*?[``, else a substring whose numbers
+    match whole (``layers.1`` is not in ``layers.10.q_proj``, ``MatMul#1`` not in ``MatMul#12``)."""
     for p in patterns:
-        hit = fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name
+        if any(c in p for c in "*?["):
+            hit = fnmatch.fnmatchcase(name, p)
+        else:
+            lead = r"(?<!\d)" if p[:1].isdigit() else ""
+            tail = r"(?!\d)" if p[-1:].isdigit() else ""
+            hit = re.search(lead + re.escape(p) + tail, name) is not None
         if hit:
             return p
     return None
@@ -92,8 +102,9 @@ def _check_patterns(model: ModelProto, patterns: Sequence[str]) -> None:
     for p in patterns:
         if not any(_matches(label, (p,)) for label in labels):
             sample = ", ".join(repr(x) for x in [n for n in labels if n][:3])
-            raise InputError(f"--exclude {p!r} matches no node name (they read like {sample}); check the spelling: a "
-                             "pattern is a substring of a name, or an fnmatch glob with * ? [")
+            raise InputError(f"--exclude {p!r} matches no node name (they read like {sample}); check the spelling: "
+                             "a pattern is a substring of a name (numbers in it match whole), or an fnmatch glob "
+                             "with * ? [")
 
 
 def _is_bias(node: NodeProto, value: str, inits: Collection[str]) -> bool:
@@ -186,6 +197,22 @@ def _nested(model: ModelProto) -> list[Excluded]:
 def node_label(node: object, index: int) -> str:
     name = getattr(node, "name", "")
     return name or f"{getattr(node, 'op_type', 'node')}#{index}"
+
+
+@contextlib.contextmanager
+def source_labels(model: ModelProto) -> Iterator[None]:
+    """Inside: every unnamed top-level node of ``model`` is named with its label in ``model`` (``MatMul#7``), so the
+    copies made inside keep the labels a user reads off the source however many nodes the opset conversion, fold or
+    Gemm lowering add or remove before ``select``; on exit ``model``'s own nodes are unnamed again."""
+    named = [n for n in model.graph.node if not n.name]
+    for i, n in enumerate(model.graph.node):
+        if not n.name:
+            n.name = node_label(n, i)
+    try:
+        yield
+    finally:
+        for n in named:
+            n.ClearField("name")  # onnx.proto is proto2: name = "" would still be serialised
 
 
 def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False) -> Selection:
