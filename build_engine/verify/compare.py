@@ -12,7 +12,8 @@ the elements, everything ``fold --check`` (bit equality) and ``diff`` (tolerance
   ``infinities_compare_equal``, so a model with inf outputs matches itself); ``max_abs`` and ``max_rel`` ignore
   NaN; ``rel_to_scale`` is ``max_abs / max|b|``, the error relative to the output's scale (element-wise
   ``max_rel`` explodes near zero).
-  Arrays of different dtypes (an fp16 model against its fp32 original) are compared as float64 values.
+  Arrays of different dtypes (an fp16 model against its fp32 original) are compared as float64 values; integer
+  arrays' differences are computed exactly first (two int64 values above 2**53 that float64 rounds alike differ).
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
     else:
         wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64  # complex: |a - b| is a modulus
         fa, fb = a.astype(wide), b.astype(wide)
-        with np.errstate(invalid="ignore", over="ignore"):
-            absd = np.where(fa == fb, 0.0, np.abs(fa - fb))  # inf - inf is NaN: equal infinities differ by 0
+        if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+            absd = _int_distance(a, b)  # float64 would make 2**60 + 3 and 2**60 + 4 equal
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):
+                absd = np.where(fa == fb, 0.0, np.abs(fa - fb))  # inf - inf is NaN: equal infinities differ by 0
         denom = np.abs(fb)
     bitwise, unequal = _bitwise(a, b, fa, fb, absd) if same_type else (False, _INF)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -76,6 +80,19 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
     rel_to_scale = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else _INF)
     return ArrayDiff(same_type, bitwise, identical, unequal, max_abs, max_rel, int(mism.sum()), int(a.size),
                      rel_to_scale)
+
+
+def _int_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``|a - b|`` of two integer arrays, computed exactly and then rounded to float64, so it is 0 exactly where the
+    integers are equal (int64 values above 2**53 that float64 rounds alike still differ by at least 1)."""
+    if a.dtype.kind != b.dtype.kind:  # int64 against uint64 has no common fixed-width type: Python integers
+        return np.abs(a.astype(object) - b.astype(object)).astype(np.float64)
+    if a.dtype.kind == "i":  # int64 -> uint64 keeping order (v + 2**63), so the difference below cannot overflow
+        sign = np.uint64(1 << 63)
+        ka, kb = a.astype(np.int64).view(np.uint64) ^ sign, b.astype(np.int64).view(np.uint64) ^ sign
+    else:
+        ka, kb = a.astype(np.uint64), b.astype(np.uint64)
+    return np.where(ka >= kb, ka - kb, kb - ka).astype(np.float64)
 
 
 def _nanmax(x: np.ndarray) -> float:
