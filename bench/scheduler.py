@@ -150,6 +150,7 @@ def step_overhead() -> None:
             s.submit(Request(f"r{k}", 0.0, 1000 + k, 1500))
         for k in range(1000):
             s.submit(Request(f"q{k}", 0.0, 2000 + k, 500))
+        s.step()  # vllm-v1 admits only inside a step (running first, then the waiting queue): nothing prefills before
         while s.prefilling:  # get everyone into decode
             s.step()
         seqs = list(s.seqs.values())
