@@ -123,7 +123,9 @@ def _check(args: Namespace) -> None:
             raise InputError(f"{flag} must be a finite number of seconds > 0, got {v}")
     if args.lora_slots < 0:
         raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
-    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isdigit() and int(args.max_tokens)):
+    # plain ASCII digits: str.isdigit() also holds for '\u00b2' (int() raised ValueError: exit 3) and '\u0663'
+    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isascii() and args.max_tokens.isdigit()
+                                                             and int(args.max_tokens)):
         raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
 
 
