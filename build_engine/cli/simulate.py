@@ -46,7 +46,8 @@ def build_parser() -> ArgumentParser:
                    help="LoRA slot pool of the engine (default 8, trtforge lora inject's --slots default)")
     p.add_argument("--adapters", type=int, default=None, metavar="K",
                    help="give a trace without adapters K synthetic LoRA adapters, Zipf popularity, seeded by --seed")
-    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first N requests (the N earliest arrivals)")
     p.add_argument("--kv-scale", type=float, default=1.0,
                    help="use this fraction of the planned KV blocks (e.g. 0.25 to create KV pressure)")
     p.add_argument("--time-scale", type=float, default=1.0,

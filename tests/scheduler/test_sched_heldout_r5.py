@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 from trtforge_testing import assert_one_line_error
 
 
@@ -14,3 +18,25 @@ def test_max_tokens_of_non_ascii_digits_is_one_line_exit_2(cli, cap: str) -> Non
     res = cli("simulate", "--trace", "synthetic:5", "--profile", "h100", "--model", "llama-3.1-8b",
               "--policy", "cache-aware", "--max-tokens", cap)
     assert_one_line_error(res, 2, "--max-tokens")
+
+
+def test_max_requests_keeps_the_earliest_arrivals_of_an_unsorted_trace(tmp_path: Path) -> None:
+    """--max-requests N is the N earliest requests, in time order, whatever order the rows are in: the first N
+    rows of the file were kept, so an unsorted trace replayed later requests and dropped the first ones."""
+    rows = [(7, 100), (1, 200), (9, 300), (1, 400), (0, 500), (5, 600), (3, 700)]  # (seconds, prompt tokens)
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text("".join(json.dumps({"timestamp": s * 1000, "input_length": n, "output_length": 2}) + "\n"
+                             for s, n in rows))
+    csv = tmp_path / "t.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{s:02d},{n},2\n" for s, n in rows))
+    for reader in (read_mooncake_jsonl, read_azure_csv):
+        path = jsonl if reader is read_mooncake_jsonl else csv
+        every = reader(path)
+        for n in range(1, len(rows) + 2):
+            got = reader(path, max_requests=n)
+            assert got == every[:n], (reader.__name__, n)
+        # earliest first, ties in file order, seconds from the earliest arrival
+        assert [(r.arrival, r.prompt_tokens) for r in reader(path, max_requests=4)] == [
+            (0.0, 500), (1.0, 200), (1.0, 400), (3.0, 700)]
+        assert len({r.id for r in every}) == len(rows)
