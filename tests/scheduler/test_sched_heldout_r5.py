@@ -40,3 +40,18 @@ def test_max_requests_keeps_the_earliest_arrivals_of_an_unsorted_trace(tmp_path:
         assert [(r.arrival, r.prompt_tokens) for r in reader(path, max_requests=4)] == [
             (0.0, 500), (1.0, 200), (1.0, 400), (3.0, 700)]
         assert len({r.id for r in every}) == len(rows)
+
+
+LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+            "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072}
+
+
+@pytest.mark.parametrize("command", ["kv-plan", "simulate"])
+def test_rope_factor_that_leaves_no_context_is_one_line_exit_2(cli, tmp_path: Path, command: str) -> None:
+    """A rope_scaling factor so small that max_position_embeddings x factor is under one token: kv-plan crashed
+    (exit 3, ZeroDivisionError dividing by the 0-token context); now both commands name the key."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_8B, "rope_scaling": {"type": "linear", "factor": 1e-9}}))
+    extra = ["--trace", "synthetic:5", "--policy", "cache-aware"] if command == "simulate" else []
+    res = cli(command, "--profile", "h100", "--model", config, *extra)
+    assert_one_line_error(res, 2, "rope_scaling factor")
