@@ -261,15 +261,17 @@ class Scheduler(Preemption):
             return []  # nothing that could let a request in changed since an admission pass admitted nobody
         admitted: list[str] = []
         cap = self.config.max_running
+        skip_lora = self.policy.skip_lora_blocked
 
         def room() -> bool:
             return len(self.running) < cap
 
-        def try_admit(seq: Seq) -> bool:
+        def try_admit(seq: Seq) -> bool:  # True: the walk goes on
             if self._try_admit(seq):
                 admitted.append(seq.req.id)
                 return True
-            return False
+            # vLLM v1: a request whose adapter would exceed max_loras is skipped, before its KV is looked at
+            return skip_lora and seq.req.adapter is not None and not self.lora.can_acquire(seq.req.adapter)
 
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:

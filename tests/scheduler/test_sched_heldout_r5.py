@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from trtforge.scheduler.request import Request
+from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
 from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 from trtforge_testing import assert_one_line_error
 
@@ -55,3 +57,27 @@ def test_rope_factor_that_leaves_no_context_is_one_line_exit_2(cli, tmp_path: Pa
     extra = ["--trace", "synthetic:5", "--policy", "cache-aware"] if command == "simulate" else []
     res = cli(command, "--profile", "h100", "--model", config, *extra)
     assert_one_line_error(res, 2, "rope_scaling factor")
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "trtllm-main-no-evict"])
+def test_vllm_v1_passes_over_a_request_whose_adapter_gets_no_slot(policy: str) -> None:
+    """vLLM v1's waiting loop skips a request whose LoRA would exceed max_loras and goes on to the next one
+    (``continue``, before the KV lookup); vllm-v1 stopped there, so a base-model request waited behind it for the
+    whole decode of the request holding the only slot. The TensorRT-LLM policies keep their head-of-line wait."""
+    cfg = SchedulerConfig(num_blocks=100, tokens_per_block=16, policy=policy, token_budget=64, max_running=8,
+                          lora_slots=1, adapters=("A", "B"))
+    s = Scheduler(cfg)
+    s.submit(Request("a", 0.0, 16, 50, adapter="A"))
+    s.step()
+    assert s.state("a") == "running"
+    for r in (Request("b", 0.0, 16, 4, adapter="B"), Request("base", 0.0, 16, 4), Request("a2", 0.0, 16, 4,
+                                                                                            adapter="A")):
+        s.submit(r)
+    admitted = s.step().admitted + s.step().admitted
+    if policy == "vllm-v1":
+        assert admitted == ["base", "a2"] and s.state("b") == "queued"  # B waits for A's slot, nobody behind it
+    else:
+        assert admitted == [] and {s.state(r) for r in ("b", "base", "a2")} == {"queued"}
+    while s.running or s.queue:  # every request still completes: b once a's requests free the slot
+        s.step()
+    assert all(s.state(r) == "finished" for r in ("a", "b", "base", "a2")) and s.used_blocks == 0
