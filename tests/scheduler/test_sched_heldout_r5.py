@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from trtforge.build_engine.core.errors import InputError
+from trtforge.profiles.loader import load_profile
+from trtforge.scheduler.kv_plan import PRESETS
 from trtforge.scheduler.request import Request
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+from trtforge.scheduler.sim.simulator import simulate
+from trtforge.scheduler.sim.step_time import StepTimeModel
 from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 from trtforge_testing import assert_one_line_error
+
+MODEL = StepTimeModel.from_profile(load_profile("h100"), PRESETS["llama-3.1-8b"])
 
 
 @pytest.mark.parametrize("cap", ["\u00b2", "\u0663", "\uff15"])
@@ -81,3 +89,17 @@ def test_vllm_v1_passes_over_a_request_whose_adapter_gets_no_slot(policy: str) -
     while s.running or s.queue:  # every request still completes: b once a's requests free the slot
         s.step()
     assert all(s.state(r) == "finished" for r in ("a", "b", "base", "a2")) and s.used_blocks == 0
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_simulate_refuses_two_requests_under_one_id(replicas: int) -> None:
+    """Per-request records are keyed by id: two requests named alike on two replicas overwrote each other's times
+    and lengths, so the summary lost one (3 requests, 2 completed, 0 unserved); on one replica the second arrival
+    failed the replay midway. Now the trace is refused before anything runs."""
+    cfg = SchedulerConfig(num_blocks=100, tokens_per_block=16)
+    reqs = [Request("x", 0.0, 100, 5), Request("y", 0.1, 20, 5), Request("x", 0.05, 50, 50)]
+    with pytest.raises(InputError, match="request id 'x' appears twice"):
+        simulate(reqs, partial(Scheduler, cfg), MODEL, replicas=replicas, max_tokens="oracle")
+    unique = [r for r in reqs if r.max_new_tokens == 5]
+    ok = simulate(unique, partial(Scheduler, cfg), MODEL, replicas=replicas, max_tokens="oracle").summary
+    assert ok.completed == 2
