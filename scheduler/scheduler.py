@@ -203,8 +203,11 @@ class Scheduler(Preemption):
             self.metrics.observe_step(self)
 
     def cancel(self, request_id: str) -> None:
+        """Drop a queued or running request (a client that went away): its blocks and slot are freed, a LoRA-slot
+        wait it was in counts in ``slot_wait_s``, and the gauges show it now (no step may follow on an idle server)."""
         seq = self._get(request_id)
         if seq.state == "queued":
+            self._end_slot_wait(seq)
             del self.queue[request_id]
             self.queued_tokens -= seq.prompt_len
             self._changed += 1
@@ -214,6 +217,8 @@ class Scheduler(Preemption):
             self._end(seq, "cancelled")
         else:
             raise InputError(f"request {request_id!r} is already {seq.state}")
+        if self.metrics:
+            self.metrics.observe_step(self)
 
     def state(self, request_id: str) -> str:
         return self._get(request_id).state

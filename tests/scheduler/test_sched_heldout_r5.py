@@ -103,3 +103,26 @@ def test_simulate_refuses_two_requests_under_one_id(replicas: int) -> None:
     unique = [r for r in reqs if r.max_new_tokens == 5]
     ok = simulate(unique, partial(Scheduler, cfg), MODEL, replicas=replicas, max_tokens="oracle").summary
     assert ok.completed == 2
+
+
+def test_cancel_updates_the_gauges_and_counts_the_slot_wait() -> None:
+    """Cancelling the last requests of an idle server left the gauges at their old values (4 used blocks, 1
+    running, 1 queued) until a step that never came, and a cancelled request's wait for a LoRA slot (with its KV
+    available) was not counted in slot_wait_s; finish already refreshed the gauges."""
+    now = [0.0]
+    cfg = SchedulerConfig(num_blocks=20, tokens_per_block=4, max_running=4, token_budget=64, lora_slots=1,
+                          adapters=("A", "B"))
+    s = Scheduler(cfg, metrics=True, clock=lambda: now[0])
+    s.submit(Request("a", 0.0, 8, 8, adapter="A"))
+    s.step()
+    s.submit(Request("b", 0.0, 8, 8, adapter="B"))  # KV fits, the only slot is A's
+    s.step()
+    now[0] = 5.0
+    s.step()
+    assert s.metrics is not None and s.metrics.sample("trtforge_scheduler_used_blocks") == 4
+    s.cancel("b")
+    s.cancel("a")
+    assert s.slot_wait_s == 5.0
+    for gauge in ("used_blocks", "running_requests", "queued_requests"):
+        assert s.metrics.sample(f"trtforge_scheduler_{gauge}") == 0, gauge
+    assert s.metrics.sample("trtforge_scheduler_free_blocks") == 20 and s.used_blocks == 0
