@@ -126,3 +126,23 @@ def test_cancel_updates_the_gauges_and_counts_the_slot_wait() -> None:
     for gauge in ("used_blocks", "running_requests", "queued_requests"):
         assert s.metrics.sample(f"trtforge_scheduler_{gauge}") == 0, gauge
     assert s.metrics.sample("trtforge_scheduler_free_blocks") == 20 and s.used_blocks == 0
+
+
+def test_a_system_message_after_the_question_is_keyed_where_it_stands() -> None:
+    """System messages were keyed as a set apart from the turns: [system, user] and [user, system] (an instruction
+    the client appends after the question), or a system message before or after an earlier turn, had one key, so
+    the cache served the answer of the other prompt. Leading system messages keep the keys they had."""
+    from trtforge.scheduler.cache.keys import make_key
+
+    sys_ = {"role": "system", "content": "Answer in German."}
+    q, earlier = {"role": "user", "content": "Translate: good morning"}, {"role": "user", "content": "Hi"}
+    asst = {"role": "assistant", "content": "Hello!"}
+
+    def key(*msgs: dict[str, str], **kw: str) -> str:
+        return make_key({"model": "m", "temperature": 0, "messages": list(msgs), **kw}).digest
+
+    assert key(sys_, q) != key(q, sys_)
+    assert key(sys_, earlier, asst, q) != key(earlier, asst, sys_, q) != key(earlier, sys_, asst, q)
+    assert key(sys_, q, conversation_id="c") != key(q, sys_, conversation_id="c")
+    # a leading system prompt: the same key as before the change (pinned)
+    assert key(sys_, q) == "f959ad1a897fc2771c30b2079f2bcbf0a922a16ae9681922c6916c17f70899ca"
