@@ -146,3 +146,19 @@ def test_a_system_message_after_the_question_is_keyed_where_it_stands() -> None:
     assert key(sys_, q, conversation_id="c") != key(q, sys_, conversation_id="c")
     # a leading system prompt: the same key as before the change (pinned)
     assert key(sys_, q) == "f959ad1a897fc2771c30b2079f2bcbf0a922a16ae9681922c6916c17f70899ca"
+
+
+@pytest.mark.parametrize("path", ["/l", "/cache", "/1/2"])
+def test_a_redis_url_path_that_is_not_a_database_number_is_refused(cli, path: str) -> None:
+    """redis-py reads a URL path that is not a number as database 0 ('/l', a typo of '/1') and '/1/2' as database 12,
+    silently: 'cache ping' said ok and 'cache invalidate' published to another database than the replicas', whose
+    stored cache version it did not change. Now the CLI and CacheConfig refuse it with one line."""
+    from trtforge.scheduler.cache.entry import CacheConfig
+
+    url = f"redis://127.0.0.1:1{path}"
+    res = cli("cache", "ping", "--redis-url", url)
+    assert_one_line_error(res, 2, "not a database number")
+    with pytest.raises(InputError, match="not a database number"):
+        CacheConfig(layers=("l1", "l2"), redis_url=url)
+    CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1/3")  # a number, or no path, is a database
+    CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1")
