@@ -264,7 +264,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
 
 def _check_unique_ids(requests: Sequence[Request]) -> None:
     """Every per-request record (first token, completion, true length) is keyed by id: two requests under one id
-    on two replicas overwrote each other's, and the summary lost requests (2 requests, 0 completed, 0 unserved)."""
+    on two replicas overwrote each other's, and the summary lost one (3 requests, 2 completed, 0 unserved)."""
     seen: set[str] = set()
     for r in requests:
         if r.id in seen:
