@@ -98,9 +98,12 @@ def _blocks(kv: Any, args: Namespace, profile: str) -> int:
 
     blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
     if blocks > MAX_KV_BLOCKS:
+        # two significant digits, rounded DOWN: '.2g' rounded 0.0335 up to 0.034, which was refused again
+        exact = MAX_KV_BLOCKS / kv.num_blocks
+        step = 10.0 ** (math.floor(math.log10(exact)) - 1)
         raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
                          f"{profile}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
-                         f"{MAX_KV_BLOCKS / kv.num_blocks:.2g} or a larger model config")
+                         f"{math.floor(exact / step) * step:.2g} or a larger model config")
     return blocks
 
 

@@ -162,3 +162,23 @@ def test_a_redis_url_path_that_is_not_a_database_number_is_refused(cli, path: st
         CacheConfig(layers=("l1", "l2"), redis_url=url)
     CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1/3")  # a number, or no path, is a database
     CacheConfig(layers=("l1", "l2"), redis_url="redis://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("head_dim", [1, 5])
+def test_kv_scale_hint_above_the_block_limit_is_one_that_fits(cli, tmp_path: Path, head_dim: int) -> None:
+    """A config whose plan exceeds the simulator's block limit is refused with a --kv-scale to use; '.2g' rounded
+    that scale up (0.0335 -> 0.034: 10,138,534 blocks, refused again with the same hint). Now it is rounded down."""
+    import re
+
+    from trtforge.build_engine.cli.simulate import MAX_KV_BLOCKS
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({"num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+                                  "head_dim": head_dim, "hidden_size": 64, "intermediate_size": 64, "vocab_size": 100,
+                                  "max_position_embeddings": 4096}))
+    res = cli("simulate", "--trace", "synthetic:3", "--profile", "h100", "--model", config, "--policy", "cache-aware")
+    assert_one_line_error(res, 2, "--kv-scale")
+    got = re.search(r"gives (\d+) blocks .* --kv-scale ([0-9.e-]+) ", res.err)
+    assert got is not None, res.err
+    planned, scale = int(got.group(1)), float(got.group(2))
+    assert planned > MAX_KV_BLOCKS and planned * scale <= MAX_KV_BLOCKS and planned * scale > 0.9 * MAX_KV_BLOCKS
