@@ -76,6 +76,10 @@ class ModelSpec:
         factor = self.rope_factor
         if not isinstance(factor, int | float) or isinstance(factor, bool) or not 0 < factor < math.inf:
             raise InputError(f"model {self.name}: rope_scaling factor must be a positive number, got {factor!r}")
+        if self.max_seq_len < 1:  # a factor below 1/max_position_embeddings: kv-plan divided by the 0-token context
+            raise InputError(f"model {self.name}: rope_scaling factor {factor!r} x max_position_embeddings "
+                             f"{self.max_position_embeddings} leaves a context of 0 tokens; a factor stretches the "
+                             "context (>= 1 in HF configs): fix config.json")
         if self.num_heads % self.num_kv_heads:
             raise InputError(f"model {self.name}: num_attention_heads {self.num_heads} is not a multiple of "
                              f"num_key_value_heads {self.num_kv_heads}; fix config.json")

@@ -24,7 +24,9 @@ Baselines (each a ``Policy`` with the upstream semantics it models; the hand-com
   requests are served first (their next block, their decode token or prefill chunk), and the waiting queue is
   admitted only after them, with the token budget they left and only in a step that preempted nobody (a new
   request waits in that queue until the next step, never admitted at submission); the waiting queue is strict
-  FCFS (it stops at the first request whose chunk does not fit), a running request that cannot get its next
+  FCFS (it stops at the first request whose chunk does not fit) except that a request whose LoRA adapter gets no
+  slot is passed over, whether its chunk fits or not (vLLM's ``max_loras`` check comes before the KV lookup and
+  ``continue``s to the next waiting request; ``skip_lora_blocked``), a running request that cannot get its next
   block preempts the newest running request by recompute, and cached blocks are evicted least
   recently freed first. One difference: vLLM keeps ONE free queue over all free blocks, so it may evict a cached
   block while never-cached free blocks wait further down the queue; ``PrefixCache`` hands out never-cached free
@@ -69,6 +71,7 @@ class Policy:
     skip_window: int = 0
     max_skips: int = 0
     alloc_per_step: bool = False  # blocks allocated per scheduled chunk / token (vLLM v1), not per prompt
+    skip_lora_blocked: bool = False  # a queued request whose adapter gets no slot is passed over (vLLM v1)
 
     def select(self, queue: Iterable[S], try_admit: Callable[[S], bool], room: Callable[[], bool]) -> None:
         """Walk ``queue`` in order calling ``try_admit`` (which admits when it fits) while ``room()`` holds."""
@@ -107,7 +110,7 @@ POLICIES: dict[str, Policy] = {
     "max-utilization": Policy("max-utilization", reserve_to_completion=False, credit_prefix=True,
                               reject_never_fit=True, preempts=True),
     "vllm-v1": Policy("vllm-v1", reserve_to_completion=False, credit_prefix=True, reject_never_fit=True,
-                      preempts=True, alloc_per_step=True),
+                      preempts=True, alloc_per_step=True, skip_lora_blocked=True),
     "cache-aware": Policy("cache-aware", reserve_to_completion=True, credit_prefix=True, reject_never_fit=True,
                           preempts=False, skip_window=16, max_skips=32),
 }

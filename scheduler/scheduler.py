@@ -203,8 +203,11 @@ class Scheduler(Preemption):
             self.metrics.observe_step(self)
 
     def cancel(self, request_id: str) -> None:
+        """Drop a queued or running request (a client that went away): its blocks and slot are freed, a LoRA-slot
+        wait it was in counts in ``slot_wait_s``, and the gauges show it now (no step may follow on an idle server)."""
         seq = self._get(request_id)
         if seq.state == "queued":
+            self._end_slot_wait(seq)
             del self.queue[request_id]
             self.queued_tokens -= seq.prompt_len
             self._changed += 1
@@ -214,6 +217,8 @@ class Scheduler(Preemption):
             self._end(seq, "cancelled")
         else:
             raise InputError(f"request {request_id!r} is already {seq.state}")
+        if self.metrics:
+            self.metrics.observe_step(self)
 
     def state(self, request_id: str) -> str:
         return self._get(request_id).state
@@ -261,15 +266,17 @@ class Scheduler(Preemption):
             return []  # nothing that could let a request in changed since an admission pass admitted nobody
         admitted: list[str] = []
         cap = self.config.max_running
+        skip_lora = self.policy.skip_lora_blocked
 
         def room() -> bool:
             return len(self.running) < cap
 
-        def try_admit(seq: Seq) -> bool:
+        def try_admit(seq: Seq) -> bool:  # True: the walk goes on
             if self._try_admit(seq):
                 admitted.append(seq.req.id)
                 return True
-            return False
+            # vLLM v1: a request whose adapter would exceed max_loras is skipped, before its KV is looked at
+            return skip_lora and seq.req.adapter is not None and not self.lora.can_acquire(seq.req.adapter)
 
         self.policy.select(self.queue.values(), try_admit, room)
         for rid in admitted:

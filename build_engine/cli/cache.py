@@ -61,6 +61,9 @@ def _read_request(where: str) -> Any:
 def _client(url: str) -> Any:
     import redis
 
+    from trtforge.scheduler.cache.entry import check_redis_db
+
+    check_redis_db(url)
     try:
         client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         client.ping()

@@ -46,7 +46,8 @@ def build_parser() -> ArgumentParser:
                    help="LoRA slot pool of the engine (default 8, trtforge lora inject's --slots default)")
     p.add_argument("--adapters", type=int, default=None, metavar="K",
                    help="give a trace without adapters K synthetic LoRA adapters, Zipf popularity, seeded by --seed")
-    p.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first N requests (the N earliest arrivals)")
     p.add_argument("--kv-scale", type=float, default=1.0,
                    help="use this fraction of the planned KV blocks (e.g. 0.25 to create KV pressure)")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -97,9 +98,12 @@ def _blocks(kv: Any, args: Namespace, profile: str) -> int:
 
     blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
     if blocks > MAX_KV_BLOCKS:
+        # two significant digits, rounded DOWN: '.2g' rounded 0.0335 up to 0.034, which was refused again
+        exact = MAX_KV_BLOCKS / kv.num_blocks
+        step = 10.0 ** (math.floor(math.log10(exact)) - 1)
         raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
                          f"{profile}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
-                         f"{MAX_KV_BLOCKS / kv.num_blocks:.2g} or a larger model config")
+                         f"{math.floor(exact / step) * step:.2g} or a larger model config")
     return blocks
 
 
@@ -123,7 +127,9 @@ def _check(args: Namespace) -> None:
             raise InputError(f"{flag} must be a finite number of seconds > 0, got {v}")
     if args.lora_slots < 0:
         raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
-    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isdigit() and int(args.max_tokens)):
+    # plain ASCII digits: str.isdigit() also holds for '\u00b2' (int() raised ValueError: exit 3) and '\u0663'
+    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isascii() and args.max_tokens.isdigit()
+                                                             and int(args.max_tokens)):
         raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
 
 

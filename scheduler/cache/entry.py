@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,23 @@ except ImportError:  # the same JSON through the stdlib (one encoder object, not
         return _stdlib(obj).encode()
 
     _decode = json.loads
+
+
+def check_redis_db(url: str) -> None:
+    """A ``redis://``/``rediss://`` URL's path is its database number: redis-py reads ``/cache`` or ``/l`` (a typo of
+    ``/1``) as database 0 and ``/1/2`` as 12, without a word, so replicas and ``cache invalidate`` could talk to
+    different databases (the stored cache version is per database). Anything but ``/N`` is an InputError."""
+    from urllib.parse import unquote, urlsplit
+
+    if not url.startswith(("redis://", "rediss://")):
+        return
+    try:
+        path = unquote(urlsplit(url).path)
+    except ValueError:
+        return  # not a URL at all: redis-py names what is wrong when it parses it
+    if path not in ("", "/") and not re.fullmatch(r"/[0-9]+", path):
+        raise InputError(f"--redis-url {url}: the path {path!r} is not a database number; use redis://host:port/N "
+                         "(N = 0, 1, ...)")
 
 
 def encoded_size(value: Any) -> int:
@@ -98,6 +116,8 @@ class CacheConfig:
         if "l2" in self.layers and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise InputError(f"redis url {self.redis_url!r} (--redis-url): use redis://host:port/db, rediss://... "
                              "or unix:///path")
+        if "l2" in self.layers:
+            check_redis_db(self.redis_url)
         if not 0.0 < self.l3_threshold <= 1.0:
             raise InputError(f"l3 threshold {self.l3_threshold!r}: a cosine similarity in (0, 1]")
         if self.l3_index not in ("flat", "hnsw"):

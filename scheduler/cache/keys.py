@@ -9,12 +9,13 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
   spellings naming different adapters is an error |
 | ``conversation_id`` | string or absent; different conversations never share an entry |
 | ``task`` (role/task class) | string or absent (e.g. "qa", "tool"; also picks the TTL class) |
-| ``messages`` | the *system* (and *developer*) messages, the *final user* message and every turn after it (an
-  assistant prefill), text normalised (below), roles lower-cased; without a ``conversation_id`` also every earlier
-  turn (in order), so two histories ending in the same question never share an entry. With a ``conversation_id`` the
-  earlier turns are identified by it and not read. A message's other fields (``name``, ``tool_calls``,
-  ``tool_call_id``...) and a content that is not a string (a list of parts, or null beside ``tool_calls``) are keyed
-  as canonical JSON |
+| ``messages`` | the *system* (and *developer*) messages (one placed after another turn, with how many turns
+  precede it: a system message after the question is another prompt than one before it), the *final user* message
+  and every turn after it (an assistant prefill), text normalised (below), roles lower-cased; without a
+  ``conversation_id`` also every earlier turn (in order), so two histories ending in the same question never share
+  an entry. With a ``conversation_id`` the earlier turns are identified by it and not read. A message's other
+  fields (``name``, ``tool_calls``, ``tool_call_id``...) and a content that is not a string (a list of parts, or null
+  beside ``tool_calls``) are keyed as canonical JSON |
 | ``prompt`` | instead of ``messages``: the same text normalisation; a completions request (a raw prompt, no chat
   template), so never the key of a chat request whose user message holds the same text |
 | ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
@@ -178,24 +179,27 @@ def _turn(i: int, m: Any) -> Turn:
                      "'tool_calls')")
 
 
-def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, list[Turn]]:
-    """(system messages, final user message, the other turns the key reads), normalised: the turns after the final
-    user message, and with ``history`` (no conversation id) the earlier ones too, in order."""
+def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, list[Turn], list[int]]:
+    """(system messages, final user message, the other turns the key reads, how many other turns precede each
+    system message), normalised: the turns after the final user message, and with ``history`` (no conversation
+    id) the earlier ones too, in order."""
     if "messages" not in req:
         prompt = _string(req, "prompt")
         if prompt is None:
             raise InputError("request: needs 'messages' (a list of {role, content}) or 'prompt' (a string)")
-        return [], ("user", _normalized(prompt)), []
+        return [], ("user", _normalized(prompt)), [], []
     msgs = req["messages"]
     if not isinstance(msgs, list) or not msgs:
         raise InputError("request: 'messages' must be a non-empty list of {role, content} objects")
     system: list[Turn] = []
+    at: list[int] = []  # non-system turns before each system message (a system message after the question differs)
     turns: list[Turn] = []  # non-system messages, in order
     last_user = -1
     for i, m in enumerate(msgs):
         turn = _turn(i, m)
         if turn[0] in ("system", "developer"):  # "developer": the system role of newer OpenAI models
             system.append(turn)
+            at.append(len(turns))
             continue
         if turn[0] == "user":
             last_user = len(turns)
@@ -203,7 +207,7 @@ def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, lis
     if last_user < 0:
         raise InputError("request: 'messages' has no user message; the cache keys on the final user message")
     other = (turns[:last_user] if history else []) + turns[last_user + 1:]
-    return system, turns[last_user], other
+    return system, turns[last_user], other, at
 
 
 def _stop(req: dict[str, Any]) -> list[str]:
@@ -302,7 +306,7 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     adapter = lora if adapter is None else adapter
     conversation = _string(req, "conversation_id")
     task = _string(req, "task")
-    system, last, turns = _messages(req, history=conversation is None)
+    system, last, turns, system_at = _messages(req, history=conversation is None)
     final = last[1]
     temperature = _number(req, "temperature", 1.0)  # checked in this order: the first bad field is the one named
     top_k = _number(req, "top_k", None, integer=True)
@@ -317,6 +321,8 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     }
     if len(last) == 3:  # only when present: the keys of plain final messages stay what they were
         c["final_extra"] = last[2]
+    if any(system_at):  # a system message after another turn: where it stands is keyed (leading ones: unchanged keys)
+        c["system_at"] = system_at
     if "messages" not in req:  # a raw prompt continues text where a chat message is answered: other answers
         c["completion"] = 1
     return c
@@ -338,13 +344,14 @@ def _encode_canonical(c: dict[str, Any]) -> str:
     sampling = c["sampling"]
     stop = ",".join([enc(s) for s in c["stop"]])
     completion = '"completion":1,' if "completion" in c else ""
+    system_at = f',"system_at":[{",".join(map(str, c["system_at"]))}]' if "system_at" in c else ""
     return (f'{{"adapter":{"null" if adapter is None else enc(adapter)},{completion}'
             f'"conversation":{"null" if conversation is None else enc(conversation)},"final":{enc(c["final"])}'
             f'{final_extra},'
             f'"max_tokens":{"null" if max_tokens is None else repr(max_tokens)},"model":{enc(c["model"])},'
             f'"response_format":{"null" if response_format is None else _CANONICAL(response_format)},'
             f'"sampling":{"null" if sampling is None else _CANONICAL(sampling)},'
-            f'"seed":{"null" if seed is None else repr(seed)},"stop":[{stop}],"system":[{system}],'
+            f'"seed":{"null" if seed is None else repr(seed)},"stop":[{stop}],"system":[{system}]{system_at},'
             f'"task":{"null" if task is None else enc(task)},'
             f'"temperature":{"null" if temperature is None else repr(temperature)},'
             f'"tools":{"null" if tools is None else _CANONICAL(tools)},'

@@ -23,6 +23,7 @@ and check that its decisions equal the simulator's on the same request stream.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -107,6 +108,29 @@ class CacheAwareCapacityScheduler:
             if rid in self._live and self.sched.state(rid) == "running":
                 (disagg if req.state == gen_init else fitting).append(req)
         return fitting, disagg, []
+
+    def can_schedule(self, requests: Sequence[Any]) -> bool:
+        """Whether the capacity stage would hold every one of ``requests`` as running (upstream
+        ``SimpleScheduler.can_schedule``: ``len(fitting) == len(requests)``), answered on a copy of the scheduler so
+        the query changes nothing. Through ``schedule_request`` it ended every live request missing from
+        ``requests``: their blocks were freed here while the executor still used them, and they were forgotten."""
+        sched = copy.deepcopy(self.sched, {id(self.sched.metrics): None, id(self.sched.clock): self.sched.clock})
+        for req in requests:
+            rid = self.request_id(req)
+            if rid in self._rejected:
+                return False
+            if rid in sched.seqs:
+                continue
+            try:
+                r = self.to_request(req)
+            except InputError:
+                return False
+            if r.adapter is not None:
+                sched.lora.register(r.adapter)
+            if sched.submit(r).status == "rejected":
+                return False
+        sched.admit()
+        return all(sched.state(self.request_id(req)) == "running" for req in requests)
 
     @staticmethod
     def _generated(req: Any) -> int:
@@ -215,6 +239,8 @@ def install_with(py_executor: Any, states: Any, rm_type: Any, *, policy: str = "
     cap = CacheAwareCapacityScheduler(Scheduler(cfg), kv, states, contract.rejecter(py_executor))
     if host is not None:
         host.capacity_scheduler = cap
+        if callable(getattr(host, "can_schedule", None)):  # upstream's runs the capacity stage on a subset
+            host.can_schedule = cap.can_schedule
     else:  # KV-cache-V2 path / multimodal wrapper on main: no capacity stage to swap, so filter in front of it
         py_executor.scheduler = contract.CapacityFirst(request_scheduler, cap)
     return cap

@@ -129,8 +129,8 @@ class CapacityFirst:
         return self.inner.schedule_request(list(fitting) + list(disagg), inflight_request_ids)
 
     def can_schedule(self, requests: Any) -> bool:
-        fitting, _, _ = self.capacity_scheduler.schedule_request(requests)
-        return len(fitting) == len(requests) and bool(self.inner.can_schedule(requests))
+        # a query: schedule_request would end every live request missing from ``requests``
+        return bool(self.capacity_scheduler.can_schedule(requests)) and bool(self.inner.can_schedule(requests))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

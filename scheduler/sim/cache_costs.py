@@ -43,6 +43,9 @@ def check_redis(url: str) -> None:
     """Exit-2 material when ``url`` is not a reachable Redis (the command refuses to start; the library degrades)."""
     import redis
 
+    from ..cache.entry import check_redis_db
+
+    check_redis_db(url)
     try:
         client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
     except ValueError as exc:

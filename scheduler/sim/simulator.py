@@ -238,6 +238,7 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
         raise InputError(f"--replicas must be >= 1, got {replicas}")
     if not requests:
         raise InputError("the trace holds no requests")
+    _check_unique_ids(requests)
     reps = [_Replica(make_scheduler()) for _ in range(replicas)]
     reqs, truth = cap_requests(sorted(requests, key=lambda r: r.arrival), str(max_tokens),
                                reps[0].sched.config.max_seq_len)
@@ -259,6 +260,16 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     summary = _summary(reqs, reps, out, t_start, deadline, (slo_ttft_s, slo_tpot_s), steps, str(max_tokens))
     return SimResult(summary, samples, sorted(first[r.id] - r.arrival for r in reqs if r.id in first),
                      max(done.values(), default=math.nan) - t_start)
+
+
+def _check_unique_ids(requests: Sequence[Request]) -> None:
+    """Every per-request record (first token, completion, true length) is keyed by id: two requests under one id
+    on two replicas overwrote each other's, and the summary lost one (3 requests, 2 completed, 0 unserved)."""
+    seen: set[str] = set()
+    for r in requests:
+        if r.id in seen:
+            raise InputError(f"request id {r.id!r} appears twice in the trace; give every request its own id")
+        seen.add(r.id)
 
 
 def _summary(reqs: Sequence[Request], reps: list[_Replica], out: Outcome, t_start: float, window_end: float,

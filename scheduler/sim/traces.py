@@ -14,8 +14,9 @@ popularity (S-LoRA's workload: a few adapters take most requests).
 Both are read as UTF-8 (a leading byte-order mark, as spreadsheet exports write, is skipped; CRLF or LF line
 ends). Azure timestamps carry no zone and are read as UTC, so arrivals never depend on the machine's time zone.
 A malformed file raises ``InputError`` with one line naming the file, the line number and what is wrong.
-Arrival times are seconds from the first request. A zero ``GeneratedTokens`` is read as 1 (the request still
-produces its first token).
+Arrival times are seconds from the first request. ``max_requests`` keeps the N earliest arrivals (the file is read
+whole, holding at most 2N requests: a file whose rows are not in time order has its earliest requests anywhere).
+A zero ``GeneratedTokens`` is read as 1 (the request still produces its first token).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def _reading(path: Path, kind: str) -> Iterator[None]:
 def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Request]:
     p = Path(path)
     out: list[Request] = []
+    rows = 0
     with _reading(p, "CSV"), open(p, newline="", encoding="utf-8-sig") as fh:  # -sig: a BOM is not the header
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
@@ -132,15 +134,16 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
             prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
             new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
             adapter = row[col].strip() or None if 0 <= col < len(row) else None
-            out.append(Request(f"azure-{len(out)}", t, prompt, new, adapter=adapter))
-            if max_requests is not None and len(out) >= max_requests:
-                break
-    return _sorted(out, p)
+            out.append(Request(f"azure-{rows}", t, prompt, new, adapter=adapter))
+            rows += 1
+            out = _earliest(out, max_requests)
+    return _sorted(out, p, max_requests)
 
 
 def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> list[Request]:
     p = Path(path)
     out: list[Request] = []
+    rows = 0
     odd = False  # a hash id that Python's hash() does not keep apart from another one (see _dense_ids)
     with _reading(p, "JSONL"), open(p, encoding="utf-8-sig") as fh:  # UTF-8, an optional BOM skipped
         for line_no, text in enumerate(fh, 1):
@@ -176,13 +179,13 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                                  f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} (one per {MOONCAKE_BLOCK_TOKENS}-token "
                                  "prompt block); fix the row")
             odd = odd or not all(0 <= h < _HASH_MODULUS for h in hashes)
-            out.append(Request(f"mooncake-{len(out)}", t, prompt,
+            out.append(Request(f"mooncake-{rows}", t, prompt,
                                max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
                                block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
                                adapter=adapter))
-            if max_requests is not None and len(out) >= max_requests:
-                break
-    return _sorted(_dense_ids(out) if odd else out, p)
+            rows += 1
+            out = _earliest(out, max_requests)
+    return _sorted(_dense_ids(out) if odd else out, p, max_requests)
 
 
 # hash() of an int is the int modulo 2**61 - 1 (and hash(-1) == hash(-2)): ids outside [0, 2**61 - 1) can hash alike
@@ -197,12 +200,21 @@ def _dense_ids(reqs: list[Request]) -> list[Request]:
     return [replace(r, block_hashes=tuple(dense.setdefault(h, len(dense)) for h in r.block_hashes)) for r in reqs]
 
 
-def _sorted(reqs: list[Request], p: Path) -> list[Request]:
-    """In arrival order (stable: ties keep file order), as seconds from the earliest arrival: a file whose rows are
-    not in time order made its first row time 0, so the earlier requests arrived at negative times."""
+def _earliest(reqs: list[Request], n: int | None) -> list[Request]:
+    """``reqs`` (in file order, or sorted then appended to) cut to its ``n`` earliest arrivals once it holds 2n: a
+    stable sort, so ties keep file order. The first n rows of the file were kept before, whatever their times."""
+    if n is None or len(reqs) < 2 * n:
+        return reqs
+    return sorted(reqs, key=lambda r: r.arrival)[:n]
+
+
+def _sorted(reqs: list[Request], p: Path, n: int | None = None) -> list[Request]:
+    """In arrival order (stable: ties keep file order), the ``n`` earliest (all: None), as seconds from the earliest
+    arrival: a file whose rows are not in time order made its first row time 0, so the earlier requests arrived at
+    negative times."""
     if not reqs:
         raise InputError(f"{p}: the trace holds no requests")
-    out = sorted(reqs, key=lambda r: r.arrival)
+    out = sorted(reqs, key=lambda r: r.arrival)[:n]
     t0 = out[0].arrival
     return [replace(r, arrival=r.arrival - t0) for r in out]
 

@@ -332,3 +332,40 @@ def test_adapter_forgets_ended_requests() -> None:
     assert not active and not cap.sched.seqs and not cap._rejected
     assert cap.sched.counts["finished"] == len(stream) - 1 and cap.sched.counts["rejected"] == 1
     assert cap.sched.used_blocks == 0 and cap.sched.pool.num_free + cap.sched.cache.num_cached_free == 48
+
+
+class UpstreamSimpleScheduler:
+    """``SimpleScheduler.can_schedule`` as upstream writes it: the capacity stage run on the requests asked about."""
+
+    def __init__(self) -> None:
+        self.capacity_scheduler: Any = BindCapacityScheduler()
+
+    def can_schedule(self, requests: list) -> bool:
+        fitting, _, _ = self.capacity_scheduler.schedule_request(requests)
+        return len(fitting) == len(requests)
+
+
+@pytest.mark.parametrize("path", ["capacity-first", "simple-scheduler"])
+def test_can_schedule_is_a_query_that_ends_no_live_request(path: str) -> None:
+    """``can_schedule(subset)`` ran the capacity stage on that subset, which ended every live request missing from
+    it: their blocks were freed here while the executor still ran them (and a later arrival was admitted into
+    them). Now it answers whether the requests fit and changes nothing, on both install paths."""
+    kv = KVCacheManager(10)
+    if path == "capacity-first":
+        inner = KvCacheV2Scheduler()
+        inner.can_schedule = lambda requests: True  # type: ignore[attr-defined]
+        ex = PyExecutorMain(inner, kv)
+    else:
+        ex = PyExecutorMain(UpstreamSimpleScheduler(), kv)
+    cap = install_with(ex, LlmRequestState, ResourceManagerType, max_num_requests=4)
+    a, b = LlmRequest(1, 8, 8, list(range(8))), LlmRequest(2, 8, 8, list(range(50, 58)))  # 4 blocks each
+    fits, big = LlmRequest(3, 4, 4, [7, 7, 7, 7]), LlmRequest(4, 8, 8, list(range(90, 98)))  # 2 and 4 blocks
+    kv.requests = [a, b]
+    fitting, _, _ = cap.schedule_request([a, b])
+    assert [r.request_id for r in fitting] == [1, 2]
+    before = (list(cap.sched.running), cap.sched.used_blocks, dict(cap.sched.counts), set(cap._live))
+    assert ex.scheduler.can_schedule([b]) and ex.scheduler.can_schedule([a, fits])
+    assert not ex.scheduler.can_schedule([big]) and not ex.scheduler.can_schedule([fits, big])
+    assert (list(cap.sched.running), cap.sched.used_blocks, dict(cap.sched.counts), set(cap._live)) == before
+    fitting, _, _ = cap.schedule_request([a, b, big])  # the 2 free blocks do not hold big: a and b still hold 8
+    assert [r.request_id for r in fitting] == [1, 2] and cap.sched.counts["admitted"] == 2
