@@ -27,7 +27,7 @@ from typing import Any
 from ..core import fsutil, interrupt, staging
 from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
-from .cells import Cell, describe, plan_cells, trtforge_version
+from .cells import Cell, describe, plan_cells, profile_file, trtforge_version
 from .executors import Submission, run_local, run_ray, start_ray
 from .spec import MatrixSpec
 from .worker import CellJob, CellResult
@@ -118,7 +118,7 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
 
     # A .toml profile is an input too, and names its cells (OUTROOT/<model>/<profile name>, REPO/<model>_<name>)
     # by the profile's `name`, not by its file name.
-    tomls = {ref: spec.source.parent / ref for m in spec.models for ref in m.profiles if ref.endswith(".toml")}
+    tomls = {ref: path for m in spec.models for ref in m.profiles if (path := profile_file(spec, ref)) is not None}
     names = {ref: _profile_name(ref, path) for ref, path in tomls.items()}
     _check_cell_folders(spec, names)
     # [triton] entries REPO/<model>_<profile> are replaced (force) too: none may hold an input either.

@@ -35,3 +35,49 @@ def test_spec_error_names_the_line_of_the_offending_model(tmp_path: Path, capsys
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, f"mx.toml:{line}: ")
     assert not (tmp_path / "out").exists()
+
+
+def _tiny_model(path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _profile_file(path: Path, name: str) -> None:
+    from trtforge_testing import REPO
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((REPO / "profiles" / "a100.toml").read_text().replace('name = "a100"', f'name = "{name}"'))
+
+
+def test_profile_path_without_toml_suffix_is_relative_to_the_matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # old: only refs ending in .toml were read relative to the matrix file; "sub/gpu" was read from the working
+    # directory (refused as 'profile file sub/gpu not found' from anywhere else, exit 1)
+    import json
+
+    _tiny_model(tmp_path / "m.onnx")
+    _profile_file(tmp_path / "sub" / "gpu", "gpu")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["sub/gpu"]\n' + _A)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (cell,) = json.loads(out)["cells"]
+    assert (cell["profile"], cell["status"]) == ("gpu", "planned")
+
+
+def test_two_profiles_of_one_name_without_toml_suffix_are_refused(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # old: the name check (one folder per cell) read only .toml refs: "a10" and a profile file "sub/gpu" named a10
+    # both planned OUTROOT/m/a10 (dry run exit 0; a build published one over the other, both reported built)
+    _tiny_model(tmp_path / "m.onnx")
+    _profile_file(tmp_path / "sub" / "gpu", "a10")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10", "sub/gpu"]\n' + _A)
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "'a10'", "'sub/gpu'", "OUTROOT/m/a10")
