@@ -183,6 +183,7 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 shape = tuple(dims)
             if vi.name in values:
                 low = high = _check_value(vi.name, dtype, values[vi.name])
+                _check_index_value(model, vi.name, dtype, low)
             elif dtype == "bool":
                 low, high = 0, 1
             elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
@@ -191,6 +192,18 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 low, high = -1.0, 1.0
             specs[vi.name] = FeedSpec(vi.name, dtype, shape, low, high)
     return tuple(specs.values())
+
+
+def _check_index_value(model: Any, name: str, dtype: str, value: float) -> None:
+    """An integer ``--value`` above the rows of what it indexes (a Gather's table, a LoRA slot pool of N slots): the
+    run failed in onnxruntime's Gather, named as the deleted temporary decomposed model, with a hint at --shape."""
+    if dtype == "bool" or not np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
+        return
+    bounds = _int_range(model, name)
+    if bounds is not None and value > bounds[1]:
+        what = (f"picks one of the {bounds[1] + 1} slots of a LoRA adapter pool: give -1 (no adapter) to {bounds[1]}"
+                if bounds[0] == -1 else f"indexes a table of {bounds[1] + 1} rows (Gather): give 0 to {bounds[1]}")
+        raise InputError(f"--value {name}={value:g}: {name} {what}")
 
 
 def _check_value(name: str, dtype: str, value: float) -> float:
