@@ -14,7 +14,8 @@ Graph inputs added (names from ``spec.input_name``, the same names ``trtforge lo
 float32 [N] per target (per target so PEFT ``alpha_pattern``/``rank_pattern`` adapters are expressible), and one
 shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``).
 
-Must not fire (refused with InputError): a Gemm with ``transA``; a projection whose input is not 2-D or 3-D; a
+Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a
+vector or a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a
 projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
 ``slot_ids`` could not fit them all): different ranks, an unknown dim, or two different static sizes at one position
 (the batch position only with ``per_sequence``; dim_params are not compared, since shape inference names equal
@@ -207,6 +208,12 @@ def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits
     if node.op_type == "Gemm" and _gemm_attr(node, "transA"):
         raise InputError(f"{where} is a Gemm with transA=1; LoRA needs x as [tokens, in_features]")
     w = inits.get(node.input[1])
+    wt = types.get(node.input[1])
+    w_dims = list(w.dims) if w is not None else (list(wt.shape) if wt and wt.shape is not None else None)
+    if w_dims is not None and (len(w_dims) < 2 or any(d != 1 for d in w_dims[:-2])):  # [1, H, O] broadcasts
+        # x [B, S, H] @ w [H] gave out_features S (a plugin of the wrong shape); w [E, H, O] is no one projection
+        raise InputError(f"{where}: its weight {node.input[1]!r} has rank {len(w_dims)} (shape {w_dims}), not a 2-D "
+                         "[in, out] projection weight (a Linear or Conv1D: what LoRA adapts); choose other --targets")
     h = o = None
     if w is not None and len(w.dims) == 2:
         h, o = int(w.dims[0]), int(w.dims[1])

@@ -36,3 +36,21 @@ def test_diff_value_of_a_slot_beyond_the_pool_is_refused(cli, tmp_path: Path, rn
     else:
         assert_one_line_error(res, 2, f"--value lora_slot_ids={value}", "3 slots", "-1 (no adapter) to 2")
         assert "decomposed" not in res.err
+
+
+@pytest.mark.parametrize("w_shape, x_shape, y_shape", [((16,), [2, 5, 16], [2, 5]),
+                                                       ((2, 16, 8), [2, 5, 16], [2, 5, 8])])
+def test_inject_refuses_a_matmul_whose_weight_is_not_2d(cli, tmp_path: Path, rng: np.random.Generator,
+                                                        w_shape: tuple[int, ...], x_shape: list[int],
+                                                        y_shape: list[int]) -> None:
+    # old: x [2, 5, 16] @ w [16] got a plugin node with out_features 5 (y's last dim, the sequence) and lora_b
+    # [N, R, 5]: decompose's Add failed in onnxruntime and TensorRT-RTX built an engine of that shape; a batched
+    # weight [2, 16, 8] got one too (no Linear/Conv1D: no PEFT adapter exists for it). Now refused, naming the weight
+    w = numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "m.score.weight")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "m.score.weight"], ["s"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("s", TensorProto.FLOAT, y_shape)], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "score")
+    assert_one_line_error(res, 2, "'m.score.weight'", f"rank {len(w_shape)}", "2-D")
+    assert not (tmp_path / "l.onnx").exists()
