@@ -282,6 +282,17 @@ def _reuse_slot_ids(model: ModelProto, slot_dims: tuple[DimT, ...], max_rank: in
     return True
 
 
+def _slot_dims(model: ModelProto, lead: tuple[DimT, ...], per_sequence: bool) -> tuple[DimT, ...]:
+    """``lora_slot_ids``' dims: x's leading dims (the batch alone per sequence), an unknown one named
+    ``lora_tokens_<k>``; a 2-D x's token count that no graph input names (shape inference's ``unk__N``, or unknown)
+    is ``spec.TOKENS_DIM``, which the build sizes batch x sequence (by position it was sized as a batch)."""
+    dims = (lead[0],) if per_sequence else lead
+    named = {d for i in model.graph.input for d in (tensor_dims(i) or ()) if isinstance(d, str)}
+    if len(dims) == 1 and not per_sequence and not isinstance(lead[0], int) and lead[0] not in named:
+        return (spec.TOKENS_DIM,)
+    return tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(dims))
+
+
 @steps.timed("inject")
 def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int, *, per_sequence: bool = False,
            tile: int | None = None, inplace: bool = False) -> ModelProto:
@@ -301,8 +312,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
         out.CopyFrom(model)
     g = out.graph
     taken = {i.name for i in g.input} | {t.name for t in g.initializer}
-    slot_dims = (lead[0],) if per_sequence else lead
-    slot_dims = tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(slot_dims))
+    slot_dims = _slot_dims(model, lead, per_sequence)
     new_inputs = [] if _reuse_slot_ids(model, slot_dims, max_rank, slots) else [
         make_input(spec.SLOT_IDS_INPUT, spec.SLOT_ELEM_TYPE, slot_dims)]
     new_nodes: dict[int, NodeProto] = {}

@@ -54,3 +54,40 @@ def test_inject_refuses_a_matmul_whose_weight_is_not_2d(cli, tmp_path: Path, rng
     res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "score")
     assert_one_line_error(res, 2, "'m.score.weight'", f"rank {len(w_shape)}", "2-D")
     assert not (tmp_path / "l.onnx").exists()
+
+
+def test_packed_token_slot_ids_get_the_token_range_in_the_engine(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: GPT-2 style x [batch, sequence, 16] -> Reshape [-1, 16] -> Gemm (Conv1D) gave lora_slot_ids the dim
+    # shape inference made up ('unk__0'), which the build sized by position as a batch: the engine took 1..16 slot
+    # ids while x takes up to 16 x 1024 tokens (no forward above 16 tokens could run); now 'lora_tokens', sized
+    # batch x sequence, so the slot ids take every token count x does (real TensorRT-RTX build)
+    import json
+
+    from trtforge.profiles.loader import load_profile
+
+    h, o = 16, 24
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("Reshape", ["x", "shp"], ["x2"]),
+             helper.make_node("Gemm", ["x2", "m.c_attn.weight", "m.c_attn.bias"], ["y2"]),
+             helper.make_node("Slice", ["xs", "st", "en"], ["lead"]),
+             helper.make_node("Concat", ["lead", "o"], ["shp2"], axis=0),
+             helper.make_node("Reshape", ["y2", "shp2"], ["y"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((h, o)).astype(np.float32), "m.c_attn.weight"),
+             numpy_helper.from_array(rng.standard_normal(o).astype(np.float32), "m.c_attn.bias"),
+             *(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+               (("shp", [-1, h]), ("st", [0]), ("en", [2]), ("o", [o])))]
+    g = helper.make_graph(nodes, "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", o])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "c_attn",
+              "--max-rank", "4", "--slots", "2")
+    assert res.code == 0, res.err
+    res = cli("build", tmp_path / "l.onnx", "--profile", "a100", "-o", tmp_path / "eng")
+    assert res.code == 0, res.err
+    inputs = {i["name"]: i for i in json.loads((tmp_path / "eng" / "manifest.json").read_text())["inputs"]}
+    shapes = load_profile("a100").shapes
+    got = [(p["min"], p["opt"], p["max"]) for p in inputs["lora_slot_ids"]["profiles"]]
+    want = [([s.batch.min * s.sequence.min], [s.batch.opt * s.sequence.opt], [s.batch.max * s.sequence.max])
+            for s in shapes]
+    assert got == want
+    assert [p["max"][0] * p["max"][1] for p in inputs["x"]["profiles"]] == [w[2][0] for w in want]
