@@ -125,6 +125,23 @@ def external_files(path: Path) -> list[Path]:
     return [path.parent / n for n in sorted(names)]
 
 
+def check_sources(spec: MatrixSpec) -> None:
+    """Every model's external-data files can be read (InputError naming the model and the file otherwise): a
+    missing one ended the whole matrix, dry runs too, as 'internal error: FileNotFoundError' (exit 3), once
+    OUTROOT and its lock file were made."""
+    from ..core.errors import InputError
+
+    for m in spec.models:
+        for f in external_files(m.path):
+            try:
+                with open(f, "rb"):
+                    pass
+            except OSError as exc:
+                raise InputError(f"{spec.source}: model {m.name!r} ({m.path}) keeps weights in external data "
+                                 f"{os.path.relpath(f, m.path.parent)!r}, which cannot be read ({exc.strerror}); "
+                                 "put that file beside the model (or fix its location)") from exc
+
+
 def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) -> str:
     content = {k: v for k, v in asdict(profile).items() if k not in PROFILE_LABELS}
     payload: dict[str, Any] = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": content,

@@ -27,7 +27,7 @@ from typing import Any
 from ..core import fsutil, interrupt, staging
 from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
-from .cells import Cell, describe, plan_cells, profile_file, trtforge_version
+from .cells import Cell, check_sources, describe, plan_cells, profile_file, trtforge_version
 from .executors import Submission, run_local, run_ray, start_ray
 from .spec import MatrixSpec
 from .worker import CellJob, CellResult
@@ -295,6 +295,7 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
     deleting each other's staged builds; a dry run reads only and takes no lock."""
     t0 = time.perf_counter()
     root = check_outroot(spec, outroot)
+    check_sources(spec)  # before OUTROOT is made: a missing external-data file is the model's, not a crash
     if dry_run:
         report = _plan(spec, root, executor, dry_run=True)
         report.seconds = time.perf_counter() - t0

@@ -81,3 +81,27 @@ def test_two_profiles_of_one_name_without_toml_suffix_are_refused(tmp_path: Path
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10", "sub/gpu"]\n' + _A)
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "'a10'", "'sub/gpu'", "OUTROOT/m/a10")
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_missing_external_data_is_exit_2_before_outroot(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         dry: bool) -> None:
+    # old: planning hashed the model's external data and the missing file raised: 'internal error:
+    # FileNotFoundError' (exit 3) for the whole matrix, after OUTROOT and its lock file were made
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtforge_testing import seeded_rng
+
+    w = numpy_helper.from_array(seeded_rng("ext").standard_normal((8, 4)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx",
+              save_as_external_data=True, location="m.bin", size_threshold=0)
+    (tmp_path / "m.bin").unlink()
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10"]\n' + _A)
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), *(["--dry-run"] * dry)])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "model 'm'", "'m.bin'", "cannot be read")
+    assert not (tmp_path / "out").exists()
