@@ -260,4 +260,6 @@ def load_matrix(path: str | Path) -> MatrixSpec:
         if not isinstance(t.get("repo"), str) or not t["repo"]:
             raise r.fail("triton", "needs repo = \"path/to/model-repository\"")
         triton = (src.parent / t["repo"]).resolve()
+        if triton.exists() and not triton.is_dir():  # every cell was built, then none was added (exit 0)
+            raise r.fail("triton.repo", f"{triton} exists and is not a folder; give the Triton repository's folder")
     return MatrixSpec(source=src, models=models, backend=backend, shared_fs=shared_fs, triton_repo=triton)

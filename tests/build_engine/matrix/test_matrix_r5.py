@@ -105,3 +105,14 @@ def test_missing_external_data_is_exit_2_before_outroot(tmp_path: Path, capsys: 
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), *(["--dry-run"] * dry)])
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "model 'm'", "'m.bin'", "cannot be read")
     assert not (tmp_path / "out").exists()
+
+
+def test_triton_repo_that_is_a_file_is_refused_at_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # old: the dry run passed and a real run built every cell, then added none ('not added to the Triton
+    # repository: --repo ...: exists and is not a folder' in each reason) and exited 0
+    _tiny_model(tmp_path / "m.onnx")
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10"]\n' + _A + '[triton]\nrepo = "notes.txt"\n')
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "mx.toml:6: triton.repo", "not a folder")
+    assert (tmp_path / "notes.txt").read_text() == "x"
