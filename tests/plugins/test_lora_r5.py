@@ -91,3 +91,19 @@ def test_packed_token_slot_ids_get_the_token_range_in_the_engine(cli, tmp_path: 
             for s in shapes]
     assert got == want
     assert [p["max"][0] * p["max"][1] for p in inputs["x"]["profiles"]] == [w[2][0] for w in want]
+
+
+def test_pack_memory_limit_counts_reclaimable_page_cache(tmp_path: Path) -> None:
+    # old: the pool's memory check used free memory only (sysconf SC_AVPHYS_PAGES = MemFree), so a machine whose
+    # RAM held cached model files refused a pool of 2 GiB ('more than this machine's 1.0 GiB of free memory') with
+    # 64 GiB available; now Linux's MemAvailable
+    from trtforge.plugins.lora.pack import _memory_limit
+
+    real = Path("/proc/meminfo")
+    if real.is_file():  # this machine: within 2% of MemAvailable (the page cache moves a little between reads)
+        lines = real.read_text().splitlines()
+        avail = next(int(ln.split()[1]) * 1024 for ln in lines if ln.startswith("MemAvailable:"))
+        assert abs(_memory_limit() - avail) < 0.02 * avail
+    fake = tmp_path / "meminfo"
+    fake.write_text("MemTotal:       134217728 kB\nMemFree:          1048576 kB\nMemAvailable:   67108864 kB\n")
+    assert _memory_limit(fake) == 64 * 2**30
