@@ -56,15 +56,8 @@ def test_inject_refuses_a_matmul_whose_weight_is_not_2d(cli, tmp_path: Path, rng
     assert not (tmp_path / "l.onnx").exists()
 
 
-def test_packed_token_slot_ids_get_the_token_range_in_the_engine(cli, tmp_path: Path, rng: np.random.Generator) -> None:
-    # old: GPT-2 style x [batch, sequence, 16] -> Reshape [-1, 16] -> Gemm (Conv1D) gave lora_slot_ids the dim
-    # shape inference made up ('unk__0'), which the build sized by position as a batch: the engine took 1..16 slot
-    # ids while x takes up to 16 x 1024 tokens (no forward above 16 tokens could run); now 'lora_tokens', sized
-    # batch x sequence, so the slot ids take every token count x does (real TensorRT-RTX build)
-    import json
-
-    from trtforge.profiles.loader import load_profile
-
+def _conv1d_model(path: Path, rng: np.random.Generator) -> None:
+    """GPT-2 style: x [batch, sequence, 16] -> Reshape [-1, 16] -> Gemm (Conv1D weight [16, 24], bias) -> Reshape."""
     h, o = 16, 24
     nodes = [helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("Reshape", ["x", "shp"], ["x2"]),
              helper.make_node("Gemm", ["x2", "m.c_attn.weight", "m.c_attn.bias"], ["y2"]),
@@ -78,7 +71,19 @@ def test_packed_token_slot_ids_get_the_token_range_in_the_engine(cli, tmp_path: 
     g = helper.make_graph(nodes, "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", h])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", o])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_packed_token_slot_ids_get_the_token_range_in_the_engine(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: GPT-2 style x [batch, sequence, 16] -> Reshape [-1, 16] -> Gemm (Conv1D) gave lora_slot_ids the dim
+    # shape inference made up ('unk__0'), which the build sized by position as a batch: the engine took 1..16 slot
+    # ids while x takes up to 16 x 1024 tokens (no forward above 16 tokens could run); now 'lora_tokens', sized
+    # batch x sequence, so the slot ids take every token count x does (real TensorRT-RTX build)
+    import json
+
+    from trtforge.profiles.loader import load_profile
+
+    _conv1d_model(tmp_path / "m.onnx", rng)
     res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "c_attn",
               "--max-rank", "4", "--slots", "2")
     assert res.code == 0, res.err
@@ -107,3 +112,18 @@ def test_pack_memory_limit_counts_reclaimable_page_cache(tmp_path: Path) -> None
     fake = tmp_path / "meminfo"
     fake.write_text("MemTotal:       134217728 kB\nMemFree:          1048576 kB\nMemAvailable:   67108864 kB\n")
     assert _memory_limit(fake) == 64 * 2**30
+
+
+def test_diff_sizes_packed_token_slot_ids_as_the_tokens(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: diff gave the 1-D lora_slot_ids the first-dim default size 2 while the 2-D projection input had 2 x 4
+    # tokens: the decomposed model failed in onnxruntime's MatMul (exit 2, naming a deleted temporary), so a GPT-2
+    # style LoRA model could not be diffed against its original at all; now it gets batch x sequence
+    _conv1d_model(tmp_path / "m.onnx", rng)
+    res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "c_attn",
+              "--max-rank", "4", "--slots", "2")
+    assert res.code == 0, res.err
+    for shape in ([], ["--shape", "x:3,5,16"]):
+        res = cli("diff", tmp_path / "l.onnx", tmp_path / "m.onnx", "--extra-inputs", "--value", "lora_slot_ids=-1",
+                  *shape)
+        assert res.code == 0, res.err
+        assert "outputs match" in res.out
