@@ -12,7 +12,8 @@ of it (``self_attn.q_proj``).
 Graph inputs added (names from ``spec.input_name``, the same names ``trtforge lora pack`` writes):
 ``lora_a.<path>`` [N, H, R] and ``lora_b.<path>`` [N, R, O] in the projection's dtype, ``lora_scales.<path>``
 float32 [N] per target (per target so PEFT ``alpha_pattern``/``rank_pattern`` adapters are expressible), and one
-shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``).
+shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``); a
+2-D x's token count that no graph input names is the dim ``lora_tokens`` (``trtforge build``: batch x sequence).
 
 Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a
 vector or a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a
