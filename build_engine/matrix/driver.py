@@ -208,13 +208,12 @@ def _refuse_unplaceable(cells: list[CellStatus]) -> None:
                          + "); run it with --executor ray on a cluster that has such a node")
 
 
-def _clean_staging(root: Path) -> None:
-    """Leftovers of a killed run: staging folders and atomic_dir temporaries under OUTROOT/<model>/."""
+def _clean_staging(root: Path, models: list[str]) -> None:
+    """Leftovers of a killed run: the staging folder, and atomic_dir temporaries in this matrix's OUTROOT/<model>/
+    folders only (OUTROOT/*/.*.tmp and .*.old removed a user's hidden folders anywhere in an OUTROOT holding more)."""
     shutil.rmtree(root / STAGING, ignore_errors=True)
-    for tmp in root.glob("*/.*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    for old in root.glob("*/.*.old"):
-        shutil.rmtree(old, ignore_errors=True)
+    for leftover in (p for name in models for pattern in (".*.tmp", ".*.old") for p in (root / name).glob(pattern)):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _publish(staged: Path, dest: Path) -> None:
@@ -308,7 +307,7 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
     with _exclusive(root):
         report = _plan(spec, root, executor, dry_run=False)
         need = [st for st in report.cells if st.status == "pending"]
-        _clean_staging(root)
+        _clean_staging(root, [m.name for m in spec.models])
         try:
             if need:
                 _execute(spec, root, need, executor, address, jobs, retries, progress)

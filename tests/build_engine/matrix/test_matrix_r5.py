@@ -116,3 +116,19 @@ def test_triton_repo_that_is_a_file_is_refused_at_load(tmp_path: Path, capsys: p
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "mx.toml:6: triton.repo", "not a folder")
     assert (tmp_path / "notes.txt").read_text() == "x"
+
+
+def test_a_run_keeps_hidden_folders_outside_its_model_folders(tmp_path: Path) -> None:
+    # old: every run removed OUTROOT/*/.*.tmp and OUTROOT/*/.*.old, so with -o a folder that held other work (here a
+    # run whose one cell is refused) a user's OUTROOT/photos/.album.tmp and OUTROOT/notes/.draft.old were deleted;
+    # now only this matrix's model folders are swept (OUTROOT/m/.x.tmp, a killed run's leftover, still goes)
+    _tiny_model(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    for rel in ("photos/.album.tmp/img.txt", "notes/.draft.old/n.txt", "m/.x.tmp/part"):
+        (out / rel).parent.mkdir(parents=True)
+        (out / rel).write_text("keep")
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["no-such-gpu"]\n' + _A)
+    assert main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(out)]) == 1  # the cell is refused
+    assert (out / "photos/.album.tmp/img.txt").read_text() == "keep"
+    assert (out / "notes/.draft.old/n.txt").read_text() == "keep"
+    assert not (out / "m" / ".x.tmp").exists()
