@@ -2,7 +2,8 @@
 
 Targets are matched against each MatMul/Gemm's *module path*, the first of: the weight initializer's name without
 ``.weight`` (``model.layers.0.self_attn.q_proj``; also through the Transpose/Cast/DequantizeLinear chains exporters
-put in front of a weight, and to ``trtforge quantize``'s stored ``<path>.weight_quantized``); the exporter's module
+put in front of a weight, and to ``trtforge quantize``'s stored ``<path>.weight_quantized``; not for an embedding
+table, also a Gather's data: a tied LM head is ``lm_head`` by what follows, not ``model.embed_tokens``); the module
 metadata (torch.onnx's dynamo exporter names nodes ``node_linear_N`` and records the module in ``metadata_props``:
 ``pkg.torch.onnx.name_scopes`` or ``namespace``);
 the node name's folders (``/model/layers.0/self_attn/q_proj/MatMul`` -> ``model.layers.0.self_attn.q_proj``, the
@@ -111,21 +112,27 @@ def metadata_path(node: NodeProto) -> str | None:
 _QUANTIZED_WEIGHT = re.compile(r"^(?P<path>.+)\.weight(?:_transposed(?:_\d+)?)?_quantized(?:_\d+)?$")
 
 
-def module_path(node: NodeProto, initializers: set[str], producer: dict[str, NodeProto] | None = None) -> str:
+def module_path(node: NodeProto, initializers: set[str], producer: dict[str, NodeProto] | None = None,
+                tied: frozenset[str] = frozenset()) -> str:
+    """The node's module path (module docstring). A weight in ``tied`` (an embedding table, also the data of a
+    Gather) belongs to another module than the projection using it, a tied LM head: its module comes from the
+    exporter's metadata or node name first (the head was named ``model.embed_tokens``: ``--targets lm_head``
+    matched nothing and a PEFT ``lm_head`` adapter could not be packed)."""
     weight = node.input[1] if len(node.input) > 1 else ""
     source = _weight_source(weight, initializers, producer or {})
-    if source in initializers and source.endswith(".weight"):
-        return source[: -len(".weight")]
+    by_weight = source[: -len(".weight")] if source in initializers and source.endswith(".weight") else None
+    if by_weight is not None and source not in tied:
+        return by_weight
     quantized = _QUANTIZED_WEIGHT.match(source) if source in initializers and source != weight else None
-    if quantized:  # a quantized model's weight (behind its DequantizeLinear) names the same module as the float one
+    if quantized and source not in tied:  # a quantized weight (behind its DequantizeLinear): the float one's module
         return quantized["path"]
     meta = metadata_path(node)
     if meta:
         return meta
-    if node.name:
-        parts = [p for p in node.name.strip("/").split("/") if p]
+    parts = [p for p in node.name.strip("/").split("/") if p]
+    if len(parts) > 1 or parts and by_weight is None:
         return ".".join(parts[:-1] if len(parts) > 1 else parts)
-    return weight
+    return by_weight or weight
 
 
 def _matches(path: str, target: str) -> bool:
@@ -168,7 +175,8 @@ def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
     """MatMul/Gemm nodes whose second input is a constant weight (activation x activation MatMuls are not)."""
     inits = {t.name for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
-    return [(i, n, module_path(n, inits, producer)) for i, n in enumerate(model.graph.node)
+    tied = frozenset(n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[0] in inits)
+    return [(i, n, module_path(n, inits, producer, tied)) for i, n in enumerate(model.graph.node)
             if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1
             and _is_constant(n.input[1], inits, producer)]
 

@@ -127,3 +127,45 @@ def test_diff_sizes_packed_token_slot_ids_as_the_tokens(cli, tmp_path: Path, rng
                   *shape)
         assert res.code == 0, res.err
         assert "outputs match" in res.out
+
+
+def test_tied_lm_head_is_adapted_as_lm_head(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: an LM head tied to the embedding (MatMul of Transpose(model.embed_tokens.weight), node /lm_head/MatMul)
+    # took the embedding's module path: --targets lm_head matched nothing ('projections found: embed_tokens') and
+    # --targets embed_tokens added lora_a.model.embed_tokens, so PEFT's lm_head adapter could not be packed; now the
+    # head is lm_head, and the packed adapter's decomposed output matches a float64 reference per token slot
+    import json
+
+    import onnxruntime as ort
+    from safetensors.numpy import save_file
+
+    from trtforge.plugins.lora.pack import read_safetensors
+
+    v, h, r = 32, 16, 4
+    emb = rng.standard_normal((v, h)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["model.embed_tokens.weight", "ids"], ["h"], name="/model/embed_tokens/Gather"),
+             helper.make_node("Transpose", ["model.embed_tokens.weight"], ["wt"], perm=[1, 0], name="/lm_head/T"),
+             helper.make_node("MatMul", ["h", "wt"], ["logits"], name="/lm_head/MatMul")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3, v])],
+                          [numpy_helper.from_array(emb, "model.embed_tokens.weight")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "l.onnx", "--targets", "lm_head",
+              "--max-rank", str(r), "--slots", "2")
+    assert res.code == 0, res.err
+    (tmp_path / "ad").mkdir()
+    a, b = rng.standard_normal((r, h)).astype(np.float32), rng.standard_normal((v, r)).astype(np.float32)
+    save_file({"base_model.model.lm_head.lora_A.weight": a, "base_model.model.lm_head.lora_B.weight": b},
+              str(tmp_path / "ad" / "adapter_model.safetensors"))
+    (tmp_path / "ad" / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 8,
+                                                                      "target_modules": ["lm_head"]}))
+    res = cli("lora", "pack", tmp_path / "ad", "--model", tmp_path / "l.onnx", "-o", tmp_path / "pool.safetensors")
+    assert res.code == 0, res.err
+    assert cli("lora", "decompose", tmp_path / "l.onnx", "-o", tmp_path / "d.onnx").code == 0
+    ids = rng.integers(0, v, (2, 3))
+    slots = np.array([[0, -1, 1], [-1, 0, 0]], np.int32)  # slot 1 holds no adapter
+    feeds = {"ids": ids, "lora_slot_ids": slots, **read_safetensors(tmp_path / "pool.safetensors")}
+    (got,) = ort.InferenceSession(str(tmp_path / "d.onnx")).run(["logits"], feeds)
+    x = emb.astype(np.float64)[ids]
+    want = x @ emb.T.astype(np.float64) + (slots == 0)[..., None] * (8 / r) * (x @ a.T.astype(np.float64)) @ b.T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
