@@ -184,8 +184,9 @@ def _model(r: _Reader, data: Any, nth: int, base: Path, default_profiles: tuple[
     if not isinstance(d.get("path"), str) or not d["path"]:
         raise r.fail("model", "each [[model]] needs path = \"model.onnx\"", nth)
     path = (base / d["path"]).resolve()
-    if not path.is_file():
-        raise r.fail("path", f"model file {path} not found; fix the path (relative to the matrix file)", nth)
+    if not path.is_file():  # a folder (or a FIFO) was said to be 'not found'
+        what = "not found" if not path.exists() else "is not a regular file" + (" (a folder)" * path.is_dir())
+        raise r.fail("path", f"model file {path} {what}; give the .onnx file's path (relative to the matrix file)", nth)
     name = d.get("name", path.stem)
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise r.fail("name", f"{name!r} is not a valid name (letters, digits, _ . -; at most 128)", nth)

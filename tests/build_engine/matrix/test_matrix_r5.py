@@ -132,3 +132,11 @@ def test_a_run_keeps_hidden_folders_outside_its_model_folders(tmp_path: Path) ->
     assert (out / "photos/.album.tmp/img.txt").read_text() == "keep"
     assert (out / "notes/.draft.old/n.txt").read_text() == "keep"
     assert not (out / "m" / ".x.tmp").exists()
+
+
+def test_model_path_of_a_folder_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # old: 'model file .../models not found' for a folder that exists
+    (tmp_path / "models").mkdir()
+    (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10"]\n[[model]]\npath = "models"\n')
+    code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
+    assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "mx.toml:4: path:", "a folder")
