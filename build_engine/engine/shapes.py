@@ -12,6 +12,9 @@ Each graph input dimension is one of:
   optimization profile (the way trtexec's ``--minShapes/--optShapes/--maxShapes`` size a dimension; here by its
   ``dim_param``, so every input that shares it gets it). Batch and sequence names take the profile's ranges, not an
   override; an override naming no dynamic dimension of the model is refused;
+- the token count of ``lora_slot_ids`` that ``trtforge lora inject`` names ``lora_tokens`` (a 1-D per-token input
+  of a 2-D ``[batch * sequence, H]`` projection input): batch x sequence (min, opt and max multiplied), unless
+  ``--dim lora_tokens=...`` gives it (position would have made it a batch: the engine refused more than 16 tokens);
 - anything else dynamic is an error naming the input, the dimension and its name.
 
 Dimensions that share a ``dim_param`` get the same values, because TensorRT checks them against each other.
@@ -30,6 +33,7 @@ from typing import Any
 import onnx
 from onnx import ModelProto
 
+from trtforge.plugins.lora.spec import TOKENS_DIM
 from trtforge.profiles.loader import Profile, Range
 
 from ..core.errors import InputError
@@ -97,6 +101,8 @@ def _axis_of(spec: InputSpec, index: int, dim: Dim, source: str, dims: Mapping[s
             return "sequence"
         if dim in dims:
             return f"dim:{dim}"
+        if dim == TOKENS_DIM and len(spec.dims) == 1:
+            return "tokens"
     if index == 0:
         return "batch"
     if index == 1 and len(spec.dims) >= 2 and spec.elem_type in _INT_TYPES:
@@ -140,6 +146,9 @@ def plan_input(spec: InputSpec, profile: Profile, source: str, dims: Mapping[str
             if axis == "static":
                 assert isinstance(dim, int)
                 lo = mid = hi = dim
+            elif axis == "tokens":
+                b, q = sp.batch, sp.sequence
+                lo, mid, hi = b.min * q.min, b.opt * q.opt, b.max * q.max
             else:
                 r = dims[axis[4:]] if axis.startswith("dim:") else getattr(sp, axis)
                 lo, mid, hi = r.min, r.opt, r.max

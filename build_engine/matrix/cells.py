@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from trtforge.profiles.loader import Profile, load_profile
+from trtforge.profiles.loader import Profile, list_profiles, load_profile
 
 from ..core import env
 from ..core.errors import TrtforgeError
@@ -125,6 +125,23 @@ def external_files(path: Path) -> list[Path]:
     return [path.parent / n for n in sorted(names)]
 
 
+def check_sources(spec: MatrixSpec) -> None:
+    """Every model's external-data files can be read (InputError naming the model and the file otherwise): a
+    missing one ended the whole matrix, dry runs too, as 'internal error: FileNotFoundError' (exit 3), once
+    OUTROOT and its lock file were made."""
+    from ..core.errors import InputError
+
+    for m in spec.models:
+        for f in external_files(m.path):
+            try:
+                with open(f, "rb"):
+                    pass
+            except OSError as exc:
+                raise InputError(f"{spec.source}: model {m.name!r} ({m.path}) keeps weights in external data "
+                                 f"{os.path.relpath(f, m.path.parent)!r}, which cannot be read ({exc.strerror}); "
+                                 "put that file beside the model (or fix its location)") from exc
+
+
 def cell_key(model_sha: str, entry: ModelEntry, profile: Profile, backend: str) -> str:
     content = {k: v for k, v in asdict(profile).items() if k not in PROFILE_LABELS}
     payload: dict[str, Any] = {"model": model_sha, "pipeline": entry.pipeline.to_json(), "profile": content,
@@ -146,11 +163,24 @@ def folder_name_problem(name: str) -> str:
             "without / or \\ that does not start with '.'")
 
 
+def profile_file(spec: MatrixSpec, ref: str) -> Path | None:
+    """The file a matrix profile names, relative to the matrix file; None for a built-in name (or an unknown one,
+    refused with suggestions). As ``load_profile`` tells them apart: built-in names win, then a path ends in .toml,
+    holds a / or \\, or names an existing file. (Only .toml refs were read relative to the matrix file: ``sub/gpu``
+    was read from the working directory, and its cells' folder name, the profile's ``name``, was not checked against
+    the other profiles': two profiles named a10 both published OUTROOT/<model>/a10, both reported built.)"""
+    if ref in list_profiles():
+        return None
+    path = spec.source.parent / ref
+    return path.resolve() if ref.endswith(".toml") or "/" in ref or "\\" in ref or path.is_file() else None
+
+
 def plan_cells(spec: MatrixSpec) -> list[Cell]:
     """Every (model, profile) cell with backend, resource and key; profiles that fail to load refuse their cells."""
     profiles: dict[str, Profile | str] = {}
     for ref in dict.fromkeys(p for m in spec.models for p in m.profiles):
-        target = ref if not ref.endswith(".toml") else str((spec.source.parent / ref).resolve())
+        file = profile_file(spec, ref)
+        target = ref if file is None else str(file)
         try:
             profiles[ref] = load_profile(target)
         except TrtforgeError as exc:

@@ -27,7 +27,7 @@ from typing import Any
 from ..core import fsutil, interrupt, staging
 from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
-from .cells import Cell, describe, plan_cells, trtforge_version
+from .cells import Cell, check_sources, describe, plan_cells, profile_file, trtforge_version
 from .executors import Submission, run_local, run_ray, start_ray
 from .spec import MatrixSpec
 from .worker import CellJob, CellResult
@@ -118,7 +118,7 @@ def check_outroot(spec: MatrixSpec, outroot: Path) -> Path:
 
     # A .toml profile is an input too, and names its cells (OUTROOT/<model>/<profile name>, REPO/<model>_<name>)
     # by the profile's `name`, not by its file name.
-    tomls = {ref: spec.source.parent / ref for m in spec.models for ref in m.profiles if ref.endswith(".toml")}
+    tomls = {ref: path for m in spec.models for ref in m.profiles if (path := profile_file(spec, ref)) is not None}
     names = {ref: _profile_name(ref, path) for ref, path in tomls.items()}
     _check_cell_folders(spec, names)
     # [triton] entries REPO/<model>_<profile> are replaced (force) too: none may hold an input either.
@@ -208,13 +208,12 @@ def _refuse_unplaceable(cells: list[CellStatus]) -> None:
                          + "); run it with --executor ray on a cluster that has such a node")
 
 
-def _clean_staging(root: Path) -> None:
-    """Leftovers of a killed run: staging folders and atomic_dir temporaries under OUTROOT/<model>/."""
+def _clean_staging(root: Path, models: list[str]) -> None:
+    """Leftovers of a killed run: the staging folder, and atomic_dir temporaries in this matrix's OUTROOT/<model>/
+    folders only (OUTROOT/*/.*.tmp and .*.old removed a user's hidden folders anywhere in an OUTROOT holding more)."""
     shutil.rmtree(root / STAGING, ignore_errors=True)
-    for tmp in root.glob("*/.*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
-    for old in root.glob("*/.*.old"):
-        shutil.rmtree(old, ignore_errors=True)
+    for leftover in (p for name in models for pattern in (".*.tmp", ".*.old") for p in (root / name).glob(pattern)):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _publish(staged: Path, dest: Path) -> None:
@@ -295,6 +294,7 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
     deleting each other's staged builds; a dry run reads only and takes no lock."""
     t0 = time.perf_counter()
     root = check_outroot(spec, outroot)
+    check_sources(spec)  # before OUTROOT is made: a missing external-data file is the model's, not a crash
     if dry_run:
         report = _plan(spec, root, executor, dry_run=True)
         report.seconds = time.perf_counter() - t0
@@ -307,7 +307,7 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
     with _exclusive(root):
         report = _plan(spec, root, executor, dry_run=False)
         need = [st for st in report.cells if st.status == "pending"]
-        _clean_staging(root)
+        _clean_staging(root, [m.name for m in spec.models])
         try:
             if need:
                 _execute(spec, root, need, executor, address, jobs, retries, progress)

@@ -42,6 +42,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx")
 PRECISIONS = ("fp16", "bf16")
 MAX_CELLS = 10_000
+_HEADER_RE = re.compile(r"^\s*\[(\[[^\]]*\]|[^\]]*)\]")  # a table header line: [name], or [[name]] as "[name]"
 
 
 @dataclass(frozen=True)
@@ -88,24 +89,51 @@ class MatrixSpec:
 
 
 class _Reader:
-    """Validation with the line of the offending key (tomllib gives values, not positions)."""
+    """Validation with the line of the offending key (tomllib gives values, not positions).
+
+    A key of model ``nth`` (0-based) is looked up in that ``[[model]]`` table and its ``[model.*]`` sub-tables only,
+    else the table's header line; a ``matrix.*`` / ``triton.*`` key in its own table: the nth occurrence of a key in
+    the whole file named another model's line (a model without ``name`` before one with a bad name, a
+    ``[model.pipeline]`` header counted as a ``[[model]]``, ``[matrix].profiles`` counted as model 0's)."""
 
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
         self.lines = text.splitlines()
+        self.sections: list[tuple[str, int, int]] = []  # (table name, header index, end index), in file order
+        heads = [(i, re.sub(r"\s+", "", m[1])) for i, ln in enumerate(self.lines) if (m := _HEADER_RE.match(ln))]
+        for k, (i, name) in enumerate(heads):
+            self.sections.append((name, i, heads[k + 1][0] if k + 1 < len(heads) else len(self.lines)))
 
-    def line_of(self, key: str, nth: int = 0) -> int | None:
+    def _span(self, nth: int | None, section: str) -> tuple[int, int] | None:
+        """The line range of model ``nth`` (with its sub-tables) or of table ``section``; None when not found."""
+        if nth is None:
+            return next(((a, b) for name, a, b in self.sections if name == section), None)
+        starts = [k for k, (name, _, _) in enumerate(self.sections) if name == "[model]"]
+        if nth >= len(starts):
+            return None
+        k = starts[nth]
+        end = k + 1
+        while end < len(self.sections) and self.sections[end][0].startswith("model."):
+            end += 1
+        return self.sections[k][1], self.sections[end - 1][2]
+
+    def line_of(self, key: str, nth: int | None = None, section: str = "") -> int | None:
         rx = re.compile(r"^\s*(\[\[?\s*)?" + re.escape(key) + r"\b")
-        hits = [i + 1 for i, ln in enumerate(self.lines) if rx.search(ln) or re.search(r"[{,]\s*" + re.escape(key)
-                                                                                   + r"\s*=", ln)]
-        return hits[min(nth, len(hits) - 1)] if hits else None
+        inline = re.compile(r"[{,]\s*" + re.escape(key) + r"\s*=")
+        span = self._span(nth, section)
+        lo, hi = span if span is not None else (0, len(self.lines))
+        hits = [i + 1 for i in range(lo, hi) if rx.search(self.lines[i]) or inline.search(self.lines[i])]
+        if span is not None:
+            return hits[0] if hits and key != "model" else lo + 1  # else the table's header
+        return hits[min(nth or 0, len(hits) - 1)] if hits else None
 
-    def fail(self, key: str, problem: str, nth: int = 0) -> InputError:
-        line = self.line_of(key.split(".")[-1], nth)
+    def fail(self, key: str, problem: str, nth: int | None = None) -> InputError:
+        section = key.split(".")[0] if nth is None and key.split(".")[0] in ("matrix", "triton") else ""
+        line = self.line_of(key.split(".")[-1], nth, section)
         where = f"{self.path}:{line}" if line else str(self.path)
         return InputError(f"{where}: {key}: {problem}")
 
-    def table(self, data: Any, key: str, allowed: set[str], nth: int = 0) -> dict[str, Any]:
+    def table(self, data: Any, key: str, allowed: set[str], nth: int | None = None) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise self.fail(key, "must be a table", nth)
         for k in data:
@@ -117,12 +145,12 @@ class _Reader:
                 raise self.fail(f"{key}.{k}" if key else k, f"unknown key; {hint}", nth)
         return data
 
-    def string_list(self, value: Any, key: str, nth: int = 0) -> tuple[str, ...]:
+    def string_list(self, value: Any, key: str, nth: int | None = None) -> tuple[str, ...]:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
             raise self.fail(key, "must be a non-empty list of strings", nth)
         return tuple(value)
 
-    def integer(self, value: Any, key: str, low: int, high: int, nth: int = 0) -> int:
+    def integer(self, value: Any, key: str, low: int, high: int, nth: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise self.fail(key, f"must be an integer from {low} to {high} (got {value!r})", nth)
         return value
@@ -156,8 +184,9 @@ def _model(r: _Reader, data: Any, nth: int, base: Path, default_profiles: tuple[
     if not isinstance(d.get("path"), str) or not d["path"]:
         raise r.fail("model", "each [[model]] needs path = \"model.onnx\"", nth)
     path = (base / d["path"]).resolve()
-    if not path.is_file():
-        raise r.fail("path", f"model file {path} not found; fix the path (relative to the matrix file)", nth)
+    if not path.is_file():  # a folder (or a FIFO) was said to be 'not found'
+        what = "not found" if not path.exists() else "is not a regular file" + (" (a folder)" * path.is_dir())
+        raise r.fail("path", f"model file {path} {what}; give the .onnx file's path (relative to the matrix file)", nth)
     name = d.get("name", path.stem)
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise r.fail("name", f"{name!r} is not a valid name (letters, digits, _ . -; at most 128)", nth)
@@ -232,4 +261,6 @@ def load_matrix(path: str | Path) -> MatrixSpec:
         if not isinstance(t.get("repo"), str) or not t["repo"]:
             raise r.fail("triton", "needs repo = \"path/to/model-repository\"")
         triton = (src.parent / t["repo"]).resolve()
+        if triton.exists() and not triton.is_dir():  # every cell was built, then none was added (exit 0)
+            raise r.fail("triton.repo", f"{triton} exists and is not a folder; give the Triton repository's folder")
     return MatrixSpec(source=src, models=models, backend=backend, shared_fs=shared_fs, triton_repo=triton)

@@ -179,10 +179,13 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                         dims.append(d.dim_value)
                     else:
                         size = 2 if i == 0 else 4
+                        if d.dim_param == lora_spec.TOKENS_DIM and len(tt.shape.dim) == 1:
+                            size = _token_count(by_param)
                         dims.append(by_param.setdefault(d.dim_param, size) if d.dim_param else size)
                 shape = tuple(dims)
             if vi.name in values:
                 low = high = _check_value(vi.name, dtype, values[vi.name])
+                _check_index_value(model, vi.name, dtype, low)
             elif dtype == "bool":
                 low, high = 0, 1
             elif np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
@@ -191,6 +194,18 @@ def plan_feeds(models: Any, shapes: Mapping[str, tuple[int, ...]] | None = None,
                 low, high = -1.0, 1.0
             specs[vi.name] = FeedSpec(vi.name, dtype, shape, low, high)
     return tuple(specs.values())
+
+
+def _check_index_value(model: Any, name: str, dtype: str, value: float) -> None:
+    """An integer ``--value`` above the rows of what it indexes (a Gather's table, a LoRA slot pool of N slots): the
+    run failed in onnxruntime's Gather, named as the deleted temporary decomposed model, with a hint at --shape."""
+    if dtype == "bool" or not np.issubdtype(np.dtype(dtype) if dtype != "bfloat16" else np.float32, np.integer):
+        return
+    bounds = _int_range(model, name)
+    if bounds is not None and value > bounds[1]:
+        what = (f"picks one of the {bounds[1] + 1} slots of a LoRA adapter pool: give -1 (no adapter) to {bounds[1]}"
+                if bounds[0] == -1 else f"indexes a table of {bounds[1] + 1} rows (Gather): give 0 to {bounds[1]}")
+        raise InputError(f"--value {name}={value:g}: {name} {what}")
 
 
 def _check_value(name: str, dtype: str, value: float) -> float:
@@ -221,6 +236,17 @@ def _check_static_dims(name: str, dims: Any, shape: tuple[int, ...]) -> None:
             raise InputError(f"--shape {name}:{','.join(map(str, shape))}: dimension {i} of input {name!r} is "
                              f"fixed at {d.dim_value} in the model (shape {model_shape}); give {d.dim_value} there "
                              "and choose sizes only for the dynamic dimensions")
+
+
+def _token_count(by_param: Mapping[str, int]) -> int:
+    """``lora_tokens`` (``lora inject``'s name for a 2-D projection input's token count): batch x sequence as the
+    other inputs got them, as the build sizes it (a size of 2, the first-dim default, failed the decomposed model's
+    MatMul against the 2 x 4 tokens of a [batch, sequence, H] input)."""
+    from ..engine.shapes import BATCH_NAMES, SEQUENCE_NAMES
+
+    batch = next((v for k, v in by_param.items() if k.strip().lower() in BATCH_NAMES), 2)
+    sequence = next((v for k, v in by_param.items() if k.strip().lower() in SEQUENCE_NAMES), 4)
+    return batch * sequence
 
 
 def _params_from_shapes(models: list[Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:

@@ -2,7 +2,8 @@
 
 Targets are matched against each MatMul/Gemm's *module path*, the first of: the weight initializer's name without
 ``.weight`` (``model.layers.0.self_attn.q_proj``; also through the Transpose/Cast/DequantizeLinear chains exporters
-put in front of a weight, and to ``trtforge quantize``'s stored ``<path>.weight_quantized``); the exporter's module
+put in front of a weight, and to ``trtforge quantize``'s stored ``<path>.weight_quantized``; not for an embedding
+table, also a Gather's data: a tied LM head is ``lm_head`` by what follows, not ``model.embed_tokens``); the module
 metadata (torch.onnx's dynamo exporter names nodes ``node_linear_N`` and records the module in ``metadata_props``:
 ``pkg.torch.onnx.name_scopes`` or ``namespace``);
 the node name's folders (``/model/layers.0/self_attn/q_proj/MatMul`` -> ``model.layers.0.self_attn.q_proj``, the
@@ -12,9 +13,11 @@ of it (``self_attn.q_proj``).
 Graph inputs added (names from ``spec.input_name``, the same names ``trtforge lora pack`` writes):
 ``lora_a.<path>`` [N, H, R] and ``lora_b.<path>`` [N, R, O] in the projection's dtype, ``lora_scales.<path>``
 float32 [N] per target (per target so PEFT ``alpha_pattern``/``rank_pattern`` adapters are expressible), and one
-shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``).
+shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``); a
+2-D x's token count that no graph input names is the dim ``lora_tokens`` (``trtforge build``: batch x sequence).
 
-Must not fire (refused with InputError): a Gemm with ``transA``; a projection whose input is not 2-D or 3-D; a
+Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a
+vector or a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a
 projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
 ``slot_ids`` could not fit them all): different ranks, an unknown dim, or two different static sizes at one position
 (the batch position only with ``per_sequence``; dim_params are not compared, since shape inference names equal
@@ -109,21 +112,27 @@ def metadata_path(node: NodeProto) -> str | None:
 _QUANTIZED_WEIGHT = re.compile(r"^(?P<path>.+)\.weight(?:_transposed(?:_\d+)?)?_quantized(?:_\d+)?$")
 
 
-def module_path(node: NodeProto, initializers: set[str], producer: dict[str, NodeProto] | None = None) -> str:
+def module_path(node: NodeProto, initializers: set[str], producer: dict[str, NodeProto] | None = None,
+                tied: frozenset[str] = frozenset()) -> str:
+    """The node's module path (module docstring). A weight in ``tied`` (an embedding table, also the data of a
+    Gather) belongs to another module than the projection using it, a tied LM head: its module comes from the
+    exporter's metadata or node name first (the head was named ``model.embed_tokens``: ``--targets lm_head``
+    matched nothing and a PEFT ``lm_head`` adapter could not be packed)."""
     weight = node.input[1] if len(node.input) > 1 else ""
     source = _weight_source(weight, initializers, producer or {})
-    if source in initializers and source.endswith(".weight"):
-        return source[: -len(".weight")]
+    by_weight = source[: -len(".weight")] if source in initializers and source.endswith(".weight") else None
+    if by_weight is not None and source not in tied:
+        return by_weight
     quantized = _QUANTIZED_WEIGHT.match(source) if source in initializers and source != weight else None
-    if quantized:  # a quantized model's weight (behind its DequantizeLinear) names the same module as the float one
+    if quantized and source not in tied:  # a quantized weight (behind its DequantizeLinear): the float one's module
         return quantized["path"]
     meta = metadata_path(node)
     if meta:
         return meta
-    if node.name:
-        parts = [p for p in node.name.strip("/").split("/") if p]
+    parts = [p for p in node.name.strip("/").split("/") if p]
+    if len(parts) > 1 or parts and by_weight is None:
         return ".".join(parts[:-1] if len(parts) > 1 else parts)
-    return weight
+    return by_weight or weight
 
 
 def _matches(path: str, target: str) -> bool:
@@ -166,7 +175,8 @@ def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
     """MatMul/Gemm nodes whose second input is a constant weight (activation x activation MatMuls are not)."""
     inits = {t.name for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
-    return [(i, n, module_path(n, inits, producer)) for i, n in enumerate(model.graph.node)
+    tied = frozenset(n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[0] in inits)
+    return [(i, n, module_path(n, inits, producer, tied)) for i, n in enumerate(model.graph.node)
             if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1
             and _is_constant(n.input[1], inits, producer)]
 
@@ -207,6 +217,12 @@ def _site(i: int, node: NodeProto, path: str, types: dict[str, ValueType], inits
     if node.op_type == "Gemm" and _gemm_attr(node, "transA"):
         raise InputError(f"{where} is a Gemm with transA=1; LoRA needs x as [tokens, in_features]")
     w = inits.get(node.input[1])
+    wt = types.get(node.input[1])
+    w_dims = list(w.dims) if w is not None else (list(wt.shape) if wt and wt.shape is not None else None)
+    if w_dims is not None and (len(w_dims) < 2 or any(d != 1 for d in w_dims[:-2])):  # [1, H, O] broadcasts
+        # x [B, S, H] @ w [H] gave out_features S (a plugin of the wrong shape); w [E, H, O] is no one projection
+        raise InputError(f"{where}: its weight {node.input[1]!r} has rank {len(w_dims)} (shape {w_dims}), not a 2-D "
+                         "[in, out] projection weight (a Linear or Conv1D: what LoRA adapts); choose other --targets")
     h = o = None
     if w is not None and len(w.dims) == 2:
         h, o = int(w.dims[0]), int(w.dims[1])
@@ -275,6 +291,17 @@ def _reuse_slot_ids(model: ModelProto, slot_dims: tuple[DimT, ...], max_rank: in
     return True
 
 
+def _slot_dims(model: ModelProto, lead: tuple[DimT, ...], per_sequence: bool) -> tuple[DimT, ...]:
+    """``lora_slot_ids``' dims: x's leading dims (the batch alone per sequence), an unknown one named
+    ``lora_tokens_<k>``; a 2-D x's token count that no graph input names (shape inference's ``unk__N``, or unknown)
+    is ``spec.TOKENS_DIM``, which the build sizes batch x sequence (by position it was sized as a batch)."""
+    dims = (lead[0],) if per_sequence else lead
+    named = {d for i in model.graph.input for d in (tensor_dims(i) or ()) if isinstance(d, str)}
+    if len(dims) == 1 and not per_sequence and not isinstance(lead[0], int) and lead[0] not in named:
+        return (spec.TOKENS_DIM,)
+    return tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(dims))
+
+
 @steps.timed("inject")
 def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int, *, per_sequence: bool = False,
            tile: int | None = None, inplace: bool = False) -> ModelProto:
@@ -294,8 +321,7 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
         out.CopyFrom(model)
     g = out.graph
     taken = {i.name for i in g.input} | {t.name for t in g.initializer}
-    slot_dims = (lead[0],) if per_sequence else lead
-    slot_dims = tuple(d if d is not None else f"lora_tokens_{k}" for k, d in enumerate(slot_dims))
+    slot_dims = _slot_dims(model, lead, per_sequence)
     new_inputs = [] if _reuse_slot_ids(model, slot_dims, max_rank, slots) else [
         make_input(spec.SLOT_IDS_INPUT, spec.SLOT_ELEM_TYPE, slot_dims)]
     new_nodes: dict[int, NodeProto] = {}

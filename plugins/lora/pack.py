@@ -284,7 +284,7 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
     per_slot = sum((h * r + r * o) * np.dtype(np_dtype(p)).itemsize + 4 for p, (h, o) in layout.modules.items())
     if n * per_slot > _memory_limit():
         raise InputError(f"--slots {n}: the pool would take {n * per_slot / 2**30:.1f} GiB, more than this "
-                         f"machine's {_memory_limit() / 2**30:.1f} GiB of free memory; pass fewer --slots")
+                         f"machine's {_memory_limit() / 2**30:.1f} GiB of available memory; pass fewer --slots")
     if len(adapters) > n:
         raise InputError(f"{len(adapters)} adapters do not fit in {n} slots; pass fewer adapters or more --slots")
     out: dict[str, np.ndarray] = {}
@@ -322,10 +322,19 @@ def _finite(ad: Adapter, path: str, half: str, weights: np.ndarray, dt: Any) -> 
     return converted
 
 
-def _memory_limit() -> int:
-    """Free physical memory (Linux sysconf), or 16 GiB where the platform does not say."""
+def _memory_limit(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """Memory a new allocation can get: Linux's MemAvailable (free memory plus the page cache and other memory the
+    kernel reclaims on demand), else free physical memory (sysconf), else 16 GiB where the platform does not say.
+    (Free memory alone, sysconf's SC_AVPHYS_PAGES, leaves out the cache: on a machine whose RAM had filled with
+    cached model files it refused a pool that fitted many times over.)"""
     import os
 
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):

@@ -191,3 +191,6 @@ def input_name(kind: str, target_path: str) -> str:
 
 
 SLOT_IDS_INPUT = "lora_slot_ids"  # one shared graph input for every plugin node
+#: The dim_param of a 1-D per-token ``lora_slot_ids`` whose token count no graph input names (a 2-D x made by
+#: ``Reshape(hidden [batch, sequence, H], [-1, H])``, GPT-2's Conv1D): ``trtforge build`` sizes it batch x sequence.
+TOKENS_DIM = "lora_tokens"
