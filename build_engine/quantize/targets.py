@@ -43,11 +43,12 @@ import re
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-from onnx import ModelProto, NodeProto, TensorProto
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from trtforge.plugins.lora import spec as lora_spec
 
 from ..core.errors import InputError
+from ..passes.protos import constant_node_tensor
 from ..precision.convert import node_decisions
 from ..precision.policy import Mode
 
@@ -183,7 +184,7 @@ def _nested(model: ModelProto) -> list[Excluded]:
     from ..core.graph import all_graphs
 
     graphs = list(all_graphs(model.graph))
-    weights = {t.name for g in graphs for t in g.initializer if t.data_type == TensorProto.FLOAT}
+    weights = {name for g in graphs for name in _float_constants(g)}
     out = []
     for g in graphs[1:]:
         for i, node in enumerate(g.node):
@@ -192,6 +193,17 @@ def _nested(model: ModelProto) -> list[Excluded]:
                 out.append(Excluded(node_label(node, i), f"{node.op_type} inside the subgraph {g.name!r} (an If/Loop/"
                                     "Scan body) is not quantized (only main-graph projections are); it stays float"))
     return out
+
+
+def _float_constants(g: GraphProto) -> set[str]:
+    """The float32 initializers of ``g`` and the outputs of its float32 ``Constant`` nodes (exporters write a body's
+    weights, and a Conv's, so): the operands that make a layer weighted."""
+    names = {t.name for t in g.initializer if t.data_type == TensorProto.FLOAT}
+    for n in g.node:
+        value = constant_node_tensor(n) if n.op_type == "Constant" and n.domain in ("", "ai.onnx") else None
+        if value is not None and value.data_type == TensorProto.FLOAT:
+            names.add(n.output[0])
+    return names
 
 
 def node_label(node: object, index: int) -> str:
@@ -226,12 +238,13 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     decisions = node_decisions(model, "fp16", range_exempt=weights)  # stored with float32 scales
     heads = _lm_heads(model)
     producers = {o: n for n in model.graph.node for o in n.output}
+    consts = _float_constants(model.graph)
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
         if node.op_type in _UNQUANTIZED_WEIGHTED and node.domain in ("", "ai.onnx"):
-            w_in = next((x for x in node.input if x in inits and inits[x].data_type == TensorProto.FLOAT), None)
-            if w_in is not None and node.input[0] not in inits:  # a weighted layer this quantizer does not handle
+            operands = [x for x in node.input if x]
+            if any(x in consts for x in operands) and any(x not in consts for x in operands):  # weighted, not handled
                 excluded.append(Excluded(node_label(node, i), f"{node.op_type} is not quantized (trtforge quantizes "
                                          "MatMul and Gemm projections only); it stays float"))
             continue

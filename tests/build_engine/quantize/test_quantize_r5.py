@@ -1,0 +1,47 @@
+"""Round-5 QA regressions for trtforge quantize (held-out numerics and report completeness)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtforge.build_engine.quantize import CalibSet, QuantConfig, quantize
+
+H = 16
+
+
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+
+def test_weights_given_by_constant_nodes_are_reported_when_kept_float(rng: np.random.Generator) -> None:
+    # old: a Conv whose weight is a Constant node, and an If body's MatMul whose weight is a Constant node of the
+    # body (as exporters write them), stayed float and the report listed neither (only initializers were seen)
+    w = rng.standard_normal((H, H)).astype(np.float32)
+    then = helper.make_graph([_constant("w_then", w), helper.make_node("MatMul", ["x", "w_then"], ["t"],
+                                                                       name="then_mm")],
+                             "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, H])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, H])])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+             helper.make_node("If", ["c"], ["i"], then_branch=then, else_branch=other, name="if"),
+             _constant("conv_w", rng.standard_normal((2, 1, 3, 3)).astype(np.float32)),
+             helper.make_node("Reshape", ["x", "img_shape"], ["img"]),
+             helper.make_node("Conv", ["img", "conv_w"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["p", "i"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([2, 1, 4, 4], np.int64), "img_shape")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, H]),
+                                       helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, H]),
+                           helper.make_tensor_value_info("conv", TensorProto.FLOAT, [2, 2, 4, 4])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    samples = tuple({"x": rng.standard_normal((2, H)).astype(np.float32), "c": np.array(flag)}
+                    for flag in (True, False))
+    report = quantize(model, QuantConfig(mode="int8"), CalibSet(samples, "test")).report
+    assert [n.name for n in report.nodes] == ["mm"]
+    reasons = {e.name: e.reason for e in report.excluded}
+    assert sorted(reasons) == ["conv", "then_mm"]
+    assert reasons["conv"].startswith("Conv is not quantized") and "stays float" in reasons["conv"]
+    assert "inside the subgraph 'then'" in reasons["then_mm"]
