@@ -5,7 +5,8 @@ tensors. Converting everything overflows or loses too much: an RMSNorm written a
 Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its normaliser, and rotary angles
 ``position * inv_freq`` lose whole radians in fp16 once positions pass ~1000. The policy:
 
-1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32.
+1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32; so does
+   a square written ``Mul(x, x)``, which is ``Pow(x, 2)``.
 2. ``Cast`` nodes keep their ``to`` type, ``CastLike`` nodes their target's (a float32 target stays float32: an
    int32 -> float16 cast overflows where int32 -> float32 does not). Values computed only from shapes
    (``Shape``/``Range`` and what derives from them: positions, causal masks) form *index* chains; float32 tensors on
@@ -225,7 +226,7 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
     origins = [fp32_origin.get(n) for n in dynamic]
     all_fp32 = bool(dynamic) and all(o is not None for o in origins)
     is_index = all_fp32 and all(o == "index" for o in origins)
-    if node.op_type in keep_ops:
+    if node.op_type in keep_ops or _is_square(node, keep_ops):
         return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), "index" if is_index else "norm"
     if from_index:
         return NodeDecision(Mode.KEEP, reason="computed from shapes / positions"), "index"
@@ -237,6 +238,12 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
     if bound is None:
         return NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}"), "norm"
     return NodeDecision(Mode.LOW, float_inputs=bound[0], reason="converted"), None
+
+
+def _is_square(node: NodeProto, keep_ops: frozenset[str]) -> bool:
+    """``Mul(x, x)`` is ``Pow(x, 2)`` (rule 1): an RMSNorm exported as ``x * x -> ReduceMean`` squared in fp16 gave
+    inf for |x| > 256, so the norm returned 0."""
+    return node.op_type == "Mul" and "Pow" in keep_ops and len(node.input) == 2 and node.input[0] == node.input[1]
 
 
 def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> NodeDecision:

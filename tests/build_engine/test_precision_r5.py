@@ -1,0 +1,41 @@
+"""trtforge precision, round 5: held-out models whose fp16 graph computed something else than the source, checked
+with onnx.reference (real fp16 arithmetic; onnxruntime's CPU provider runs fp16 Mul through float32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from trtforge.build_engine.precision.convert import convert_precision
+
+H = 16
+
+
+def _rmsnorm_by_mul(rng: np.random.Generator) -> onnx.ModelProto:
+    """h = x @ w, then an RMSNorm whose square is written Mul(h, h) (as ``h * h`` exports): y = h / sqrt(mean(h*h))."""
+    w = rng.standard_normal((H, H)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Mul", ["h", "h"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["r"]),
+             helper.make_node("Div", ["h", "r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, H])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, H])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(1e-5), "eps")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_square_written_as_mul_stays_fp32(rng: np.random.Generator) -> None:
+    # old: Mul(h, h) ran in fp16, so h beyond 256 squared to inf and the norm returned 0 (or NaN) where fp32 gives
+    # values of size ~1; now the square runs in fp32 like Pow(h, 2), and the result is fp32's within fp16 rounding
+    model = _rmsnorm_by_mul(rng)
+    x = (rng.standard_normal((2, H)) * 200).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert np.abs(x @ numpy_helper.to_array(model.graph.initializer[0])).max() > 256
+    result = convert_precision(model, "fp16")
+    kinds = {n.output[0]: n for n in result.model.graph.node}
+    assert "sq" in kinds and kinds["sq"].op_type == "Mul"
+    got = ReferenceEvaluator(result.model).run(None, {"x": x})[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-2 * np.abs(want).max())
