@@ -45,3 +45,21 @@ def test_weights_given_by_constant_nodes_are_reported_when_kept_float(rng: np.ra
     assert sorted(reasons) == ["conv", "then_mm"]
     assert reasons["conv"].startswith("Conv is not quantized") and "stays float" in reasons["conv"]
     assert "inside the subgraph 'then'" in reasons["then_mm"]
+
+
+def test_an_activation_empty_on_every_sample_is_one_clear_error(tmp_path, rng: np.random.Generator, cli) -> None:
+    # old: a projection reading an input of fixed size [0, 16] ended in 'internal error: ValueError: zero-size array
+    # to reduction operation maximum', exit 3, in every mode; now exit 2 naming the activation, nothing written
+    from trtforge_testing import assert_one_line_error
+
+    w = numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["p"], name="proj"),
+                           helper.make_node("Relu", ["p"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, H])], [w])
+    src, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    for mode in ("int8", "int4-wo", "fp8"):
+        res = cli("quantize", src, "-o", out, "--mode", mode, "--block-size", "16")
+        assert_one_line_error(res, 2, "activation 'x' is empty", "every calibration sample")
+        assert not out.exists()
