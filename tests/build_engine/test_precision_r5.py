@@ -39,3 +39,36 @@ def test_a_square_written_as_mul_stays_fp32(rng: np.random.Generator) -> None:
     got = ReferenceEvaluator(result.model).run(None, {"x": x})[0]
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-2 * np.abs(want).max())
+
+
+def _eye_matmuls(nodes: list[onnx.NodeProto], out: str) -> onnx.ModelProto:
+    """m = m2 = x @ I (x [2, 4]) followed by ``nodes`` computing ``out``."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                               helper.make_node("MatMul", ["x", "w"], ["m2"]), *nodes], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 4])],
+                              [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_constants_written_as_value_float_are_judged_like_tensors(rng: np.random.Generator) -> None:
+    # old: rules 8 and 10 read only a Constant's ``value`` tensor: an epsilon Constant(value_float=1e-12) became fp16 0
+    # (0 / sqrt(0) = NaN where fp32 gives 0), and Constant(value_float=1e5) became inf (m * k - k: NaN everywhere)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    x[0, 1:] = 0.0
+    for attr, eps in (("value_float", 1e-12), ("value_floats", [1e-12])):
+        model = _eye_matmuls([helper.make_node("Mul", ["m", "m2"], ["sq"]),
+                              helper.make_node("Constant", [], ["eps"], **{attr: eps}),
+                              helper.make_node("Add", ["sq", "eps"], ["se"]), helper.make_node("Sqrt", ["se"], ["r"]),
+                              helper.make_node("Div", ["m", "r"], ["y"])], "y")
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
+        assert not np.isnan(got).any(), attr
+        np.testing.assert_allclose(got, want, atol=2e-3)
+    model = _eye_matmuls([helper.make_node("Constant", [], ["k"], value_float=1e5),
+                          helper.make_node("Mul", ["m", "k"], ["mk"]),
+                          helper.make_node("Sub", ["mk", "k"], ["y"])], "y")
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-3)
