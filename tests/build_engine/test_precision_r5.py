@@ -72,3 +72,18 @@ def test_constants_written_as_value_float_are_judged_like_tensors(rng: np.random
     got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=1e-3)
+
+
+def test_a_constant_beyond_fp16_converts_without_a_warning(tmp_path) -> None:
+    # old: rule 10's check cast every small constant to fp16, so a mask constant of -1e9 printed NumPy's two-line
+    # 'RuntimeWarning: overflow encountered in cast' on the stderr of a conversion that succeeded
+    from trtforge_testing import run_console
+
+    model = _eye_matmuls([helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32(-1e9))),
+                          helper.make_node("Add", ["m", "k"], ["y"])], "y")
+    src, out = tmp_path / "m.onnx", tmp_path / "m16.onnx"
+    onnx.save(model, src)
+    res = run_console(["precision", str(src), "-o", str(out), "--to", "fp16"])
+    assert res.code == 0 and res.err == "", res.err
+    got = ReferenceEvaluator(str(out)).run(None, {"x": np.ones((2, 4), np.float32)})[0]
+    np.testing.assert_array_equal(got, np.full((2, 4), np.float32(1) + np.float32(-1e9)))  # kept fp32 (rule 8)
