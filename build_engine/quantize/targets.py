@@ -27,8 +27,8 @@ A weight initializer that is also listed in ``graph.input`` is only a default th
 the fed value); it is reported as excluded.
 
 A ``Conv``, ``ConvTranspose`` or ``Einsum`` with a float32 initializer operand is never quantized; each is reported
-as excluded with that reason, as is every weighted layer (MatMul, Gemm, those three) inside an If/Loop/Scan body,
-which is never quantized either, so the report lists every weighted layer that stays float.
+as excluded with that reason, as is every weighted layer (MatMul, Gemm, those three) inside an If/Loop/Scan body
+or a model-local function, which is never quantized either, so the report lists every weighted layer that stays float.
 
 Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
 touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
@@ -192,6 +192,25 @@ def _nested(model: ModelProto) -> list[Excluded]:
             if weighted and any(x in weights for x in node.input):
                 out.append(Excluded(node_label(node, i), f"{node.op_type} inside the subgraph {g.name!r} (an If/Loop/"
                                     "Scan body) is not quantized (only main-graph projections are); it stays float"))
+    return out + _in_functions(model, graphs, weights)
+
+
+def _in_functions(model: ModelProto, graphs: Sequence[GraphProto], outer: set[str]) -> list[Excluded]:
+    """The weighted layers of model-local functions (never quantized either): a node reading a float32 Constant of
+    the function, or a formal input some call binds to a float32 constant of the calling graph."""
+    calls = [n for g in graphs for n in g.node]
+    out = []
+    for fn in model.functions:
+        weights = {n.output[0] for n in fn.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                   and (t := constant_node_tensor(n)) is not None and t.data_type == TensorProto.FLOAT}
+        weights |= {formal for call in calls if (call.domain, call.op_type) == (fn.domain, fn.name)
+                    for formal, actual in zip(fn.input, call.input, strict=False) if actual in outer}
+        for i, node in enumerate(fn.node):
+            weighted = node.op_type in _UNQUANTIZED_WEIGHTED | {"MatMul", "Gemm"} and node.domain in ("", "ai.onnx")
+            if weighted and any(x in weights for x in node.input):
+                out.append(Excluded(node_label(node, i), f"{node.op_type} inside the model-local function "
+                                    f"'{fn.domain}.{fn.name}' is not quantized (only main-graph projections are); it "
+                                    "stays float"))
     return out
 
 

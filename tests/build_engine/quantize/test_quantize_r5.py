@@ -63,3 +63,29 @@ def test_an_activation_empty_on_every_sample_is_one_clear_error(tmp_path, rng: n
         res = cli("quantize", src, "-o", out, "--mode", mode, "--block-size", "16")
         assert_one_line_error(res, 2, "activation 'x' is empty", "every calibration sample")
         assert not out.exists()
+
+
+def test_projections_inside_model_local_functions_are_reported(rng: np.random.Generator) -> None:
+    # old: a MatMul inside a model-local function (its weight a Constant of the function, or an initializer the call
+    # passes in) stayed float and the report listed neither (excluded was empty)
+    w = rng.standard_normal((H, H)).astype(np.float32)
+    own = helper.make_function("local", "Own", ["a"], ["b"], [_constant("wf", w), helper.make_node(
+        "MatMul", ["a", "wf"], ["b"], name="own_mm")], [helper.make_opsetid("", 17)])
+    given = helper.make_function("local", "Given", ["a", "wa"], ["b"], [helper.make_node(
+        "MatMul", ["a", "wa"], ["b"], name="given_mm")], [helper.make_opsetid("", 17)])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+             helper.make_node("Own", ["p"], ["q"], domain="local"),
+             helper.make_node("Given", ["q", "w"], ["r"], domain="local"), helper.make_node("Relu", ["r"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, H])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                              functions=[own, given])
+    onnx.checker.check_model(model, full_check=True)
+    samples = tuple({"x": rng.standard_normal((2, H)).astype(np.float32)} for _ in range(2))
+    report = quantize(model, QuantConfig(mode="int8"), CalibSet(samples, "test")).report
+    assert [n.name for n in report.nodes] == ["mm"]
+    reasons = {e.name: e.reason for e in report.excluded}
+    assert sorted(reasons) == ["given_mm", "own_mm"]
+    assert "model-local function 'local.Own'" in reasons["own_mm"] and "stays float" in reasons["own_mm"]
+    assert "model-local function 'local.Given'" in reasons["given_mm"]
