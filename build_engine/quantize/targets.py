@@ -26,9 +26,10 @@ A weight initializer that is also listed in ``graph.input`` is only a default th
 (ONNX IR < 4 style): it is not a constant, so its MatMul is never a candidate (quantizing it would silently ignore
 the fed value); it is reported as excluded.
 
-A ``Conv``, ``ConvTranspose`` or ``Einsum`` with a float32 initializer operand is never quantized; each is reported
-as excluded with that reason, as is every weighted layer (MatMul, Gemm, those three) inside an If/Loop/Scan body
-or a model-local function, which is never quantized either, so the report lists every weighted layer that stays float.
+A ``Conv``, ``ConvTranspose``, ``DeformConv``, ``Einsum``, ``LSTM``, ``GRU`` or ``RNN`` with a float32 constant
+operand (an initializer or a ``Constant``) is never quantized; each is reported as excluded with that reason, as is
+every weighted layer (MatMul, Gemm, those) inside an If/Loop/Scan body or a model-local function, which is never
+quantized either, so the report lists every weighted layer that stays float.
 
 Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
 touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
@@ -55,7 +56,7 @@ from ..precision.policy import Mode
 # the bias Add of a lowered Gemm (``gemm.GEMM_BIAS_DOC``; defined here, which ``gemm`` imports, to avoid a cycle)
 GEMM_BIAS_DOC = "trtforge.quantize: the bias Add of a lowered Gemm"
 # weighted layers with a float32 initializer operand that are never quantized here: listed as excluded, not silent
-_UNQUANTIZED_WEIGHTED = frozenset({"Conv", "ConvTranspose", "Einsum"})
+_UNQUANTIZED_WEIGHTED = frozenset({"Conv", "ConvTranspose", "DeformConv", "Einsum", "LSTM", "GRU", "RNN"})
 _DATA_MOVEMENT = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 

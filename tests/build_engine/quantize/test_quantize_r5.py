@@ -89,3 +89,31 @@ def test_projections_inside_model_local_functions_are_reported(rng: np.random.Ge
     assert sorted(reasons) == ["given_mm", "own_mm"]
     assert "model-local function 'local.Own'" in reasons["own_mm"] and "stays float" in reasons["own_mm"]
     assert "model-local function 'local.Given'" in reasons["given_mm"]
+
+
+def test_recurrent_layers_are_reported_as_kept_float(rng: np.random.Generator) -> None:
+    # old: an LSTM and a GRU with float32 weight initializers stayed float and the report did not list them (it
+    # promises every weighted layer kept float, with its reason)
+    hidden = 8
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="proj"),
+             helper.make_node("LSTM", ["p", "lw", "lr", "lb"], ["yl"], hidden_size=hidden, name="lstm"),
+             helper.make_node("GRU", ["p", "gw", "gr"], ["yg"], hidden_size=hidden, name="gru")]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w(H, H), "w"), (w(1, 4 * hidden, H), "lw"),
+                                                        (w(1, 4 * hidden, hidden), "lr"), (w(1, 8 * hidden), "lb"),
+                                                        (w(1, 3 * hidden, H), "gw"), (w(1, 3 * hidden, hidden), "gr"))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, H])],
+                          [helper.make_tensor_value_info("yl", TensorProto.FLOAT, [5, 1, 2, hidden]),
+                           helper.make_tensor_value_info("yg", TensorProto.FLOAT, [5, 1, 2, hidden])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    samples = tuple({"x": rng.standard_normal((5, 2, H)).astype(np.float32)} for _ in range(2))
+    result = quantize(model, QuantConfig(mode="int8"), CalibSet(samples, "test"))
+    assert [n.name for n in result.report.nodes] == ["proj"]
+    reasons = {e.name: e.reason for e in result.report.excluded}
+    assert sorted(reasons) == ["gru", "lstm"]
+    assert reasons["lstm"].startswith("LSTM is not quantized") and reasons["gru"].startswith("GRU is not quantized")
+    kept = {t.name for t in result.model.graph.initializer if t.data_type == TensorProto.FLOAT}
+    assert {"lw", "lr", "lb", "gw", "gr"} <= kept
