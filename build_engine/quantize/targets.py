@@ -160,20 +160,22 @@ def _lm_heads(model: ModelProto) -> set[str]:
     return heads
 
 
-def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto],
-                      producers: dict[str, NodeProto]) -> str | None:
-    """Why a MatMul with a constant operand is not a candidate (None: no constant operand, or both constant)."""
+def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto], producers: dict[str, NodeProto],
+                      consts: set[str]) -> str | None:
+    """Why a MatMul with a constant operand is not a candidate (None: no constant operand, or both constant).
+    ``consts``: the float32 initializers and ``Constant`` outputs (a weight an exporter wrote as a Constant node)."""
     a, b = (inits.get(name) for name in node.input)
-    if a is not None and b is None:
+    a_const = a is not None or node.input[0] in consts
+    if a_const and b is None and node.input[1] not in consts:
         return "its constant is the first input (W @ x); only x @ W with W [in, out] is quantized"
-    if b is not None and a is None:
+    if b is not None and not a_const:
         if b.data_type != TensorProto.FLOAT:
             name = TensorProto.DataType.Name(b.data_type).lower()
             return f"its weight {b.name!r} is {name}, not float32 (quantize the float32 source model)"
         return f"its weight {b.name!r} is {len(b.dims)}-D; only 2-D [in, out] weights are quantized"
     src = producers.get(node.input[1])
-    if a is None and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
-            and src.input[0] in inits:
+    if not a_const and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
+            and (src.input[0] in inits or src.input[0] in consts):
         return (f"its weight is computed at run time ({src.op_type} of {src.input[0]!r}); only initializer "
                 "weights are quantized")
     return None
@@ -272,8 +274,9 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
             continue
         w = inits.get(node.input[1])
         label = node_label(node, i)
-        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
-            why = _not_a_projection(node, inits, producers)
+        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits \
+                or node.input[0] in consts:
+            why = _not_a_projection(node, inits, producers, consts)
             if why is not None:  # a constant operand that is not an [in, out] float32 weight: reported, kept float
                 excluded.append(Excluded(label, why))
             continue  # otherwise activation x activation (attention), or a constant expression

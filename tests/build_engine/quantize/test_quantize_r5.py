@@ -117,3 +117,24 @@ def test_recurrent_layers_are_reported_as_kept_float(rng: np.random.Generator) -
     assert reasons["lstm"].startswith("LSTM is not quantized") and reasons["gru"].startswith("GRU is not quantized")
     kept = {t.name for t in result.model.graph.initializer if t.data_type == TensorProto.FLOAT}
     assert {"lw", "lr", "lb", "gw", "gr"} <= kept
+
+
+def test_weights_computed_from_constant_nodes_are_reported(rng: np.random.Generator) -> None:
+    # old: a MatMul reading Transpose(Constant W) (a tied head an exporter wrote without constant folding) and one
+    # computing Constant W @ x stayed float and the report listed neither (only initializers were seen there)
+    w = rng.standard_normal((H, H)).astype(np.float32)
+    nodes = [_constant("wt", w), helper.make_node("Transpose", ["wt"], ["w_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "w_t"], ["p"], name="transposed"),
+             _constant("wl", w), helper.make_node("MatMul", ["wl", "p"], ["q"], name="left"),
+             helper.make_node("MatMul", ["q", "w"], ["r"], name="proj"), helper.make_node("Relu", ["r"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [H, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [H, H])],
+                          [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    samples = tuple({"x": rng.standard_normal((H, H)).astype(np.float32)} for _ in range(2))
+    report = quantize(model, QuantConfig(mode="int8"), CalibSet(samples, "test")).report
+    assert [n.name for n in report.nodes] == ["proj"]
+    reasons = {e.name: e.reason for e in report.excluded}
+    assert sorted(reasons) == ["left", "transposed"]
+    assert reasons["transposed"].startswith("its weight is computed at run time (Transpose of 'wt')")
+    assert reasons["left"].startswith("its constant is the first input (W @ x)")
