@@ -15,7 +15,7 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
-   stays fp32.
+   stays fp32, and so does a ``Mul`` by a ``Reciprocal``'s output (``x * rsqrt(mean(x^2) + eps)``).
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -145,7 +145,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     """Decide a Mode for each top-level node (by index, nodes in topological order)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
-    fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm"
+    fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm" | "reciprocal"
     out: dict[int, NodeDecision] = {}
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
@@ -227,13 +227,17 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
     all_fp32 = bool(dynamic) and all(o is not None for o in origins)
     is_index = all_fp32 and all(o == "index" for o in origins)
     if node.op_type in keep_ops or _is_square(node, keep_ops):
-        return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), "index" if is_index else "norm"
+        tag = "index" if is_index else "reciprocal" if node.op_type == "Reciprocal" else "norm"
+        return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), tag
     if from_index:
         return NodeDecision(Mode.KEEP, reason="computed from shapes / positions"), "index"
     if all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
         return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), "index" if is_index else "norm"
     if node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
         return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), "norm"
+    if node.op_type == "Mul" and any(fp32_origin.get(n) == "reciprocal" for n in node.input):
+        # x * rsqrt(mean(x^2) + eps) is x / sqrt(...): 1 / rms of a near-zero row is beyond fp16 (1e6 for eps 1e-12)
+        return NodeDecision(Mode.KEEP, reason="multiplies by an fp32 reciprocal (a norm's 1 / rms)"), "norm"
     bound = _low_constraint(schema, node, types, LOW_TYPES[to])
     if bound is None:
         return NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}"), "norm"

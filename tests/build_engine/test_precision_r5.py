@@ -87,3 +87,26 @@ def test_a_constant_beyond_fp16_converts_without_a_warning(tmp_path) -> None:
     assert res.code == 0 and res.err == "", res.err
     got = ReferenceEvaluator(str(out)).run(None, {"x": np.ones((2, 4), np.float32)})[0]
     np.testing.assert_array_equal(got, np.full((2, 4), np.float32(1) + np.float32(-1e9)))  # kept fp32 (rule 8)
+
+
+def test_a_mul_by_a_reciprocal_norm_stays_fp32(rng: np.random.Generator) -> None:
+    # old: RMSNorm written x * Reciprocal(Sqrt(mean(x^2) + 1e-12)) (as x * rsqrt(...) exports) multiplied in fp16, so
+    # 1 / rms of a row with rms below 1.5e-5 (a near-zero or zero row) was cast to inf: +-inf (or NaN) where fp32
+    # gives values of size ~1; Div(x, Sqrt(...)) stayed fp32 already, and now the Mul does too
+    w = np.eye(H, dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Pow", ["h", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]), helper.make_node("Add", ["ms", "eps"], ["mse"]),
+             helper.make_node("Sqrt", ["mse"], ["r"]), helper.make_node("Reciprocal", ["r"], ["rs"]),
+             helper.make_node("Mul", ["h", "rs"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(2), "two"),
+             numpy_helper.from_array(np.float32(1e-12), "eps")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, H])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, H])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    x[0] *= 1e-5  # rms ~1e-5: 1 / rms ~1e5
+    x[1] = 0.0    # 1 / sqrt(1e-12) = 1e6, times 0
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2)
