@@ -15,7 +15,8 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
-   stays fp32, and so does a ``Mul`` by a ``Reciprocal``'s output (``x * rsqrt(mean(x^2) + eps)``).
+   stays fp32, and so does a ``Mul`` by a ``Reciprocal``'s output or by ``constant / that denominator``
+   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))``).
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -226,15 +227,17 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
     origins = [fp32_origin.get(n) for n in dynamic]
     all_fp32 = bool(dynamic) and all(o is not None for o in origins)
     is_index = all_fp32 and all(o == "index" for o in origins)
+    # Reciprocal(d), or constant / d (torch exports rsqrt as Div(1, Sqrt(...))): a reciprocal for the Mul rule below
+    recip = node.op_type == "Reciprocal" or (node.op_type == "Div" and node.input[0] in constants)
+    tag = "index" if is_index else "reciprocal" if recip else "norm"
     if node.op_type in keep_ops or _is_square(node, keep_ops):
-        tag = "index" if is_index else "reciprocal" if node.op_type == "Reciprocal" else "norm"
         return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), tag
     if from_index:
         return NodeDecision(Mode.KEEP, reason="computed from shapes / positions"), "index"
     if all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
-        return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), "index" if is_index else "norm"
+        return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), tag
     if node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
-        return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), "norm"
+        return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), tag
     if node.op_type == "Mul" and any(fp32_origin.get(n) == "reciprocal" for n in node.input):
         # x * rsqrt(mean(x^2) + eps) is x / sqrt(...): 1 / rms of a near-zero row is beyond fp16 (1e6 for eps 1e-12)
         return NodeDecision(Mode.KEEP, reason="multiplies by an fp32 reciprocal (a norm's 1 / rms)"), "norm"

@@ -110,3 +110,11 @@ def test_a_mul_by_a_reciprocal_norm_stays_fp32(rng: np.random.Generator) -> None
     got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-2)
+    # torch's rsqrt export: Div(1, Sqrt(...)) in place of the Reciprocal
+    nodes[5] = helper.make_node("Div", ["one", "r"], ["rs"])
+    model.graph.ClearField("node")
+    model.graph.node.extend(nodes)
+    model.graph.initializer.append(numpy_helper.from_array(np.float32(1), "one"))
+    got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2)
