@@ -15,8 +15,9 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
-   stays fp32, and so does a ``Mul`` by a ``Reciprocal``'s output or by ``constant / that denominator``
-   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))``).
+   stays fp32, and for fp16 so does a ``Mul`` by a ``Reciprocal``'s output or by ``constant / that denominator``
+   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))``: 1 / rms is beyond fp16's range for
+   a near-zero row when eps is small).
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -238,7 +239,7 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
         return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), tag
     if node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
         return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), tag
-    if node.op_type == "Mul" and any(fp32_origin.get(n) == "reciprocal" for n in node.input):
+    if to == "fp16" and node.op_type == "Mul" and any(fp32_origin.get(n) == "reciprocal" for n in node.input):
         # x * rsqrt(mean(x^2) + eps) is x / sqrt(...): 1 / rms of a near-zero row is beyond fp16 (1e6 for eps 1e-12)
         return NodeDecision(Mode.KEEP, reason="multiplies by an fp32 reciprocal (a norm's 1 / rms)"), "norm"
     bound = _low_constraint(schema, node, types, LOW_TYPES[to])
