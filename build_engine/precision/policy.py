@@ -242,10 +242,23 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
     if to == "fp16" and node.op_type == "Mul" and any(fp32_origin.get(n) == "reciprocal" for n in node.input):
         # x * rsqrt(mean(x^2) + eps) is x / sqrt(...): 1 / rms of a near-zero row is beyond fp16 (1e6 for eps 1e-12)
         return NodeDecision(Mode.KEEP, reason="multiplies by an fp32 reciprocal (a norm's 1 / rms)"), "norm"
+    if _non_tensor_io(schema):  # a sequence / optional has no Cast: converting its elements made the model invalid
+        return NodeDecision(Mode.KEEP, reason="reads or writes a sequence / optional (not converted)"), "norm"
     bound = _low_constraint(schema, node, types, LOW_TYPES[to])
     if bound is None:
         return NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}"), "norm"
     return NodeDecision(Mode.LOW, float_inputs=bound[0], reason="converted"), None
+
+
+def _non_tensor_io(schema: onnx.defs.OpSchema) -> bool:
+    """Whether an input or output of the op is a sequence, optional or map (``SequenceConstruct``, ``SequenceAt``,
+    ``Optional``...): its float elements cannot be cast, so the node keeps the source's types."""
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    for formal in [*schema.inputs, *schema.outputs]:
+        strs = allowed.get(formal.type_str, [formal.type_str])
+        if strs and not any(t.startswith("tensor(") for t in strs):
+            return True
+    return False
 
 
 def _is_square(node: NodeProto, keep_ops: frozenset[str]) -> bool:

@@ -118,3 +118,27 @@ def test_a_mul_by_a_reciprocal_norm_stays_fp32(rng: np.random.Generator) -> None
     got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-2)
+
+
+def test_sequence_ops_keep_their_types(rng: np.random.Generator) -> None:
+    # old: --to fp16 converted SequenceConstruct's elements (its schema admits float16), so a model returning a
+    # sequence of float32 tensors, or reading one back with SequenceAt, was refused as 'precision conversion to fp16
+    # produced an invalid model' (exit 2) on a valid model; now ops with sequence / optional I/O keep the source's types
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("SequenceConstruct", ["a", "b"], ["seq"]),
+             helper.make_node("SequenceAt", ["seq", "one"], ["picked"]), helper.make_node("Neg", ["picked"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              [w, numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    want_seq, want_y = ReferenceEvaluator(model).run(None, {"x": x})
+    for to in ("fp16", "bf16"):
+        out = convert_precision(model, to).model
+        got_seq, got_y = ReferenceEvaluator(out).run(None, {"x": x})
+        assert [t.dtype for t in got_seq] == [np.float32, np.float32] and got_y.dtype == np.float32
+        for got, want in zip([*got_seq, got_y], [*want_seq, want_y], strict=True):
+            np.testing.assert_allclose(got, want, atol=5e-2, rtol=2e-2)
