@@ -55,7 +55,7 @@ import numpy as np
 from ..core import interrupt, steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
-from .inputs import FeedSpec, check_same_input_dims, graph_inputs, plan_feeds
+from .inputs import FeedSpec, check_same_input_dims, check_tensor_outputs, graph_inputs, plan_feeds
 from .polygraphy_env import quiet_polygraphy
 from .sessions import make_session
 
@@ -250,6 +250,9 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
         if not p.exists():
             raise InputError(f"{p}: not found; give an ONNX model (or an engine folder)")
     ma, mb = _load(pa), _load(pb)
+    for m, p in ((ma, pa), (mb, pb)):
+        if m is not None:
+            check_tensor_outputs(m, p)
     if ma is None and mb is None:
         raise InputError("diff needs at least one ONNX model to derive inputs from; both sides are engine folders")
     if ma is not None and mb is not None:

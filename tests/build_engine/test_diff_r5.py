@@ -52,3 +52,19 @@ def test_rel_to_scale_is_against_the_largest_finite_reference_value() -> None:
     # an infinity only one side has is an infinite difference, whatever the scale
     d = compare_arrays(np.array([1.0, 0.0], np.float32), np.array([1.0, -np.inf], np.float32), 1e-5, 1e-5)
     assert d.max_abs == np.inf and d.rel_to_scale == np.inf
+
+
+def test_a_sequence_output_is_one_clear_error(tmp_path: Path, cli) -> None:
+    # old: 'running a.onnx / a.onnx failed: Function: dtype is unsupported for objects of type: list; check the models
+    # run in onnxruntime ...' for a model onnxruntime runs (Polygraphy's comparator takes tensors only)
+    from trtforge_testing import assert_one_line_error
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("SequenceConstruct", ["a", "x"], ["seq"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)])
+    path = tmp_path / "a.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    res = cli("diff", path, path, "--save", tmp_path / "r.json")
+    assert_one_line_error(res, 2, "output 'seq' is a sequence", "tensor outputs only")
+    assert not list(tmp_path.glob("r*.json"))
