@@ -100,7 +100,12 @@ def _matches(name: str, patterns: Sequence[str]) -> str | None:
 
 
 def _check_patterns(model: ModelProto, patterns: Sequence[str]) -> None:
+    from ..core.graph import all_graphs
+
     labels = [node_label(n, i) for i, n in enumerate(model.graph.node)]
+    # the report's labels of layers in bodies and functions too (they stay float; naming one is no typo)
+    labels += [node_label(n, i) for g in [*list(all_graphs(model.graph))[1:], *model.functions]
+               for i, n in enumerate(g.node)]
     for p in patterns:
         if not any(_matches(label, (p,)) for label in labels):
             sample = ", ".join(repr(x) for x in [n for n in labels if n][:3])
