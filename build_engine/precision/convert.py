@@ -36,6 +36,7 @@ from ..core import onnx_skeleton, steps
 from ..core.errors import InputError, ModelError
 from ..core.graph import Namer
 from ..core.shape_inference import infer_shapes
+from ..passes.protos import constant_node_tensor
 from .fp16_range import beyond_fp16, vanish_in_fp16
 from .opset import bf16_opset
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
@@ -93,10 +94,10 @@ def _constant_tensors(model: ModelProto, *, overridable: bool = False) -> dict[s
     inputs = set() if overridable else {vi.name for vi in model.graph.input}
     consts = {t.name: t for t in model.graph.initializer if t.name not in inputs}
     for node in model.graph.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value" and a.HasField("t"):
-                    consts[node.output[0]] = a.t
+        if node.op_type == "Constant":  # value, or value_float(s) / value_int(s): an epsilon is often written so
+            value = constant_node_tensor(node)
+            if value is not None:
+                consts[node.output[0]] = value
         elif node.op_type == "Identity" and node.input and node.input[0] in consts:
             consts[node.output[0]] = consts[node.input[0]]
     return consts

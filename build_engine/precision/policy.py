@@ -5,7 +5,8 @@ tensors. Converting everything overflows or loses too much: an RMSNorm written a
 Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its normaliser, and rotary angles
 ``position * inv_freq`` lose whole radians in fp16 once positions pass ~1000. The policy:
 
-1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32.
+1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32; so does
+   a square written ``Mul(x, x)``, which is ``Pow(x, 2)``.
 2. ``Cast`` nodes keep their ``to`` type, ``CastLike`` nodes their target's (a float32 target stays float32: an
    int32 -> float16 cast overflows where int32 -> float32 does not). Values computed only from shapes
    (``Shape``/``Range`` and what derives from them: positions, causal masks) form *index* chains; float32 tensors on
@@ -14,7 +15,9 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
-   stays fp32.
+   stays fp32, and for fp16 so does a ``Mul`` by a ``Reciprocal``'s output or by ``constant / that denominator``
+   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))``: 1 / rms is beyond fp16's range for
+   a near-zero row when eps is small).
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -144,7 +147,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     """Decide a Mode for each top-level node (by index, nodes in topological order)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
-    fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm"
+    fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm" | "reciprocal"
     out: dict[int, NodeDecision] = {}
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
@@ -225,18 +228,43 @@ def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping
     origins = [fp32_origin.get(n) for n in dynamic]
     all_fp32 = bool(dynamic) and all(o is not None for o in origins)
     is_index = all_fp32 and all(o == "index" for o in origins)
-    if node.op_type in keep_ops:
-        return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), "index" if is_index else "norm"
+    # Reciprocal(d), or constant / d (torch exports rsqrt as Div(1, Sqrt(...))): a reciprocal for the Mul rule below
+    recip = node.op_type == "Reciprocal" or (node.op_type == "Div" and node.input[0] in constants)
+    tag = "index" if is_index else "reciprocal" if recip else "norm"
+    if node.op_type in keep_ops or _is_square(node, keep_ops):
+        return NodeDecision(Mode.KEEP, reason="numerically sensitive op"), tag
     if from_index:
         return NodeDecision(Mode.KEEP, reason="computed from shapes / positions"), "index"
     if all_fp32 and (node.op_type not in HEAVY_OPS or is_index):
-        return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), "index" if is_index else "norm"
+        return NodeDecision(Mode.KEEP, reason="inputs computed in fp32"), tag
     if node.op_type == "Div" and len(node.input) > 1 and node.input[1] in fp32_origin:
-        return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), "norm"
+        return NodeDecision(Mode.KEEP, reason="divides by an fp32 (norm) denominator"), tag
+    if to == "fp16" and node.op_type == "Mul" and any(fp32_origin.get(n) == "reciprocal" for n in node.input):
+        # x * rsqrt(mean(x^2) + eps) is x / sqrt(...): 1 / rms of a near-zero row is beyond fp16 (1e6 for eps 1e-12)
+        return NodeDecision(Mode.KEEP, reason="multiplies by an fp32 reciprocal (a norm's 1 / rms)"), "norm"
+    if _non_tensor_io(schema):  # a sequence / optional has no Cast: converting its elements made the model invalid
+        return NodeDecision(Mode.KEEP, reason="reads or writes a sequence / optional (not converted)"), "norm"
     bound = _low_constraint(schema, node, types, LOW_TYPES[to])
     if bound is None:
         return NodeDecision(Mode.KEEP, reason=f"schema does not allow {to}"), "norm"
     return NodeDecision(Mode.LOW, float_inputs=bound[0], reason="converted"), None
+
+
+def _non_tensor_io(schema: onnx.defs.OpSchema) -> bool:
+    """Whether an input or output of the op is a sequence, optional or map (``SequenceConstruct``, ``SequenceAt``,
+    ``Optional``...): its float elements cannot be cast, so the node keeps the source's types."""
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    for formal in [*schema.inputs, *schema.outputs]:
+        strs = allowed.get(formal.type_str, [formal.type_str])
+        if strs and not any(t.startswith("tensor(") for t in strs):
+            return True
+    return False
+
+
+def _is_square(node: NodeProto, keep_ops: frozenset[str]) -> bool:
+    """``Mul(x, x)`` is ``Pow(x, 2)`` (rule 1): an RMSNorm exported as ``x * x -> ReduceMean`` squared in fp16 gave
+    inf for |x| > 256, so the norm returned 0."""
+    return node.op_type == "Mul" and "Pow" in keep_ops and len(node.input) == 2 and node.input[0] == node.input[1]
 
 
 def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> NodeDecision:

@@ -103,6 +103,8 @@ def _collect(sess: Any, tensors: list[str], samples: Sequence[Sample], keep_rows
     per_sample = max(1, _MAX_ROWS // max(1, len(samples)))
     for sample in samples:
         for name, value in zip(tensors, _run(sess, sample, tensors), strict=True):
+            if not value.size:  # no token on this sample (a zero-size dim): it adds no statistic
+                continue
             x = np.abs(value.reshape(-1, value.shape[-1]).astype(np.float32))
             amax[name] = np.maximum(amax[name], x.max(0)) if name in amax else x.max(0)
             total[name] = total[name] + x.sum(0, dtype=np.float64) if name in total else x.sum(0, dtype=np.float64)
@@ -112,6 +114,10 @@ def _collect(sess: Any, tensors: list[str], samples: Sequence[Sample], keep_rows
                 pick = rng.choice(flat.shape[0], size=min(per_sample, flat.shape[0]), replace=False)
                 rows[name].append(flat[np.sort(pick)].astype(np.float32))
     for t in tensors:  # every later step (SmoothQuant, AWQ, the calibrators' histograms) needs finite values
+        if t not in amax:
+            raise InputError(f"calibration: activation {t!r} is empty (a zero-size dim) on every calibration sample, "
+                             "so it has no range to calibrate; give samples where it has elements (--calib), or keep "
+                             "its projections float with --exclude")
         if not np.all(np.isfinite(amax[t])):
             raise InputError(f"calibration: activation {t!r} is NaN or infinite on the calibration samples (the float "
                              "model computes it so: NaN/inf weights upstream, or float32 overflow); fix the model "

@@ -26,9 +26,10 @@ A weight initializer that is also listed in ``graph.input`` is only a default th
 (ONNX IR < 4 style): it is not a constant, so its MatMul is never a candidate (quantizing it would silently ignore
 the fed value); it is reported as excluded.
 
-A ``Conv``, ``ConvTranspose`` or ``Einsum`` with a float32 initializer operand is never quantized; each is reported
-as excluded with that reason, as is every weighted layer (MatMul, Gemm, those three) inside an If/Loop/Scan body,
-which is never quantized either, so the report lists every weighted layer that stays float.
+A ``Conv``, ``ConvTranspose``, ``DeformConv``, ``Einsum``, ``LSTM``, ``GRU`` or ``RNN`` with a float32 constant
+operand (an initializer or a ``Constant``) is never quantized; each is reported as excluded with that reason, as is
+every weighted layer (MatMul, Gemm, those) inside an If/Loop/Scan body or a model-local function, which is never
+quantized either, so the report lists every weighted layer that stays float.
 
 Norms, softmax, rotary Sin/Cos, reductions and ``LoRAOpPluginDynamic`` nodes are not MatMuls, so they are never
 touched; a plugin's inputs (x, y, adapter pools, slot ids, scales) are never rewired either: only the MatMul's own
@@ -43,18 +44,19 @@ import re
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-from onnx import ModelProto, NodeProto, TensorProto
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from trtforge.plugins.lora import spec as lora_spec
 
 from ..core.errors import InputError
+from ..passes.protos import constant_node_tensor
 from ..precision.convert import node_decisions
 from ..precision.policy import Mode
 
 # the bias Add of a lowered Gemm (``gemm.GEMM_BIAS_DOC``; defined here, which ``gemm`` imports, to avoid a cycle)
 GEMM_BIAS_DOC = "trtforge.quantize: the bias Add of a lowered Gemm"
 # weighted layers with a float32 initializer operand that are never quantized here: listed as excluded, not silent
-_UNQUANTIZED_WEIGHTED = frozenset({"Conv", "ConvTranspose", "Einsum"})
+_UNQUANTIZED_WEIGHTED = frozenset({"Conv", "ConvTranspose", "DeformConv", "Einsum", "LSTM", "GRU", "RNN"})
 _DATA_MOVEMENT = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
@@ -98,7 +100,12 @@ def _matches(name: str, patterns: Sequence[str]) -> str | None:
 
 
 def _check_patterns(model: ModelProto, patterns: Sequence[str]) -> None:
+    from ..core.graph import all_graphs
+
     labels = [node_label(n, i) for i, n in enumerate(model.graph.node)]
+    # the report's labels of layers in bodies and functions too (they stay float; naming one is no typo)
+    labels += [node_label(n, i) for g in [*list(all_graphs(model.graph))[1:], *model.functions]
+               for i, n in enumerate(g.node)]
     for p in patterns:
         if not any(_matches(label, (p,)) for label in labels):
             sample = ", ".join(repr(x) for x in [n for n in labels if n][:3])
@@ -158,20 +165,22 @@ def _lm_heads(model: ModelProto) -> set[str]:
     return heads
 
 
-def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto],
-                      producers: dict[str, NodeProto]) -> str | None:
-    """Why a MatMul with a constant operand is not a candidate (None: no constant operand, or both constant)."""
+def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto], producers: dict[str, NodeProto],
+                      consts: set[str]) -> str | None:
+    """Why a MatMul with a constant operand is not a candidate (None: no constant operand, or both constant).
+    ``consts``: the float32 initializers and ``Constant`` outputs (a weight an exporter wrote as a Constant node)."""
     a, b = (inits.get(name) for name in node.input)
-    if a is not None and b is None:
+    a_const = a is not None or node.input[0] in consts
+    if a_const and b is None and node.input[1] not in consts:
         return "its constant is the first input (W @ x); only x @ W with W [in, out] is quantized"
-    if b is not None and a is None:
+    if b is not None and not a_const:
         if b.data_type != TensorProto.FLOAT:
             name = TensorProto.DataType.Name(b.data_type).lower()
             return f"its weight {b.name!r} is {name}, not float32 (quantize the float32 source model)"
         return f"its weight {b.name!r} is {len(b.dims)}-D; only 2-D [in, out] weights are quantized"
     src = producers.get(node.input[1])
-    if a is None and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
-            and src.input[0] in inits:
+    if not a_const and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
+            and (src.input[0] in inits or src.input[0] in consts):
         return (f"its weight is computed at run time ({src.op_type} of {src.input[0]!r}); only initializer "
                 "weights are quantized")
     return None
@@ -183,7 +192,7 @@ def _nested(model: ModelProto) -> list[Excluded]:
     from ..core.graph import all_graphs
 
     graphs = list(all_graphs(model.graph))
-    weights = {t.name for g in graphs for t in g.initializer if t.data_type == TensorProto.FLOAT}
+    weights = {name for g in graphs for name in _float_constants(g)}
     out = []
     for g in graphs[1:]:
         for i, node in enumerate(g.node):
@@ -191,7 +200,37 @@ def _nested(model: ModelProto) -> list[Excluded]:
             if weighted and any(x in weights for x in node.input):
                 out.append(Excluded(node_label(node, i), f"{node.op_type} inside the subgraph {g.name!r} (an If/Loop/"
                                     "Scan body) is not quantized (only main-graph projections are); it stays float"))
+    return out + _in_functions(model, graphs, weights)
+
+
+def _in_functions(model: ModelProto, graphs: Sequence[GraphProto], outer: set[str]) -> list[Excluded]:
+    """The weighted layers of model-local functions (never quantized either): a node reading a float32 Constant of
+    the function, or a formal input some call binds to a float32 constant of the calling graph."""
+    calls = [n for g in graphs for n in g.node]
+    out = []
+    for fn in model.functions:
+        weights = {n.output[0] for n in fn.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                   and (t := constant_node_tensor(n)) is not None and t.data_type == TensorProto.FLOAT}
+        weights |= {formal for call in calls if (call.domain, call.op_type) == (fn.domain, fn.name)
+                    for formal, actual in zip(fn.input, call.input, strict=False) if actual in outer}
+        for i, node in enumerate(fn.node):
+            weighted = node.op_type in _UNQUANTIZED_WEIGHTED | {"MatMul", "Gemm"} and node.domain in ("", "ai.onnx")
+            if weighted and any(x in weights for x in node.input):
+                out.append(Excluded(node_label(node, i), f"{node.op_type} inside the model-local function "
+                                    f"'{fn.domain}.{fn.name}' is not quantized (only main-graph projections are); it "
+                                    "stays float"))
     return out
+
+
+def _float_constants(g: GraphProto) -> set[str]:
+    """The float32 initializers of ``g`` and the outputs of its float32 ``Constant`` nodes (exporters write a body's
+    weights, and a Conv's, so): the operands that make a layer weighted."""
+    names = {t.name for t in g.initializer if t.data_type == TensorProto.FLOAT}
+    for n in g.node:
+        value = constant_node_tensor(n) if n.op_type == "Constant" and n.domain in ("", "ai.onnx") else None
+        if value is not None and value.data_type == TensorProto.FLOAT:
+            names.add(n.output[0])
+    return names
 
 
 def node_label(node: object, index: int) -> str:
@@ -226,12 +265,13 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     decisions = node_decisions(model, "fp16", range_exempt=weights)  # stored with float32 scales
     heads = _lm_heads(model)
     producers = {o: n for n in model.graph.node for o in n.output}
+    consts = _float_constants(model.graph)
     targets: list[Target] = []
     excluded: list[Excluded] = []
     for i, node in enumerate(model.graph.node):
         if node.op_type in _UNQUANTIZED_WEIGHTED and node.domain in ("", "ai.onnx"):
-            w_in = next((x for x in node.input if x in inits and inits[x].data_type == TensorProto.FLOAT), None)
-            if w_in is not None and node.input[0] not in inits:  # a weighted layer this quantizer does not handle
+            operands = [x for x in node.input if x]
+            if any(x in consts for x in operands) and any(x not in consts for x in operands):  # weighted, not handled
                 excluded.append(Excluded(node_label(node, i), f"{node.op_type} is not quantized (trtforge quantizes "
                                          "MatMul and Gemm projections only); it stays float"))
             continue
@@ -239,8 +279,9 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
             continue
         w = inits.get(node.input[1])
         label = node_label(node, i)
-        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits:
-            why = _not_a_projection(node, inits, producers)
+        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or node.input[0] in inits \
+                or node.input[0] in consts:
+            why = _not_a_projection(node, inits, producers, consts)
             if why is not None:  # a constant operand that is not an [in, out] float32 weight: reported, kept float
                 excluded.append(Excluded(label, why))
             continue  # otherwise activation x activation (attention), or a constant expression

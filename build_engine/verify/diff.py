@@ -14,8 +14,9 @@ bf16       5e-2    1e-2    bf16 epsilon is 7.8e-3 (8 mantissa bits)
 
 Quantized models (``--precision int8|int4-wo|fp8``, B the fp32 source) are judged on the whole output, not element by
 element (one flipped rounding moves single logits by more than any useful atol): relative error
-``||A - B|| / ||B||`` and, for every float output whose last axis is longer than 1 (logits, but also KV-cache or
-hidden-state outputs), top-1 agreement (the share of positions whose argmax over the last axis is the same); for a
+``||A - B|| / ||B||`` (an element where both hold the same infinity, a -inf mask, counts in neither norm) and,
+for every float output whose last axis is longer than 1 (logits, but also KV-cache or hidden-state outputs), top-1
+agreement (the share of positions whose argmax over the last axis is the same); for a
 bool or integer output (token ids from an ArgMax head) the relative error is the share of elements that differ:
 
 =========  ==============  ===============  ================================================================
@@ -54,7 +55,7 @@ import numpy as np
 from ..core import interrupt, steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
-from .inputs import FeedSpec, check_same_input_dims, graph_inputs, plan_feeds
+from .inputs import FeedSpec, check_same_input_dims, check_tensor_outputs, graph_inputs, plan_feeds
 from .polygraphy_env import quiet_polygraphy
 from .sessions import make_session
 
@@ -201,8 +202,10 @@ def _output_diff(name: str, a: np.ndarray, b: np.ndarray, atol: float, rtol: flo
     if a.shape == b.shape and a.dtype.kind not in "biu" and b.dtype.kind not in "biu":
         with np.errstate(invalid="ignore", over="ignore"):  # equal infinities differ by 0 (compare.py)
             fa, fb = a.astype(np.float64), b.astype(np.float64)
-            diff = np.where(fa == fb, 0.0, fa - fb)
-            norm = float(np.linalg.norm(fb))
+            same = fa == fb
+            diff = np.where(same, 0.0, fa - fb)
+            # ... and leave ||b|| too: one -inf (masked logits) made ||b|| inf, so every such output had error 0
+            norm = float(np.linalg.norm(np.where(same & np.isinf(fb), 0.0, fb)))
             err = float(np.linalg.norm(diff))
         rel_error = err / norm if norm > 0 else (0.0 if err == 0 else float("inf"))
         if np.issubdtype(a.dtype, np.floating) and a.ndim >= 1 and a.shape[-1] > 1 and a.size:
@@ -247,6 +250,9 @@ def run_diff(a: str | Path, b: str | Path, *, precision: str = "fp32", atol: flo
         if not p.exists():
             raise InputError(f"{p}: not found; give an ONNX model (or an engine folder)")
     ma, mb = _load(pa), _load(pb)
+    for m, p in ((ma, pa), (mb, pb)):
+        if m is not None:
+            check_tensor_outputs(m, p)
     if ma is None and mb is None:
         raise InputError("diff needs at least one ONNX model to derive inputs from; both sides are engine folders")
     if ma is not None and mb is not None:

@@ -312,3 +312,15 @@ def check_same_input_dims(ma: Any, mb: Any, pa: object, pb: object) -> None:
                                      for x, y in zip(da, db, strict=False)):
             raise InputError(f"{pa} and {pb} differ in input {vi.name!r}: dims {list(da)} vs {list(db)}; diff feeds "
                              "both models the same tensor: compare models with the same input shapes")
+
+
+def check_tensor_outputs(model: Any, path: object) -> None:
+    """Refuse an output that is a sequence, map or optional: Polygraphy's comparator takes tensors only (it failed as
+    'running ... failed: dtype is unsupported for objects of type: list', blaming the model)."""
+    for vi in model.graph.output:
+        kind = vi.type.WhichOneof("value")
+        if kind not in (None, "tensor_type", "sparse_tensor_type"):
+            what = kind.removesuffix("_type")
+            raise InputError(f"{path}: output {vi.name!r} is a {what}; diff compares tensor outputs only (Polygraphy), "
+                             "so compare a variant returning its elements as tensors, or check a rewrite with "
+                             "'trtforge fold --check'")

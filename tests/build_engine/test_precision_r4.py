@@ -52,9 +52,11 @@ def test_overridable_initializer_beyond_fp16_keeps_its_consumer_fp32() -> None:
 
 
 def _epsilon_model(eps: float) -> onnx.ModelProto:
-    """y = m / sqrt(m * m + eps) with m = x @ I: 0 where x is 0 (fp32), the sign of x elsewhere."""
+    """y = m / sqrt(m * m2 + eps) with m = m2 = x @ I: 0 where x is 0 (fp32), the sign of x elsewhere (m * m2, two
+    values, is a product the policy converts; Mul(m, m) is a square, kept fp32 like Pow)."""
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "m"], ["sq"]),
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("MatMul", ["x", "w"], ["m2"]),
+         helper.make_node("Mul", ["m", "m2"], ["sq"]),
          helper.make_node("Add", ["sq", "eps"], ["se"]), helper.make_node("Sqrt", ["se"], ["r"]),
          helper.make_node("Div", ["m", "r"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
