@@ -35,6 +35,7 @@ from onnx import ModelProto
 
 from trtforge.plugins.lora.spec import TOKENS_DIM
 from trtforge.profiles.loader import Profile, Range
+from trtforge.profiles.schema import MAX_DIM
 
 from ..core.errors import InputError
 from ..core.graph import Dim, dtype_name, tensor_dims
@@ -217,9 +218,12 @@ def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], sour
 
 def _check_range(what: str, item: str, r: Range, low: int = 1) -> None:
     """``low``: the least MIN; 0 for a ``--dim`` (a decoder's past length is 0 at its first step, and TensorRT
-    builds a profile with a 0 minimum), 1 elsewhere; MAX is at least 1."""
-    if not (low <= r.min <= r.opt <= r.max and r.max >= 1):
-        raise InputError(f"{what} {item!r}: need {low} <= MIN <= OPT <= MAX (and MAX >= 1)")
+    builds a profile with a 0 minimum), 1 elsewhere; MAX is at least 1 and at most ``MAX_DIM`` (2**31 - 1, as a
+    profile's ranges: TensorRT keeps a profile's dims in 32 bits, so 2**31 failed inside it and 2**32 built an engine
+    whose manifest nothing downstream reads)."""
+    if not (low <= r.min <= r.opt <= r.max and 1 <= r.max <= MAX_DIM):
+        raise InputError(f"{what} {item!r}: need {low} <= MIN <= OPT <= MAX (and MAX >= 1, at most {MAX_DIM}, "
+                         "TensorRT's limit)")
 
 
 def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
