@@ -28,7 +28,7 @@ from typing import Any
 
 from trtforge.profiles.loader import Profile, Range, load_profile
 
-from ..core import fsutil, interrupt, onnx_io, onnx_save
+from ..core import fsutil, interrupt, native_stderr, onnx_io, onnx_save
 from ..core.errors import BuildError, InputError, ModelError
 from . import plan_stream, worker_priority
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
@@ -160,10 +160,6 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                           source_sha)
     timings.add("other", max(0.0, time.perf_counter() - start - timings.total))
     return manifest
-
-
-def _sha256(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _hash_bytes(data: bytes) -> Any:
@@ -316,16 +312,18 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
             prepare_plugin_loading(chosen)
         logger = _make_logger(trt)
-    with _Timer(timings, "parse"):
+    with _Timer(timings, "parse"), native_stderr.held() as cerr:  # the parser prints some failures itself
         builder = trt.Builder(logger)
         network = _create_network(chosen, builder)
         parser = trt.OnnxParser(network, logger)
         # From memory when possible (model.onnx may still be being written); a path only for external data.
-        parsed = (parser.parse_from_file(str(parse_path)) if onnx_bytes is None else parser.parse(onnx_bytes))
+        parsed = parser.parse_from_file(str(parse_path)) if onnx_bytes is None else parser.parse(onnx_bytes)
+        cerr.keep = parsed
     if not parsed:
         first = parser.get_error(0) if parser.num_errors else None
         detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
                   if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
+        detail += "".join(f" ({ln})" for ln in cerr.lines)
         # Bad input (exit 2), not a failed check: the model uses something this TensorRT does not support.
         raise ModelError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}; export it "
                          "with ops this TensorRT supports")
