@@ -11,6 +11,7 @@ The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; T
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +149,7 @@ def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bo
     out = [f"{cfg_path}: version_policy names versions {wanted}, none of which has a folder (the entry has "
            f"{versions}); tritonserver loads nothing: add the version or fix version_policy"
            ] if wanted and not set(wanted) & set(versions) else []
-    repo = cfg_path.resolve().parent.parent
+    repo = Path(os.path.abspath(cfg_path)).parent.parent
     steps = [s.model_name for s in proto.ensemble_scheduling.step] if other and proto.HasField(
         "ensemble_scheduling") else []
     return out + [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load "
@@ -203,12 +204,15 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     from ..core.onnx_io import sha256_file
 
     mdir = Path(model_dir)
-    repo = mdir.absolute().parent
+    # The entry as tritonserver lists it: REPO's child by that name, a symlink too (it follows it, but the model's
+    # name is the link's, and its siblings are REPO's), so the path is made absolute without resolving links.
+    entry = Path(os.path.abspath(mdir))
+    repo = entry.parent
     # First: an interrupted --force swap of this very entry is completed (the entry may be missing until then).
     notes = tuple(recover_repository(repo)) if siblings and repo.is_dir() else ()
     if not mdir.is_dir():
         raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model (or REPO)")
-    check_model_name(mdir.resolve().name)
+    check_model_name(entry.name)
     cfg_path = mdir / "config.pbtxt"
     if not cfg_path.is_file():
         raise CheckFailed(f"{cfg_path}: missing; write it with 'trtforge triton ENGINE --repo REPO --name NAME'")
@@ -219,7 +223,7 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     from .config import MAX_VERSION
 
     versions = _versions(mdir)
-    problems: list[str] = repository_problems(mdir.resolve().parent, skip=mdir.resolve().name) if siblings else []
+    problems: list[str] = repository_problems(repo, skip=entry.name) if siblings else []
     problems += [f"{mdir}/{v}: version {v} is above int64 ({MAX_VERSION}); tritonserver refuses it"
                  for v in versions if v > MAX_VERSION]
     manifest: Manifest | None = None
@@ -233,7 +237,7 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
             except InputError as exc:
                 problems.append(str(exc))
     # Without an engine manifest, another backend's entry (an ensemble, a Python model) gets the generic rules only.
-    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name, other_backends=manifest is None)
+    proto, found = validate_text(text, manifest, expected_name=entry.name, other_backends=manifest is None)
     problems += [p.format(str(cfg_path)) for p in found]
     problems += check_warmup_files(proto, mdir) if proto is not None else []
     other = manifest is None and proto is not None and is_other_backend(proto)

@@ -32,3 +32,36 @@ def test_a_dtype_tensorrt_cannot_take_is_one_error_line(tmp_path: Path, nodes: l
                        "--no-progress"])
     assert_one_line_error(res, 2, "m.onnx", "cannot parse the model", *needles)
     assert not (tmp_path / "e").exists()
+
+
+def _engine(cli, tmp_path: Path) -> Path:
+    """A real TensorRT-RTX a10 build of y = Relu(x), x [batch, 8]."""
+    pytest.importorskip("tensorrt_rtx")
+    model = graph_model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, ["batch", 8])],
+                        [("y", T.FLOAT, ["batch", 8])])
+    onnx.save(model, tmp_path / "m.onnx")
+    res = cli("build", tmp_path / "m.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
+    assert res.code == 0, res.err
+    return tmp_path / "e"
+
+
+def test_check_takes_a_symlinked_entry_by_its_link_name(cli, tmp_path: Path) -> None:
+    """tritonserver names a model by REPO's child (a symlink too) and wants config.pbtxt's name equal to it
+    ('unexpected directory name ... directory name must equal model name'). --check resolved the link: REPO/alias ->
+    store/dyn with name "dyn" passed, and a link named as its config was refused."""
+    engine = _engine(cli, tmp_path)
+    assert cli("triton", engine, "--repo", tmp_path / "store", "--name", "dyn").code == 0
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "alias").symlink_to(tmp_path / "store" / "dyn")
+    for target in ("repo/alias", "repo"):
+        assert_one_line_error(cli("triton", "--check", tmp_path / target), 1, "name 'dyn'", "'alias'")
+    assert cli("triton", engine, "--repo", tmp_path / "store", "--name", "alias").code == 0
+    (tmp_path / "repo" / "alias").unlink()
+    (tmp_path / "repo" / "alias").symlink_to(tmp_path / "store" / "alias")
+    (tmp_path / "repo" / "named").symlink_to(tmp_path / "store" / "alias")  # a second link: named 'alias' inside
+    assert_one_line_error(cli("triton", "--check", tmp_path / "repo"), 1, "name 'alias'", "'named'")
+    (tmp_path / "repo" / "named").unlink()
+    for target in ("repo/alias", "repo"):
+        res = cli("triton", "--check", tmp_path / target)
+        assert res.code == 0, res.err
+        assert "alias is a valid Triton entry" in res.out
