@@ -85,6 +85,12 @@ def repository_problems(repo: Path, skip: str | None = None) -> list[str]:
 
 
 def is_repository(path: Path) -> bool:
-    """Whether ``path`` looks like a repository (not an entry): no config.pbtxt, and some folder under it has one."""
-    return (path.is_dir() and not (path / "config.pbtxt").exists()
-            and any((c / "config.pbtxt").is_file() for c in path.iterdir() if c.is_dir()))
+    """Whether ``path`` looks like a repository (not an entry): no config.pbtxt, and some folder under it has one, or
+    it has folders and none is a version folder (an entry that lost its config keeps those; a repository holding
+    only folders tritonserver cannot load, such as an engine folder copied in, is checked as a repository). An empty
+    folder is an entry missing its config."""
+    if not path.is_dir() or (path / "config.pbtxt").exists():
+        return False
+    folders = [c for c in path.iterdir() if c.is_dir()]
+    return (any((c / "config.pbtxt").is_file() for c in folders)
+            or bool(folders) and not any(version_number(c.name) is not None for c in folders))

@@ -65,3 +65,23 @@ def test_check_takes_a_symlinked_entry_by_its_link_name(cli, tmp_path: Path) -> 
         res = cli("triton", "--check", tmp_path / target)
         assert res.code == 0, res.err
         assert "alias is a valid Triton entry" in res.out
+
+
+def test_check_of_a_repository_whose_folders_all_lack_a_config(cli, tmp_path: Path) -> None:
+    """--check REPO where REPO's only folder is an engine folder copied in (no config.pbtxt anywhere) took REPO for an
+    entry: 'REPO/config.pbtxt: missing; write it', a fix that turns the repository into a broken model. Now the
+    folder tritonserver trips on is named with its fix; a folder with a version folder but no config is still
+    checked as an entry."""
+    import shutil
+
+    engine = _engine(cli, tmp_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    shutil.copytree(engine, repo / "e")
+    res = cli("triton", "--check", repo)
+    assert_one_line_error(res, 1, f"{repo / 'e'}: no config.pbtxt", "--name e", "rm -rf")
+    assert "repo/config.pbtxt" not in res.err
+    entry = tmp_path / "lost" / "m"
+    (entry / "1").mkdir(parents=True)
+    assert_one_line_error(cli("triton", "--check", entry), 1, f"{entry / 'config.pbtxt'}: missing")
