@@ -85,3 +85,22 @@ def test_check_of_a_repository_whose_folders_all_lack_a_config(cli, tmp_path: Pa
     entry = tmp_path / "lost" / "m"
     (entry / "1").mkdir(parents=True)
     assert_one_line_error(cli("triton", "--check", entry), 1, f"{entry / 'config.pbtxt'}: missing")
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_tensorrt_calls_the_logger_is_one_line(tmp_path: Path, sig: str, code: int) -> None:
+    """A signal that arrived while TensorRT was inside the Python logger (creating the builder, parsing) raised
+    Interrupted in the callback, which TensorRT swallowed and printed as '[ERROR] Exception caught in log()' with a
+    13-line stack above the 'interrupted' line. Now signals wait for the parse block's end: one line, no output.
+    (TRTFORGE_TEST_KILL_AT=build:log signals the process from the logger callback; real signals hit it too.)"""
+    import os
+
+    pytest.importorskip("tensorrt_rtx")
+    model = graph_model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, ["batch", 8])],
+                        [("y", T.FLOAT, ["batch", 8])])
+    onnx.save(model, tmp_path / "m.onnx")
+    env = {**os.environ, "TRTFORGE_TEST_KILL_AT": f"build:log:{sig}"}
+    res = run_console(["build", str(tmp_path / "m.onnx"), "--profile", "a10", "-o", str(tmp_path / "e"),
+                       "--no-progress"], env=env)
+    assert_one_line_error(res, code, f"interrupted by {sig}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
