@@ -86,6 +86,13 @@ def handling() -> Iterator[None]:
     _state.update(depth=0, signum=None, rfd=rfd)
     try:
         yield
+    except Exception as exc:
+        # A signal's Interrupted that a library turned into its own error (numpy's import, interrupted, raises
+        # ImportError '_multiarray_umath failed to import': exit 3 'internal error' for a SIGTERM) is the signal.
+        signum = pending()
+        if signum is not None:
+            raise Interrupted(signum) from exc
+        raise
     finally:
         signal.set_wakeup_fd(old_fd)
         for s, h in old.items():

@@ -104,3 +104,25 @@ def test_a_signal_while_tensorrt_calls_the_logger_is_one_line(tmp_path: Path, si
                        "--no-progress"], env=env)
     assert_one_line_error(res, code, f"interrupted by {sig}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_a_library_turns_into_its_own_error_is_still_the_signal(sig: str, code: int) -> None:
+    """A SIGTERM while numpy was being imported (build at ~0.4 s) made numpy raise ImportError('_multiarray_umath
+    failed to import') from the Interrupted, and the command exited 3 'internal error'. Now an exception leaving the
+    command while a signal is pending is that signal's Interrupted (130 / 143). A real signal, a real wrapper."""
+    import os
+    import signal
+    import time
+
+    from trtforge.build_engine.core import interrupt
+
+    with pytest.raises(interrupt.Interrupted) as info, interrupt.handling():
+        try:
+            os.kill(os.getpid(), getattr(signal, sig))
+            time.sleep(5)  # the handler raises here
+        except KeyboardInterrupt as exc:
+            raise ImportError("numpy._core.umath failed to import") from exc
+    assert info.value.exit_code == code
+    with pytest.raises(ValueError, match="plain"), interrupt.handling():  # no signal: the error is left alone
+        raise ValueError("plain")
