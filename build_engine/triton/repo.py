@@ -1,7 +1,8 @@
 """Write and check Triton model repository entries (``REPO/NAME/config.pbtxt`` + ``REPO/NAME/N/model.plan``).
 
 Writing is atomic: the whole model folder is assembled in a staging folder beside ``REPO`` (``REPO/../
-.trtforge-staging``, same filesystem; never inside ``REPO``, where tritonserver would try to load it), validated,
+.trtforge-staging``, same filesystem; never inside ``REPO``, where tritonserver would try to load it, unless REPO is a
+mount point: then it is, with a warning), validated,
 and renamed into place (an existing entry, with ``force``, is exchanged with the new one in one step), so Triton
 polling the repository never sees a half-written model and a failure or a kill leaves nothing it would load.
 The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; Triton ignores it) so that
@@ -27,6 +28,7 @@ from .layout import (
     repository_problems,
     version_number,
     warn_leftovers,
+    warn_mount_point,
     warn_siblings,
 )
 from .validate import Problem, is_other_backend, validate_text
@@ -91,6 +93,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     try:
         recover_repository(repo_path)  # leftovers of killed runs, an interrupted --force swap
         warn_leftovers(repo_path)
+        warn_mount_point(repo_path)
         with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             write_warmup_files(tmp, warmup_files)

@@ -126,3 +126,28 @@ def test_a_signal_a_library_turns_into_its_own_error_is_still_the_signal(sig: st
     assert info.value.exit_code == code
     with pytest.raises(ValueError, match="plain"), interrupt.handling():  # no signal: the error is left alone
         raise ValueError("plain")
+
+
+def test_a_repository_that_is_a_mount_point_is_said_to_stage_inside(cli, tmp_path: Path) -> None:
+    """A repository that is a mount point (a container volume: --repo /models) has no folder of its filesystem
+    beside it, so the entry was staged inside it (REPO/.trtforge-staging) without a word, although the README said
+    'beside the repository, never inside it': a kill -9 there left a folder on which tritonserver fails to load the
+    whole repository. The write now says so once, with the fix; an ordinary repository gets no such line."""
+    import os
+    import shutil
+    import uuid
+
+    mount = Path("/dev/shm")
+    if not (os.path.ismount(mount) and os.access(mount, os.W_OK)):
+        pytest.skip("no writable mount point (/dev/shm) here")
+    engine = _engine(cli, tmp_path)
+    name = f"trtforge-test-{uuid.uuid4().hex[:12]}"
+    try:
+        res = cli("triton", engine, "--repo", mount, "--name", name, "--no-warmup")
+        assert res.code == 0, res.err
+        warnings = [ln for ln in res.err.splitlines() if "mount point" in ln]
+        assert len(warnings) == 1 and ".trtforge-staging" in warnings[0] and "parent" in warnings[0], res.err
+    finally:
+        shutil.rmtree(mount / name, ignore_errors=True)
+    res = cli("triton", engine, "--repo", tmp_path / "repo", "--name", "m", "--no-warmup")
+    assert res.code == 0 and "mount point" not in res.err, res.err
