@@ -215,6 +215,10 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     notes = tuple(recover_repository(repo)) if siblings and repo.is_dir() else ()
     if not mdir.is_dir():
         raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model (or REPO)")
+    if version_number(entry.name) is not None and not (mdir / "config.pbtxt").exists() and (
+            repo / "config.pbtxt").is_file():  # was 'REPO/NAME/1/config.pbtxt: missing; write it', exit 1
+        raise InputError(f"--check {model_dir}: is version folder {entry.name} of the entry {repo}; pass REPO/NAME "
+                         f"({repo}) or REPO")
     check_model_name(entry.name)
     cfg_path = mdir / "config.pbtxt"
     if not cfg_path.is_file():

@@ -151,3 +151,14 @@ def test_a_repository_that_is_a_mount_point_is_said_to_stage_inside(cli, tmp_pat
         shutil.rmtree(mount / name, ignore_errors=True)
     res = cli("triton", engine, "--repo", tmp_path / "repo", "--name", "m", "--no-warmup")
     assert res.code == 0 and "mount point" not in res.err, res.err
+
+
+def test_check_of_a_version_folder_names_its_entry(cli, tmp_path: Path) -> None:
+    """--check REPO/NAME/1 (a version folder of a valid entry) failed as a broken entry, exit 1:
+    'REPO/NAME/1/config.pbtxt: missing; write it with trtforge triton ...'. It is a wrong argument: exit 2 naming
+    the entry to pass."""
+    engine = _engine(cli, tmp_path)
+    assert cli("triton", engine, "--repo", tmp_path / "repo", "--name", "m").code == 0
+    assert_one_line_error(cli("triton", "--check", tmp_path / "repo" / "m" / "1"), 2, "version folder 1",
+                          f"{tmp_path / 'repo' / 'm'}")
+    assert cli("triton", "--check", tmp_path / "repo" / "m").code == 0
