@@ -162,3 +162,26 @@ def test_check_of_a_version_folder_names_its_entry(cli, tmp_path: Path) -> None:
     assert_one_line_error(cli("triton", "--check", tmp_path / "repo" / "m" / "1"), 2, "version folder 1",
                           f"{tmp_path / 'repo' / 'm'}")
     assert cli("triton", "--check", tmp_path / "repo" / "m").code == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_external_data_that_is_not_a_regular_file_is_named_so(cli, tmp_path: Path, kind: str) -> None:
+    """A model whose external data location is a FIFO or a folder was refused as 'but that file is missing; copy
+    it beside the model', though it is there; now the line says it is not a regular file."""
+    import os
+
+    import numpy as np
+    from onnx import numpy_helper as nh
+
+    model = graph_model([h.make_node("MatMul", ["x", "w"], ["y"])], [("x", T.FLOAT, ["batch", 8])],
+                        [("y", T.FLOAT, ["batch", 8])], inits=[nh.from_array(np.eye(8, dtype=np.float32), "w")])
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    (tmp_path / "m.data").unlink()
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "m.data")
+    else:
+        (tmp_path / "m.data").mkdir()
+    for argv in (["build", tmp_path / "m.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress"],
+                 ["fold", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx"]):
+        assert_one_line_error(cli(*argv), 2, "'m.data'", "not a regular file")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "o.onnx").exists()
