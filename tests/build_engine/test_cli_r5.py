@@ -185,3 +185,21 @@ def test_external_data_that_is_not_a_regular_file_is_named_so(cli, tmp_path: Pat
                  ["fold", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx"]):
         assert_one_line_error(cli(*argv), 2, "'m.data'", "not a regular file")
     assert not (tmp_path / "e").exists() and not (tmp_path / "o.onnx").exists()
+
+
+def test_triton_of_an_engine_whose_dim_opt_is_zero(cli, tmp_path: Path) -> None:
+    """build --dim past=0:0:8 (a decoder's first step at its opt) builds, but 'trtforge triton' then refused its own
+    config, exit 1 'generated config.pbtxt is invalid: model_warmup ... dims [0, 8] do not fit'. The warm-up now
+    takes that dim at 1 (inside the profile) and the entry is written and checks."""
+    pytest.importorskip("tensorrt_rtx")
+    model = graph_model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, ["batch", "past", 8])],
+                        [("y", T.FLOAT, ["batch", "past", 8])])
+    onnx.save(model, tmp_path / "m.onnx")
+    res = cli("build", tmp_path / "m.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim",
+              "past=0:0:8")
+    assert res.code == 0, res.err
+    res = cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "m")
+    assert res.code == 0, res.err
+    assert cli("triton", "--check", tmp_path / "repo" / "m").code == 0
+    sizes = sorted(p.stat().st_size for p in (tmp_path / "repo" / "m" / "warmup").iterdir())
+    assert sizes == [1 * 8 * 4, 1 * 8 * 4]  # one batch-1 row of past 1 x 8 float32 per profile
