@@ -73,6 +73,23 @@ def check() -> None:
 
 
 @contextlib.contextmanager
+def early() -> Iterator[None]:
+    """For the console entry, before a command's ``handling()``: SIGINT/SIGTERM raise ``Interrupted`` (Python's
+    default printed a KeyboardInterrupt traceback while the command module was imported or its parser built, and a
+    SIGTERM killed the process without a word); main thread only, restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _state["signum"] = None
+    old = {s: signal.signal(s, _handler) for s in EXIT_CODES}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
 def handling() -> Iterator[None]:
     """Install the SIGINT/SIGTERM handlers for the block (main thread only; elsewhere a no-op), then restore."""
     if threading.current_thread() is not threading.main_thread():

@@ -203,3 +203,29 @@ def test_triton_of_an_engine_whose_dim_opt_is_zero(cli, tmp_path: Path) -> None:
     assert cli("triton", "--check", tmp_path / "repo" / "m").code == 0
     sizes = sorted(p.stat().st_size for p in (tmp_path / "repo" / "m" / "warmup").iterdir())
     assert sizes == [1 * 8 * 4, 1 * 8 * 4]  # one batch-1 row of past 1 x 8 float32 per profile
+
+
+_BEFORE_HANDLERS = """
+import os, signal, sys, time
+import trtforge.build_engine.cli as cli
+import trtforge.build_engine.cli.profiles as command
+def build_parser():  # the command's parser is built before its signal handlers are installed
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    time.sleep(5)
+command.build_parser = build_parser
+sys.exit(cli.main(["profiles"]))
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_before_the_command_handlers_is_one_line(sig: str, code: int) -> None:
+    """A Ctrl-C while the command module was imported or its parser built (before run_command's handlers) printed
+    Python's KeyboardInterrupt traceback, and a SIGTERM there killed the process without a word. Now the console
+    entry holds them from its start: one 'interrupted by' line, 130 / 143."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _BEFORE_HANDLERS, sig], capture_output=True, text=True, timeout=60)
+    from trtforge_testing import CliResult
+
+    assert_one_line_error(CliResult(proc.returncode, proc.stdout, proc.stderr), code, f"interrupted by {sig}")
