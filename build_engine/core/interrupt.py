@@ -38,7 +38,47 @@ class Interrupted(KeyboardInterrupt):
 def _handler(signum: int, frame: FrameType | None) -> None:
     _state["signum"] = signum
     if _state["depth"] == 0:
+        if _in_import(frame):
+            _retry_soon()
+            return
         raise Interrupted(signum)
+
+
+def _in_import(frame: FrameType | None) -> bool:
+    """Whether the main thread is importing a module. An exception raised into a C extension's initialisation
+    aborts the process (onnx's pybind11 module, making its enums, died of SIGABRT / SIGSEGV on a Ctrl-C) or turns
+    into an ImportError (numpy); so a signal there is raised once the import is done (``_retry_soon``)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_RETRY_S = 0.02
+
+
+def _retry_soon() -> None:
+    if not _state.get("armed"):
+        _state.update(armed=True, alarm=signal.signal(signal.SIGALRM, _retry))
+    signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+
+
+def _retry(signum: int, frame: FrameType | None) -> None:
+    if _in_import(frame):
+        signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+        return
+    _stop_retry()
+    if _state["signum"] is not None and _state["depth"] == 0:
+        raise Interrupted(int(_state["signum"]))
+
+
+def _stop_retry() -> None:
+    """Cancel a pending retry and give SIGALRM its handler back."""
+    if _state.pop("armed", False):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        previous = _state.pop("alarm", None)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
 
 
 def pending() -> int | None:
@@ -85,6 +125,8 @@ def early() -> Iterator[None]:
     try:
         yield
     finally:
+        _stop_retry()
+        _state["signum"] = None
         for s, h in old.items():
             signal.signal(s, h)
 
@@ -100,7 +142,7 @@ def handling() -> Iterator[None]:
     os.set_blocking(wfd, False)
     old = {s: signal.signal(s, _handler) for s in EXIT_CODES}
     old_fd = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-    _state.update(depth=0, signum=None, rfd=rfd)
+    _state.update(depth=0, rfd=rfd)  # a signal early() held during an import stays pending (its retry is set)
     try:
         yield
     except Exception as exc:
@@ -111,6 +153,7 @@ def handling() -> Iterator[None]:
             raise Interrupted(signum) from exc
         raise
     finally:
+        _stop_retry()
         signal.set_wakeup_fd(old_fd)
         for s, h in old.items():
             signal.signal(s, h)

@@ -229,3 +229,30 @@ def test_a_signal_before_the_command_handlers_is_one_line(sig: str, code: int) -
     from trtforge_testing import CliResult
 
     assert_one_line_error(CliResult(proc.returncode, proc.stdout, proc.stderr), code, f"interrupted by {sig}")
+
+
+def test_a_signal_during_an_import_is_raised_once_the_import_is_done(tmp_path: Path) -> None:
+    """A Ctrl-C while a C extension's module initialisation ran Python code (onnx's pybind11 module making its
+    enums, reached by 'trtforge triton' at ~0.4 s) raised Interrupted into it: the process died of SIGABRT (exit
+    -6, 'Fatal Python error: Aborted') or SIGSEGV. Now a signal inside an import is raised just after it: the module
+    imports whole, then Interrupted (a pure-Python module stands in for the extension here)."""
+    import importlib
+    import sys
+
+    from trtforge.build_engine.core import interrupt
+
+    (tmp_path / "r5_slow_module.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\nfor _ in range(200):\n    time.sleep(0.001)\n"
+        "DONE = True\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(interrupt.Interrupted) as info, interrupt.handling():
+            importlib.import_module("r5_slow_module")
+            import time
+
+            time.sleep(5)  # the retry raises here, right after the import
+        assert info.value.exit_code == 143
+        assert sys.modules["r5_slow_module"].DONE
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("r5_slow_module", None)
