@@ -256,3 +256,22 @@ def test_a_signal_during_an_import_is_raised_once_the_import_is_done(tmp_path: P
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("r5_slow_module", None)
+
+
+def test_a_file_named_like_the_staging_folder_is_named(cli, tmp_path: Path) -> None:
+    """A file (or a broken link) named .trtforge-staging where an output is written made every command say
+    '<folder>: cannot write there (File exists); choose an output folder you can write to', naming neither the
+    file nor the fix. Now the one line names it and says to remove it; nothing is written."""
+    model = graph_model([h.make_node("Relu", ["x"], ["y"])], [("x", T.FLOAT, ["batch", 8])],
+                        [("y", T.FLOAT, ["batch", 8])])
+    onnx.save(model, tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".trtforge-staging").write_text("")
+    assert_one_line_error(cli("fold", tmp_path / "m.onnx", "-o", out / "f.onnx"), 2, ".trtforge-staging",
+                          "in the way", "remove it")
+    (out / ".trtforge-staging").unlink()
+    (out / ".trtforge-staging").symlink_to(tmp_path / "nowhere")
+    assert_one_line_error(cli("fold", tmp_path / "m.onnx", "-o", out / "f.onnx"), 2, ".trtforge-staging",
+                          "remove it")
+    assert sorted(p.name for p in out.iterdir()) == [".trtforge-staging"]
