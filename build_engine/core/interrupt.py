@@ -4,7 +4,9 @@
 ``deferred()`` block a signal raises ``Interrupted`` at once (Python runs handlers between bytecodes of the main
 thread), so every ``with`` block on the way out removes its staging folder. Inside ``deferred()`` (a commit's
 renames; TensorRT's build, whose callbacks would swallow an exception: "Exception caught in log()") the signal is
-only recorded and raised when the block ends.
+only recorded and raised when the block ends. A signal while a module is imported is raised just after the import
+(``_in_import``; SIGALRM retries every 20 ms): raised into a C extension's initialisation it aborts the process.
+The console entry holds signals the same way from its start (``early()``), before a command's ``handling()``.
 
 TensorRT runs its build in C++ and may call the progress monitor from another thread, where Python signal handlers
 never run; so the handlers also arm ``signal.set_wakeup_fd``, whose byte the C-level handler writes at once, and
