@@ -152,7 +152,7 @@ def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bo
     out = [f"{cfg_path}: version_policy names versions {wanted}, none of which has a folder (the entry has "
            f"{versions}); tritonserver loads nothing: add the version or fix version_policy"
            ] if wanted and not set(wanted) & set(versions) else []
-    repo = Path(os.path.abspath(cfg_path)).parent.parent
+    repo = _as_listed(cfg_path).parent.parent
     steps = [s.model_name for s in proto.ensemble_scheduling.step] if other and proto.HasField(
         "ensemble_scheduling") else []
     return out + [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load "
@@ -201,24 +201,33 @@ def check_repository(repo: str | Path) -> list[EntryReport]:
     return [EntryReport(r.model_dir, r.config, r.versions, notes=notes) for r in reports]
 
 
+def _as_listed(mdir: Path) -> Path:
+    """The entry as tritonserver lists it: REPO's child by that name, a symlink too (it follows it, but the model's
+    name is the link's, and its siblings are REPO's), so the path is made absolute without resolving links."""
+    return Path(os.path.abspath(mdir))
+
+
+def _refuse_version_folder(mdir: Path, entry: Path, given: str) -> None:
+    """``--check REPO/NAME/1`` is a wrong argument (it failed as 'REPO/NAME/1/config.pbtxt: missing', exit 1)."""
+    if version_number(entry.name) is not None and not (mdir / "config.pbtxt").exists() and (
+            entry.parent / "config.pbtxt").is_file():
+        raise InputError(f"--check {given}: is version folder {entry.name} of the entry {entry.parent}; pass "
+                         f"REPO/NAME ({entry.parent}) or REPO")
+
+
 def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     """Validate an existing ``REPO/NAME`` (and, with ``siblings``, that nothing else in ``REPO`` stops tritonserver
     from loading the repository). Raises InputError if it is not a model folder, CheckFailed if broken."""
     from ..core.onnx_io import sha256_file
 
     mdir = Path(model_dir)
-    # The entry as tritonserver lists it: REPO's child by that name, a symlink too (it follows it, but the model's
-    # name is the link's, and its siblings are REPO's), so the path is made absolute without resolving links.
-    entry = Path(os.path.abspath(mdir))
+    entry = _as_listed(mdir)
     repo = entry.parent
     # First: an interrupted --force swap of this very entry is completed (the entry may be missing until then).
     notes = tuple(recover_repository(repo)) if siblings and repo.is_dir() else ()
     if not mdir.is_dir():
         raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model (or REPO)")
-    if version_number(entry.name) is not None and not (mdir / "config.pbtxt").exists() and (
-            repo / "config.pbtxt").is_file():  # was 'REPO/NAME/1/config.pbtxt: missing; write it', exit 1
-        raise InputError(f"--check {model_dir}: is version folder {entry.name} of the entry {repo}; pass REPO/NAME "
-                         f"({repo}) or REPO")
+    _refuse_version_folder(mdir, entry, str(model_dir))
     check_model_name(entry.name)
     cfg_path = mdir / "config.pbtxt"
     if not cfg_path.is_file():
