@@ -174,6 +174,9 @@ def plan_shapes(model: ModelProto, profile: Profile, source: str = "model",
     if not profile.shapes:
         raise InputError(f"profile {profile.name!r} has no [[shapes]]; add at least one optimization profile")
     specs = model_inputs(model)
+    if not specs:  # TensorRT builds it, but its manifest (no inputs) is refused by triton, diff and every reader
+        raise InputError(f"{source}: the model has no graph inputs (its outputs are constants); an engine serves "
+                         "inputs: give the model an input, or use its outputs' values directly")
     _check_passthrough(model, specs, source)
     _check_dim_overrides(specs, dims or {}, source)
     plans = [plan_input(spec, profile, source, dims) for spec in specs]

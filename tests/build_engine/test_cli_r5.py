@@ -275,3 +275,18 @@ def test_a_file_named_like_the_staging_folder_is_named(cli, tmp_path: Path) -> N
     assert_one_line_error(cli("fold", tmp_path / "m.onnx", "-o", out / "f.onnx"), 2, ".trtforge-staging",
                           "remove it")
     assert sorted(p.name for p in out.iterdir()) == [".trtforge-staging"]
+
+
+def test_a_model_without_inputs_is_refused_before_the_build(cli, tmp_path: Path) -> None:
+    """A model with no graph inputs (y = Constant) built, exit 0 ('0 optimization profiles; inputs )'), into an
+    engine folder whose manifest triton and diff then refused as 'key inputs missing or empty; rebuild the engine
+    with trtforge build', advice that loops. Now the build refuses it, exit 2, one line, nothing written."""
+    pytest.importorskip("tensorrt_rtx")
+    import numpy as np
+    from onnx import numpy_helper as nh
+
+    node = h.make_node("Constant", [], ["y"], value=nh.from_array(np.ones(3, np.float32)))
+    onnx.save(graph_model([node], [], [("y", T.FLOAT, [3])]), tmp_path / "c.onnx")
+    res = cli("build", tmp_path / "c.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
+    assert_one_line_error(res, 2, "c.onnx", "no graph inputs")
+    assert not (tmp_path / "e").exists()
