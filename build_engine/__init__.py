@@ -18,4 +18,9 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-__version__ = _version()
+def __getattr__(name: str) -> str:
+    # Read on first use, not at import: importlib.metadata took most of the console script's start-up, before its
+    # signal handlers exist (a Ctrl-C there printed a KeyboardInterrupt traceback).
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

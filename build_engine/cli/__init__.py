@@ -61,14 +61,24 @@ BROKEN_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
+    from ..core import interrupt
+
     _open_standard_streams()
     code = None
     stderr = sys.stderr
     sys.stderr = _Tolerant(stderr)  # type: ignore[assignment]
     try:
-        code = _main(argv)
+        with interrupt.early():  # a signal before the command's own handlers: one line, 130 / 143
+            code = _main(argv)
         sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
         return code
+    except KeyboardInterrupt as exc:
+        from ._common import signal_name
+
+        signum = getattr(exc, "signum", None)
+        print(f"error: interrupted{f' by {signal_name(signum)}' if signum else ''}; no partial output was left",
+              file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
     except BrokenPipeError:
         _drop_stdout()
         return BROKEN_PIPE
@@ -181,6 +191,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(f"trtforge.build_engine.cli.{COMMANDS[name][0]}")
     except ImportError as exc:  # an optional dependency of this command is missing
+        from ..core import interrupt
+
+        if interrupt.pending() is not None:  # a signal inside the import (numpy turns it into ImportError)
+            raise interrupt.Interrupted(int(interrupt.pending() or 0)) from exc
         if debug:
             raise
         print(f"error: 'trtforge {name}' cannot start: {exc}; install trtforge with its extras "

@@ -139,6 +139,9 @@ def _check_external(model: ModelProto, path: Path) -> tuple[Path, ...]:
         target = (base / rel).resolve()
         if base not in target.parents:
             raise ModelError(f"{where} that resolves outside the model's folder; copy the data file beside the model")
+        if target.exists() and not target.is_file():  # a FIFO would block the read, a folder cannot be read
+            raise ModelError(f"{where}, which is not a regular file (a folder, FIFO or device); put the data file "
+                             f"itself there as {rel}")
         if not target.is_file():
             raise ModelError(f"{where} but that file is missing; copy {rel} beside {path.name}")
         found[path.parent / rel] = None

@@ -196,6 +196,9 @@ def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[
         entry = _new_entry(base, label)
         fd = _locked_lock(entry)
     except OSError as exc:
+        if os.path.lexists(base) and not base.is_dir():  # was 'cannot write there (File exists)', naming no file
+            raise InputError(f"{base} is in the way: trtforge stages its outputs in a folder by that name, and it is "
+                             "a file or a broken link; remove it") from exc
         raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you can "
                          "write to") from exc
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -28,7 +29,7 @@ from typing import Any
 
 from trtforge.profiles.loader import Profile, Range, load_profile
 
-from ..core import fsutil, interrupt, onnx_io, onnx_save
+from ..core import fsutil, interrupt, native_stderr, onnx_io, onnx_save, staging
 from ..core.errors import BuildError, InputError, ModelError
 from . import plan_stream, worker_priority
 from .backend import Backend, prepare_plugin_loading, rtx_compute_capability_enum, select_backend
@@ -54,6 +55,7 @@ def _make_logger(trt: ModuleType) -> Any:
             self.errors: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
+            staging.fault_point("build:log")  # test hook: a signal while TensorRT calls back into Python
             if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
                 self.errors.append(" ".join(msg.split()))
 
@@ -160,10 +162,6 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
                           source_sha)
     timings.add("other", max(0.0, time.perf_counter() - start - timings.total))
     return manifest
-
-
-def _sha256(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _hash_bytes(data: bytes) -> Any:
@@ -316,20 +314,24 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             # The parser looks any unknown op up as a plugin; without the link that lookup aborts the process.
             prepare_plugin_loading(chosen)
         logger = _make_logger(trt)
-    with _Timer(timings, "parse"):
+    # TensorRT calls back into Python here (the logger, plugin creators) and swallows their exceptions ("Exception
+    # caught in log()", a stack on stderr): signals wait for the block's end, as in the build; fd 2 is held too,
+    with _Timer(timings, "parse"), native_stderr.held() as cerr, interrupt.deferred():  # the parser prints failures
         builder = trt.Builder(logger)
         network = _create_network(chosen, builder)
         parser = trt.OnnxParser(network, logger)
         # From memory when possible (model.onnx may still be being written); a path only for external data.
-        parsed = (parser.parse_from_file(str(parse_path)) if onnx_bytes is None else parser.parse(onnx_bytes))
+        parsed = parser.parse_from_file(str(parse_path)) if onnx_bytes is None else parser.parse(onnx_bytes)
+        cerr.keep = parsed
     if not parsed:
         first = parser.get_error(0) if parser.num_errors else None
         detail = (f"node {first.node_name() or first.node()} ({first.node_operator()}): {first.desc()}"
                   if first is not None else (logger.errors[0] if logger.errors else "unknown error"))
+        detail += "".join(f" ({ln})" for ln in cerr.lines)
         # Bad input (exit 2), not a failed check: the model uses something this TensorRT does not support.
         raise ModelError(f"{onnx_path}: {chosen.name} {chosen.version} cannot parse the model: {detail}; export it "
                          "with ops this TensorRT supports")
-    with _Timer(timings, "configure"):
+    with _Timer(timings, "configure"), interrupt.deferred():
         del onnx_bytes  # parsed (the parser keeps what it needs); the writing worker holds its own reference
         refuse_shape_inputs(network, str(onnx_path))
         config = _configure(chosen, builder, network, prof, plans, cc)
@@ -375,10 +377,7 @@ def _effective_precision(model: Any, wanted: str) -> str:
     for t in model.graph.initializer:
         key = low.get(t.data_type)
         if key is not None:
-            n = 1
-            for d in t.dims:
-                n *= d
-            size[key] += n
+            size[key] += math.prod(t.dims)
     g = model.graph
     values = [v.type.tensor_type.elem_type for v in [*g.input, *g.output, *g.value_info]]
     values += [a.i for n in g.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]

@@ -35,6 +35,7 @@ from onnx import ModelProto
 
 from trtforge.plugins.lora.spec import TOKENS_DIM
 from trtforge.profiles.loader import Profile, Range
+from trtforge.profiles.schema import MAX_DIM
 
 from ..core.errors import InputError
 from ..core.graph import Dim, dtype_name, tensor_dims
@@ -173,6 +174,9 @@ def plan_shapes(model: ModelProto, profile: Profile, source: str = "model",
     if not profile.shapes:
         raise InputError(f"profile {profile.name!r} has no [[shapes]]; add at least one optimization profile")
     specs = model_inputs(model)
+    if not specs:  # TensorRT builds it, but its manifest (no inputs) is refused by triton, diff and every reader
+        raise InputError(f"{source}: the model has no graph inputs (its outputs are constants); an engine serves "
+                         "inputs: give the model an input, or use its outputs' values directly")
     _check_passthrough(model, specs, source)
     _check_dim_overrides(specs, dims or {}, source)
     plans = [plan_input(spec, profile, source, dims) for spec in specs]
@@ -217,9 +221,12 @@ def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], sour
 
 def _check_range(what: str, item: str, r: Range, low: int = 1) -> None:
     """``low``: the least MIN; 0 for a ``--dim`` (a decoder's past length is 0 at its first step, and TensorRT
-    builds a profile with a 0 minimum), 1 elsewhere; MAX is at least 1."""
-    if not (low <= r.min <= r.opt <= r.max and r.max >= 1):
-        raise InputError(f"{what} {item!r}: need {low} <= MIN <= OPT <= MAX (and MAX >= 1)")
+    builds a profile with a 0 minimum), 1 elsewhere; MAX is at least 1 and at most ``MAX_DIM`` (2**31 - 1, as a
+    profile's ranges: TensorRT keeps a profile's dims in 32 bits, so 2**31 failed inside it and 2**32 built an engine
+    whose manifest nothing downstream reads)."""
+    if not (low <= r.min <= r.opt <= r.max and 1 <= r.max <= MAX_DIM):
+        raise InputError(f"{what} {item!r}: need {low} <= MIN <= OPT <= MAX (and MAX >= 1, at most {MAX_DIM}, "
+                         "TensorRT's limit)")
 
 
 def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:

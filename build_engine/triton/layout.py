@@ -37,6 +37,22 @@ def warn_leftovers(repo: Path) -> None:
                         "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
 
 
+def warn_mount_point(repo: Path) -> None:
+    """For writers: a repository that is a mount point (a container's volume) has no folder of its filesystem beside
+    it, so the entry is staged inside it (``REPO/.trtforge-staging``, as ``fsutil.atomic_dir`` falls back to), where a
+    tritonserver starting or polling meanwhile, or after a kill -9, fails on it; said once, with the fix."""
+    import logging
+    import os
+
+    parent = repo.resolve().parent
+    if parent != repo.resolve() and os.stat(parent).st_dev == os.stat(repo).st_dev:
+        return
+    logging.getLogger("trtforge.triton.layout").warning(
+        "%s is a mount point: the entry is staged inside it (%s) while it is written, and a tritonserver that "
+        "loads the repository meanwhile, or after this run is killed, fails on that folder (the next trtforge "
+        "triton run removes it); mount the repository's parent folder instead", repo, repo / staging.STAGING)
+
+
 def warn_siblings(repo: Path, name: str) -> None:
     """For writers, once ``repo/name`` is written: name each other folder of ``repo`` that stops tritonserver from
     loading the repository (an engine folder copied in, a ``.ipynb_checkpoints``), with its fix. The entry is valid;
@@ -85,6 +101,12 @@ def repository_problems(repo: Path, skip: str | None = None) -> list[str]:
 
 
 def is_repository(path: Path) -> bool:
-    """Whether ``path`` looks like a repository (not an entry): no config.pbtxt, and some folder under it has one."""
-    return (path.is_dir() and not (path / "config.pbtxt").exists()
-            and any((c / "config.pbtxt").is_file() for c in path.iterdir() if c.is_dir()))
+    """Whether ``path`` looks like a repository (not an entry): no config.pbtxt, and some folder under it has one, or
+    it has folders and none is a version folder (an entry that lost its config keeps those; a repository holding
+    only folders tritonserver cannot load, such as an engine folder copied in, is checked as a repository). An empty
+    folder is an entry missing its config."""
+    if not path.is_dir() or (path / "config.pbtxt").exists():
+        return False
+    folders = [c for c in path.iterdir() if c.is_dir()]
+    return (any((c / "config.pbtxt").is_file() for c in folders)
+            or bool(folders) and not any(version_number(c.name) is not None for c in folders))

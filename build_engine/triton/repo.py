@@ -1,7 +1,8 @@
 """Write and check Triton model repository entries (``REPO/NAME/config.pbtxt`` + ``REPO/NAME/N/model.plan``).
 
 Writing is atomic: the whole model folder is assembled in a staging folder beside ``REPO`` (``REPO/../
-.trtforge-staging``, same filesystem; never inside ``REPO``, where tritonserver would try to load it), validated,
+.trtforge-staging``, same filesystem; never inside ``REPO``, where tritonserver would try to load it, unless REPO is a
+mount point: then it is, with a warning), validated,
 and renamed into place (an existing entry, with ``force``, is exchanged with the new one in one step), so Triton
 polling the repository never sees a half-written model and a failure or a kill leaves nothing it would load.
 The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; Triton ignores it) so that
@@ -11,6 +12,7 @@ The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; T
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from .layout import (
     repository_problems,
     version_number,
     warn_leftovers,
+    warn_mount_point,
     warn_siblings,
 )
 from .validate import Problem, is_other_backend, validate_text
@@ -90,6 +93,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     try:
         recover_repository(repo_path)  # leftovers of killed runs, an interrupted --force swap
         warn_leftovers(repo_path)
+        warn_mount_point(repo_path)
         with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             write_warmup_files(tmp, warmup_files)
@@ -148,7 +152,7 @@ def _policy_and_steps(proto: Any, cfg_path: Path, versions: list[int], other: bo
     out = [f"{cfg_path}: version_policy names versions {wanted}, none of which has a folder (the entry has "
            f"{versions}); tritonserver loads nothing: add the version or fix version_policy"
            ] if wanted and not set(wanted) & set(versions) else []
-    repo = cfg_path.resolve().parent.parent
+    repo = _as_listed(cfg_path).parent.parent
     steps = [s.model_name for s in proto.ensemble_scheduling.step] if other and proto.HasField(
         "ensemble_scheduling") else []
     return out + [f"{cfg_path}: ensemble step model {m!r} is not in the repository {repo}; tritonserver cannot load "
@@ -197,18 +201,34 @@ def check_repository(repo: str | Path) -> list[EntryReport]:
     return [EntryReport(r.model_dir, r.config, r.versions, notes=notes) for r in reports]
 
 
+def _as_listed(mdir: Path) -> Path:
+    """The entry as tritonserver lists it: REPO's child by that name, a symlink too (it follows it, but the model's
+    name is the link's, and its siblings are REPO's), so the path is made absolute without resolving links."""
+    return Path(os.path.abspath(mdir))
+
+
+def _refuse_version_folder(mdir: Path, entry: Path, given: str) -> None:
+    """``--check REPO/NAME/1`` is a wrong argument (it failed as 'REPO/NAME/1/config.pbtxt: missing', exit 1)."""
+    if version_number(entry.name) is not None and not (mdir / "config.pbtxt").exists() and (
+            entry.parent / "config.pbtxt").is_file():
+        raise InputError(f"--check {given}: is version folder {entry.name} of the entry {entry.parent}; pass "
+                         f"REPO/NAME ({entry.parent}) or REPO")
+
+
 def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     """Validate an existing ``REPO/NAME`` (and, with ``siblings``, that nothing else in ``REPO`` stops tritonserver
     from loading the repository). Raises InputError if it is not a model folder, CheckFailed if broken."""
     from ..core.onnx_io import sha256_file
 
     mdir = Path(model_dir)
-    repo = mdir.absolute().parent
+    entry = _as_listed(mdir)
+    repo = entry.parent
     # First: an interrupted --force swap of this very entry is completed (the entry may be missing until then).
     notes = tuple(recover_repository(repo)) if siblings and repo.is_dir() else ()
     if not mdir.is_dir():
         raise InputError(f"--check {model_dir}: not a folder; pass REPO/NAME of a Triton model (or REPO)")
-    check_model_name(mdir.resolve().name)
+    _refuse_version_folder(mdir, entry, str(model_dir))
+    check_model_name(entry.name)
     cfg_path = mdir / "config.pbtxt"
     if not cfg_path.is_file():
         raise CheckFailed(f"{cfg_path}: missing; write it with 'trtforge triton ENGINE --repo REPO --name NAME'")
@@ -219,7 +239,7 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     from .config import MAX_VERSION
 
     versions = _versions(mdir)
-    problems: list[str] = repository_problems(mdir.resolve().parent, skip=mdir.resolve().name) if siblings else []
+    problems: list[str] = repository_problems(repo, skip=entry.name) if siblings else []
     problems += [f"{mdir}/{v}: version {v} is above int64 ({MAX_VERSION}); tritonserver refuses it"
                  for v in versions if v > MAX_VERSION]
     manifest: Manifest | None = None
@@ -233,7 +253,7 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
             except InputError as exc:
                 problems.append(str(exc))
     # Without an engine manifest, another backend's entry (an ensemble, a Python model) gets the generic rules only.
-    proto, found = validate_text(text, manifest, expected_name=mdir.resolve().name, other_backends=manifest is None)
+    proto, found = validate_text(text, manifest, expected_name=entry.name, other_backends=manifest is None)
     problems += [p.format(str(cfg_path)) for p in found]
     problems += check_warmup_files(proto, mdir) if proto is not None else []
     other = manifest is None and proto is not None and is_other_backend(proto)

@@ -1,6 +1,7 @@
 """Triton ``model_warmup`` entries from the manifest, so the first real request does not pay for kernel loading.
 
-One sample per optimization profile, named ``profile_<k>``, with every engine input at that profile's *opt* shape:
+One sample per optimization profile, named ``profile_<k>``, with every engine input at that profile's *opt* shape
+(a dim whose opt is 0 at 1):
 with Triton batching (``max_batch_size > 0``) ``batch_size`` is the opt batch (capped at ``max_batch_size``) and
 ``dims`` the rest of the opt shape, since Triton sends ``batch_size`` requests of batch 1 (``dims`` exclude the
 batch dimension); without batching ``batch_size`` is 1 and ``dims`` the whole opt shape.
@@ -77,7 +78,11 @@ def plan_warmup(cfg: TritonConfig, manifest: Manifest, engine_dir: str | Path,
     samples: list[WarmupSample] = []
     files: dict[str, bytes] = {}
     for k in range(manifest.optimization_profiles):
-        opt = {t.name: tuple(t.profiles[k].opt) if t.profiles else tuple(t.shape) for t in manifest.inputs}
+        # A dim whose opt is 0 (build --dim past=0:0:N) is warmed at 1: its profile admits it, and the sample's
+        # dims must be concrete sizes >= 1 (the generated config was refused as invalid, exit 1).
+        opt = {t.name: tuple(max(o, 1) if o == 0 and hi >= 1 else o for o, hi in zip(t.profiles[k].opt,
+                                                                                    t.profiles[k].max, strict=True))
+               if t.profiles else tuple(t.shape) for t in manifest.inputs}
         batch = min(max(1, opt[manifest.inputs[0].name][0]), cfg.max_batch_size) if batching else 1
         one = {name: ((1, *shape[1:]) if batching else shape) for name, shape in opt.items()}
         specs = _ranges(manifest, Path(engine_dir), one)

@@ -52,7 +52,11 @@ def test_dim_override_sizes_every_profile(cli, tmp_path: Path) -> None:
     ("height=1:2:3", "no dynamic dimension named 'height'"),
     ("batch=1:2:3", "come from the profile"),
     ("patches=4:2:8", "0 <= MIN <= OPT <= MAX"),
-    ("patches=0:0:0", "0 <= MIN <= OPT <= MAX (and MAX >= 1)"),
+    ("patches=0:0:0", "0 <= MIN <= OPT <= MAX (and MAX >= 1"),
+    # TensorRT keeps profile dims in 32 bits: 2**31 was exit 3 from set_shape, 2**32 wrapped and built (exit 0).
+    ("patches=1:2:2147483648", "at most 2147483647"),
+    ("patches=1:2:4294967296", "at most 2147483647"),
+    ("patches=1:2:99999999999999999999", "at most 2147483647"),
     ("patches=1:2", "NAME=MIN:OPT:MAX"),
     ("patches", "NAME=MIN:OPT:MAX"),
 ])
