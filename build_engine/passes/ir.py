@@ -217,10 +217,13 @@ class GraphCtx:
     def constant_tensor(self, name: str) -> TensorProto | None:
         """The value of a constant this graph defines: an initializer that is not also a graph input (those can be
         overridden at run time), or a Constant node's tensor. Not a tensor whose data is still on disk (a lazy
-        load): its bytes are not here, and reading them relative to the working folder would be wrong."""
+        load): its bytes are not here, and reading them relative to the working folder would be wrong. Nor a
+        subgraph's initializer named like a value of an enclosing graph: onnxruntime and onnx.reference both read
+        the enclosing value there."""
         if name in self.initializers and name not in self.inputs:
             t = self.initializers[name]
-            return None if t.data_location == TensorProto.EXTERNAL else t
+            shadowed = self.parent is not None and self.parent._scope_of(name) is not None
+            return None if t.data_location == TensorProto.EXTERNAL or shadowed else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None

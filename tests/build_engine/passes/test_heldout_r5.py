@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 
 from trtforge.build_engine.passes import fold
@@ -43,3 +44,33 @@ def test_fold_check_of_a_float8e8m0_cast_passes(cli, tmp_path: Path) -> None:
     res = cli("fold", src, "-o", out, "--check")
     assert res.code == 0 and "bit-identical" in res.out, (res.code, res.out, res.err)
     assert out.exists()
+
+
+def _runs(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[bytes]:
+    """Every output's bytes in onnx.reference and in onnxruntime (graph optimizations off)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return [np.asarray(o).tobytes() for o in (*ReferenceEvaluator(m).run(None, feeds), *session.run(None, feeds))]
+
+
+def test_a_branch_initializer_named_like_an_outer_value_is_not_folded() -> None:
+    # the then-branch's initializer w = [10, 20] has the name of the outer w = int(x); both runtimes read the outer
+    # w in the branch, and constant_cast folded the branch's Cast(w) from the initializer: y became [10, 20]
+    casts = [h.make_node("Cast", ["w"], ["wd"], to=T.DOUBLE), h.make_node("Cast", ["wd"], ["t"], to=T.FLOAT)]
+    then = h.make_graph(casts, "then", [], [h.make_tensor_value_info("t", T.FLOAT, [2])],
+                        initializer=[nh.from_array(np.array([10, 20], np.int32), "w")])
+    other = h.make_graph([h.make_node("Cast", ["w"], ["e"], to=T.FLOAT)], "else", [],
+                         [h.make_tensor_value_info("e", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Cast", ["x"], ["w"], to=T.INT32),
+                      h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2]), h.make_tensor_value_info("c", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    folded = fold(m).model
+    for c in (True, False):
+        feeds = {"x": np.array([1.5, -2.0], np.float32), "c": np.array(c)}
+        assert _runs(folded, feeds) == _runs(m, feeds)
