@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
 
+from trtforge.build_engine.passes import fold
 from trtforge.build_engine.verify.bitwise import check_equivalent
 from trtforge_testing import assert_one_line_error, graph_model
 
@@ -38,3 +39,23 @@ def test_the_op_is_named_when_the_runtime_message_does_not(cli, tmp_path: Path) 
     res = cli("fold", src, "-o", out, "--check", "--seed", "1")
     assert_one_line_error(res, 2, "could not check this model", "list index out of range; op SequenceAt")
     assert "op unknown" not in res.err and not out.exists()
+
+
+def test_a_loop_input_named_like_an_outer_value_is_judged_as_the_spec_says() -> None:
+    # the Loop's carried input v has the name of the outer (dead) v = Neg(x), which fold removes; onnx.reference gave
+    # the body the outer v in the first iteration (-2x, onnxruntime 2x), so --check said OUTPUTS DIFFER on a right fold
+    body = h.make_graph([h.make_node("Identity", ["c"], ["c2"]), h.make_node("Add", ["v", "v"], ["v2"])], "body",
+                        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c", T.BOOL, []),
+                         h.make_tensor_value_info("v", T.FLOAT, [2])],
+                        [h.make_tensor_value_info("c2", T.BOOL, []), h.make_tensor_value_info("v2", T.FLOAT, [2])])
+    nodes = [h.make_node("Neg", ["x"], ["v"]), h.make_node("Loop", ["n", "", "x"], ["y"], body=body)]
+    m = graph_model(nodes, [("x", T.FLOAT, [2]), ("n", T.INT64, [])], [("y", T.FLOAT, [2])])
+    onnx.checker.check_model(m, full_check=True)
+    folded = fold(m).model
+    assert [n.op_type for n in folded.graph.node] == ["Loop"]
+    res = check_equivalent(m, folded)
+    assert res.passed and res.runtime == "onnx.reference", res
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(folded)
+    wrong.graph.node[0].attribute[0].g.node[1].op_type = "Sub"  # v - v: a wrong fold is still seen
+    assert not check_equivalent(m, wrong).passed
