@@ -57,6 +57,10 @@ class GraphCtx:
         self.outputs = list(outputs)
         self.output_set = set(outputs)
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
+        if scope.parent is not None:  # onnxruntime and onnx.reference read an enclosing value under such a name
+            for name in [k for k in self.initializers if scope.parent._scope_of(k) is not None]:
+                del self.initializers[name]  # so the view resolves it there too (no constant, type or removal)
+                scope.types.pop(name, None)
         self.parent = scope.parent
         self.may_add_initializers = scope.may_add_initializers and not is_function and graph is not None
         self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
@@ -169,7 +173,7 @@ class GraphCtx:
         for n in self.implicit.get(old, ()):
             if n.subdefs is None:
                 n.subdefs = frozenset().union(*(defined_names(g) for g in subgraphs(n.proto)))
-            if new in n.subdefs:
+            if new in n.subdefs or old in n.subdefs:  # ``old``: read under a body initializer's name (free_names)
                 return False
         return True
 
@@ -217,13 +221,10 @@ class GraphCtx:
     def constant_tensor(self, name: str) -> TensorProto | None:
         """The value of a constant this graph defines: an initializer that is not also a graph input (those can be
         overridden at run time), or a Constant node's tensor. Not a tensor whose data is still on disk (a lazy
-        load): its bytes are not here, and reading them relative to the working folder would be wrong. Nor a
-        subgraph's initializer named like a value of an enclosing graph: onnxruntime and onnx.reference both read
-        the enclosing value there."""
+        load): its bytes are not here, and reading them relative to the working folder would be wrong."""
         if name in self.initializers and name not in self.inputs:
             t = self.initializers[name]
-            shadowed = self.parent is not None and self.parent._scope_of(name) is not None
-            return None if t.data_location == TensorProto.EXTERNAL or shadowed else t
+            return None if t.data_location == TensorProto.EXTERNAL else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None

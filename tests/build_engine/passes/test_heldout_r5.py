@@ -7,6 +7,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -56,16 +57,19 @@ def _runs(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[bytes]:
     return [np.asarray(o).tobytes() for o in (*ReferenceEvaluator(m).run(None, feeds), *session.run(None, feeds))]
 
 
-def test_a_branch_initializer_named_like_an_outer_value_is_not_folded() -> None:
+@pytest.mark.parametrize("outer", ["read by both branches", "through an Identity", "read by no other node"])
+def test_a_branch_initializer_named_like_an_outer_value_is_not_its_value(outer: str) -> None:
     # the then-branch's initializer w = [10, 20] has the name of the outer w = int(x); both runtimes read the outer
-    # w in the branch, and constant_cast folded the branch's Cast(w) from the initializer: y became [10, 20]
+    # w in the branch. constant_cast folded the branch's Cast(w) from the initializer, the Identity's removal renamed
+    # the outer w away, and dead-node removal dropped an outer w only that branch reads: y became [10, 20]
     casts = [h.make_node("Cast", ["w"], ["wd"], to=T.DOUBLE), h.make_node("Cast", ["wd"], ["t"], to=T.FLOAT)]
     then = h.make_graph(casts, "then", [], [h.make_tensor_value_info("t", T.FLOAT, [2])],
                         initializer=[nh.from_array(np.array([10, 20], np.int32), "w")])
-    other = h.make_graph([h.make_node("Cast", ["w"], ["e"], to=T.FLOAT)], "else", [],
-                         [h.make_tensor_value_info("e", T.FLOAT, [2])])
-    g = h.make_graph([h.make_node("Cast", ["x"], ["w"], to=T.INT32),
-                      h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+    other = h.make_graph([h.make_node("Cast", ["w"] if outer != "read by no other node" else ["x"], ["e"],
+                                      to=T.FLOAT)], "else", [], [h.make_tensor_value_info("e", T.FLOAT, [2])])
+    pre = ([h.make_node("Cast", ["x"], ["w0"], to=T.INT32), h.make_node("Identity", ["w0"], ["w"])]
+           if outer == "through an Identity" else [h.make_node("Cast", ["x"], ["w"], to=T.INT32)])
+    g = h.make_graph([*pre, h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
                      [h.make_tensor_value_info("x", T.FLOAT, [2]), h.make_tensor_value_info("c", T.BOOL, [])],
                      [h.make_tensor_value_info("y", T.FLOAT, [2])])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
