@@ -57,15 +57,17 @@ class GraphCtx:
         self.outputs = list(outputs)
         self.output_set = set(outputs)
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
-        if scope.parent is not None:  # onnxruntime and onnx.reference read an enclosing value under such a name
-            for name in [k for k in self.initializers if scope.parent._scope_of(k) is not None]:
-                del self.initializers[name]  # so the view resolves it there too (no constant, type or removal)
-                scope.types.pop(name, None)
+        # initializers named like an enclosing value: onnx.reference reads that value there, onnxruntime the
+        # initializer or the value (whether a body of the node reads the value elsewhere): no constant, no type,
+        # and (defined here) no read of the enclosing value made across them
+        self.shadowed = {k for k in self.initializers if scope.parent is not None and scope.parent._scope_of(k)}
         self.parent = scope.parent
         self.may_add_initializers = scope.may_add_initializers and not is_function and graph is not None
         self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
         for name, t in self.initializers.items():  # the dict's own name strings: one string object per name
             self.types[name] = t.data_type
+        for name in self.shadowed:
+            del self.types[name]
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
         self.uses: dict[str, Uses] = {}
@@ -224,7 +226,7 @@ class GraphCtx:
         load): its bytes are not here, and reading them relative to the working folder would be wrong."""
         if name in self.initializers and name not in self.inputs:
             t = self.initializers[name]
-            return None if t.data_location == TensorProto.EXTERNAL else t
+            return None if t.data_location == TensorProto.EXTERNAL or name in self.shadowed else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None

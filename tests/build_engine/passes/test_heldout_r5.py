@@ -78,3 +78,23 @@ def test_a_branch_initializer_named_like_an_outer_value_is_not_its_value(outer: 
     for c in (True, False):
         feeds = {"x": np.array([1.5, -2.0], np.float32), "c": np.array(c)}
         assert _runs(folded, feeds) == _runs(m, feeds)
+
+
+def test_no_read_is_made_across_a_branch_initializer_named_like_an_outer_value() -> None:
+    # the else-branch holds an initializer named like the graph input xi; cast_chain made its Cast(int64(xi)) read xi
+    # itself, and onnxruntime then read the branch's initializer there ([7, 0, 300, 1], onnx.reference the input)
+    branch_xi = nh.from_array(np.array([7, 0, 300, 1], np.int32), "xi")
+    other = h.make_graph([h.make_node("Cast", ["wide"], ["e"], to=T.DOUBLE)], "else", [],
+                         [h.make_tensor_value_info("e", T.DOUBLE, [4])], initializer=[branch_xi])
+    then = h.make_graph([h.make_node("Constant", [], ["t"], value=nh.from_array(np.zeros(4), "t"))], "then", [],
+                        [h.make_tensor_value_info("t", T.DOUBLE, [4])])
+    g = h.make_graph([h.make_node("Cast", ["xi"], ["wide"], to=T.INT64),
+                      h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                     [h.make_tensor_value_info("xi", T.INT32, [4]), h.make_tensor_value_info("c", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.DOUBLE, [4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    folded = fold(m).model
+    for c in (True, False):
+        feeds = {"xi": np.arange(4, dtype=np.int32), "c": np.array(c)}
+        assert _runs(folded, feeds) == _runs(m, feeds)
