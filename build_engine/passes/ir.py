@@ -43,6 +43,9 @@ class Scope:
     # inference could type (``type_facts.needs_inference``); None: the caller ran it already, or there is none
     infer: Callable[[], dict[str, int]] | None = None
     may_add_initializers: bool = True  # False below IR 4, where every initializer must also be a graph input
+    # names a sibling body shadows with an initializer: onnxruntime reads the enclosing value there only while some
+    # body reads it, so no read of them is removed here (``walk._run_subgraphs``)
+    kept_reads: frozenset[str] = frozenset()
 
 
 class GraphCtx:
@@ -63,6 +66,7 @@ class GraphCtx:
         self.shadowed = {k for k in self.initializers if scope.parent is not None and scope.parent._scope_of(k)}
         self.parent = scope.parent
         self.may_add_initializers = scope.may_add_initializers and not is_function and graph is not None
+        self.kept_reads = scope.kept_reads
         self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
         for name, t in self.initializers.items():  # the dict's own name strings: one string object per name
             self.types[name] = t.data_type

@@ -98,3 +98,23 @@ def test_no_read_is_made_across_a_branch_initializer_named_like_an_outer_value()
     for c in (True, False):
         feeds = {"xi": np.arange(4, dtype=np.int32), "c": np.array(c)}
         assert _runs(folded, feeds) == _runs(m, feeds)
+
+
+def test_a_dead_read_of_a_value_a_sibling_branch_shadows_stays() -> None:
+    # onnxruntime reads the outer w in the then-branch (beside its initializer w) only while some branch reads w:
+    # the else-branch's dead Neg(w) was removed, and y became the initializer's [10, 20] in onnxruntime
+    then = h.make_graph([h.make_node("Identity", ["w"], ["t"])], "then", [],
+                        [h.make_tensor_value_info("t", T.FLOAT, [2])],
+                        initializer=[nh.from_array(np.array([10, 20], np.float32), "w")])
+    other = h.make_graph([h.make_node("Neg", ["w"], ["d"]), h.make_node("Identity", ["x"], ["e"])], "else", [],
+                         [h.make_tensor_value_info("e", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Neg", ["x"], ["w"]),
+                      h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2]), h.make_tensor_value_info("c", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    folded = fold(m).model
+    for c in (True, False):
+        feeds = {"x": np.array([1.0, 2.0], np.float32), "c": np.array(c)}
+        assert _runs(folded, feeds) == _runs(m, feeds)
