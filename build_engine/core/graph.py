@@ -123,9 +123,10 @@ def model_nodes(model: ModelProto) -> Iterator[NodeProto]:
 
 
 def free_names(graph: GraphProto) -> set[str]:
-    """Names a (sub)graph reads but does not define: its implicit inputs from enclosing scopes."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
+    """Names a (sub)graph reads but does not define: its implicit inputs from enclosing scopes. A name it reads that
+    only an initializer of its own defines counts too: onnxruntime and onnx.reference read an enclosing graph's
+    value of that name there, when there is one."""
+    defined = {i.name for i in graph.input}
     used: set[str] = set()
     for n in graph.node:
         defined.update(n.output)

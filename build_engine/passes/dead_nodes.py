@@ -17,6 +17,13 @@ def _holds_other_domain(n: Node) -> bool:
         m.domain not in ("", "ai.onnx") for g in subgraphs(n.proto) for b in all_graphs(g) for m in b.node)
 
 
+def _reads_kept(ctx: GraphCtx, n: Node) -> bool:
+    """``n`` reads (itself or in a body) a name of ``ctx.kept_reads``: removing it may change what a sibling body's
+    initializer of that name means to onnxruntime."""
+    kept = ctx.kept_reads
+    return bool(kept) and (any(i in kept for i in n.inputs) or bool(n.free & kept))
+
+
 class RemoveDeadNodes(GraphPass):
     """Drop default-domain nodes none of whose outputs is read (by a node, a subgraph, or as a graph output), in
     reverse topological order so whole dead chains go in one sweep; then drop unread initializers.
@@ -47,7 +54,7 @@ class RemoveDeadNodes(GraphPass):
         uses, implicit, protected = ctx.uses, ctx.implicit, ctx.output_set
         return (n.alive and n.onnx_op and bool(n.outputs)
                 and all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs)
-                and not _holds_other_domain(n))
+                and not _holds_other_domain(n) and not _reads_kept(ctx, n))
 
     def _sweep(self, ctx: GraphCtx) -> int:
         """Every node, in reverse order; from now on the view records which nodes lose a reader."""
@@ -59,7 +66,7 @@ class RemoveDeadNodes(GraphPass):
                 continue
             # ``_dead`` inlined (this loop visits every node)
             if (all(not o or (not uses.get(o) and not implicit.get(o) and o not in protected) for o in n.outputs)
-                    and not _holds_other_domain(n)):
+                    and not _holds_other_domain(n) and not _reads_kept(ctx, n)):
                 ctx.remove_node(n)
                 ctx.rules[self.name] += 1
                 count += 1

@@ -43,6 +43,9 @@ class Scope:
     # inference could type (``type_facts.needs_inference``); None: the caller ran it already, or there is none
     infer: Callable[[], dict[str, int]] | None = None
     may_add_initializers: bool = True  # False below IR 4, where every initializer must also be a graph input
+    # names a sibling body shadows with an initializer: onnxruntime reads the enclosing value there only while some
+    # body reads it, so no read of them is removed here (``walk._run_subgraphs``)
+    kept_reads: frozenset[str] = frozenset()
 
 
 class GraphCtx:
@@ -57,11 +60,18 @@ class GraphCtx:
         self.outputs = list(outputs)
         self.output_set = set(outputs)
         self.initializers: dict[str, TensorProto] = {t.name: t for t in initializers}
+        # initializers named like an enclosing value: onnx.reference reads that value there, onnxruntime the
+        # initializer or the value (whether a body of the node reads the value elsewhere): no constant, no type,
+        # and (defined here) no read of the enclosing value made across them
+        self.shadowed = {k for k in self.initializers if scope.parent is not None and scope.parent._scope_of(k)}
         self.parent = scope.parent
         self.may_add_initializers = scope.may_add_initializers and not is_function and graph is not None
+        self.kept_reads = scope.kept_reads
         self.types = scope.types  # this graph's own values only; other names resolve through ``parent``
         for name, t in self.initializers.items():  # the dict's own name strings: one string object per name
             self.types[name] = t.data_type
+        for name in self.shadowed:
+            del self.types[name]
         self.nodes: list[Node] = []
         self.producer: dict[str, Node] = {}
         self.uses: dict[str, Uses] = {}
@@ -169,7 +179,7 @@ class GraphCtx:
         for n in self.implicit.get(old, ()):
             if n.subdefs is None:
                 n.subdefs = frozenset().union(*(defined_names(g) for g in subgraphs(n.proto)))
-            if new in n.subdefs:
+            if new in n.subdefs or old in n.subdefs:  # ``old``: read under a body initializer's name (free_names)
                 return False
         return True
 
@@ -220,7 +230,7 @@ class GraphCtx:
         load): its bytes are not here, and reading them relative to the working folder would be wrong."""
         if name in self.initializers and name not in self.inputs:
             t = self.initializers[name]
-            return None if t.data_location == TensorProto.EXTERNAL else t
+            return None if t.data_location == TensorProto.EXTERNAL or name in self.shadowed else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None

@@ -15,8 +15,8 @@ class RemoveSameTypeCast(GraphPass):
       reference;
     - ``y`` is a graph output and ``x`` is a graph input, another graph output, an initializer or an outer value
       (the Identity rules of ``GraphCtx.bypass``).
-    - ``x`` is float8e5m2 and ``saturate`` is 1 (the default): that Cast turns +-inf into +-57344.
-    ``round_mode`` does not matter: a same-type Cast never rounds.
+    - ``x`` is float8e5m2 and ``saturate`` is 1 (the default): that Cast turns +-inf into +-57344;
+    - ``x`` is float8e8m0: onnx.reference's Cast to it rounds (``round_mode``) even a float8e8m0 value (2**-127).
     """
 
     name = "same_type_cast"

@@ -111,9 +111,11 @@ def _run_subgraphs(nodes: Sequence[NodeProto], parent: GraphCtx, passes: Sequenc
                    fixed_point: bool) -> None:
     for n in nodes:
         if may_have_subgraphs(n):
-            for g in subgraphs(n):
+            bodies = list(subgraphs(n))
+            kept = parent.kept_reads | {t.name for g in bodies for t in g.initializer if parent._scope_of(t.name)}
+            for g in bodies:
                 stats.nested = True
-                _run_graph(g, passes, Scope(parent.opset, graph_types(g), parent,
+                _run_graph(g, passes, Scope(parent.opset, graph_types(g), parent, kept_reads=kept,
                                             may_add_initializers=parent.may_add_initializers), stats, fixed_point)
 
 

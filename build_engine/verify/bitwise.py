@@ -120,12 +120,25 @@ class CannotCheck(InputError):
     """Neither runtime can run the original model: no verdict (exit 2), with the reason and the op at fault."""
 
 
-def _culprit(model: ModelProto, message: str) -> str:
-    """The op a runtime's error message names (an op type of the model it mentions), for the one-line reason."""
+def _culprit(model: ModelProto, exc: BaseException) -> str:
+    """The op a runtime's error names (an op type of the model its message mentions, else the onnx.reference
+    kernel the error was raised in: ``SequenceAt``'s 'list index out of range' names no op), for the one-line
+    reason."""
+    message = str(exc)
     ops = sorted({n.op_type for g in all_graphs(model.graph) for n in g.node} | {n.op_type for f in model.functions
                                                                                  for n in f.node}, key=len)
     named = [op for op in reversed(ops) if re.search(rf"\b{re.escape(op)}\b", message)]
-    return f"op {named[0]}" if named else "op unknown"
+    if named:
+        return f"op {named[0]}"
+    from onnx.reference.op_run import OpRun
+
+    tb, kernel = exc.__traceback__, None
+    while tb is not None:  # the innermost kernel: a function's node rather than the function call
+        me = tb.tb_frame.f_locals.get("self")
+        if isinstance(me, OpRun) and getattr(me, "onnx_node", None) is not None:
+            kernel = me.onnx_node.op_type
+        tb = tb.tb_next
+    return f"op {kernel}" if kernel else "op unknown"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -152,8 +165,8 @@ def _pick_runtime(original: ModelProto, feeds: Mapping[str, np.ndarray], preferr
     on = ", ".join(f"{n} {list(a.shape)}" for n, a in list(feeds.items())[:4]) + (", ..." if len(feeds) > 4 else "")
     raise CannotCheck(f"could not check this model: {first[0]} cannot run it on inputs {on or 'none'} "
                       f"({_first_line(first[1])}; "
-                      f"{_culprit(original, str(first[1]))})" + (
-                          f", nor can {last_runtime} ({_first_line(last)}; {_culprit(original, str(last))})"
+                      f"{_culprit(original, first[1])})" + (
+                          f", nor can {last_runtime} ({_first_line(last)}; {_culprit(original, last)})"
                           if len(errors) > 1 else "") + "; fold without --check, or check with another tool") from last
 
 
@@ -284,16 +297,17 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
     runtime, plan = _runtime_and_plan(original, seed, trials, runtime, path_a)
     names = [o.name for o in original.graph.output]
     passed, worst, bad, ran = True, 0.0, [], 0
-    for kind, feeds in plan:
+    refused: Exception | None = None
+    for _kind, feeds in plan:
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 outs_a = run_model(original, feeds, runtime, path_a)
         except Exception as exc:
-            if kind == "typical":
-                raise CannotCheck(f"could not check this model: {runtime} fails on typical inputs "
-                                  f"({_first_line(exc)}; {_culprit(original, str(exc))})") from exc
-            continue  # the original rejects these values (e.g. an index out of range): nothing to compare
+            # the original rejects these values (an index out of range: in a typical draw too, for a SequenceAt
+            # position the planner does not bound): nothing to compare; the runtime ran the first draw
+            refused = refused or exc
+            continue
         ran += 1
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -312,6 +326,9 @@ def check_equivalent(original: ModelProto, folded: ModelProto, seed: int = 0,
                 passed = False
                 bad.append(name)
             worst = max(worst, diff)
+    if not ran and refused is not None:
+        raise CannotCheck(f"could not check this model: {runtime} fails on every input draw "
+                          f"({_first_line(refused)}; {_culprit(original, refused)})") from refused
     return CheckResult(passed, worst, runtime, tuple(dict.fromkeys(bad)), ran)
 
 

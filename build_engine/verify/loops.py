@@ -1,4 +1,5 @@
-"""Loops as ``fold --check`` runs them: every Loop made to end and to run its body (in both models alike).
+"""Loops as ``fold --check`` runs them: every Loop made to end and to run its body, and its carried inputs given
+names of their own (in both models alike).
 
 Safety conditions: the same rewrite is applied to the original and the folded model, so it changes nothing that
 the comparison judges; a Loop's own semantics are kept for every trip count up to ``MAX_LOOP_TRIPS`` (an absent
@@ -13,7 +14,7 @@ from typing import Any
 
 from onnx import ModelProto, TensorProto, helper
 
-from ..core.graph import all_graphs, subgraphs
+from ..core.graph import all_graphs, rename_free, subgraphs
 
 MAX_LOOP_TRIPS = 10_000
 
@@ -61,9 +62,27 @@ def runnable_loops(model: ModelProto) -> ModelProto:
                                               value=helper.make_tensor("", TensorProto.BOOL, [], [True])))
             if n.input:
                 n.input[0] = _capped_trips(n.input[0], tag, opset, added)
+            for body in subgraphs(n):
+                _own_carried_names(body, tag)
             for a in reversed(added):
                 g.node.insert(k, a)
     return copy
+
+
+def _own_carried_names(body: Any, tag: str) -> None:
+    """Rename the body's loop-carried inputs (and their reads, nested bodies included) to names no other graph
+    uses: onnx.reference seeds a Loop body's inputs with the enclosing graph's values and so gives a carried input
+    named like an outer value that value in the first iteration, where the spec (and onnxruntime) give the carried
+    one. A renaming changes no value."""
+    for k, vi in enumerate(body.input):
+        if k < 2 or not vi.name:  # the iteration number and the condition are set again before every iteration
+            continue
+        old, new = vi.name, f"{tag}_carried{k}"
+        vi.name = new
+        rename_free(body, old, new)  # reads of ``old`` in the body are reads of this input now
+        for v in body.value_info:
+            if v.name == old:
+                v.name = new
 
 
 def _capped_trips(m: str, tag: str, opset: int, added: list[Any]) -> str:
