@@ -82,7 +82,7 @@ def load_profile(name_or_path: str) -> Profile:
 
 def _parse_bytes(raw: bytes, source: str, default_name: str) -> Profile:
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # -sig: a leading BOM (Windows editors) is skipped
     except UnicodeDecodeError as exc:
         raise ProfileError(f"profile {source}: not UTF-8 text; save it as UTF-8 TOML") from exc
     except tomllib.TOMLDecodeError as exc:
