@@ -54,12 +54,16 @@ def _looks_like_path(name_or_path: str) -> bool:
     return name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """Load a built-in profile by name (``"a100"``) or a user profile by path; raises ProfileError."""
+def load_profile(name_or_path: str, *, bare_file: bool = True) -> Profile:
+    """Load a built-in profile by name (``"a100"``) or a user profile by path; raises ProfileError.
+
+    Built-in names win; anything else that looks like a path (ends in .toml, holds a / or \\) is read as one, and so
+    is a bare name that is an existing file of the working directory (``--profile mygpu``: the CLI's relative paths
+    are the working directory's). ``bare_file=False`` refuses such a name as an unknown profile instead: a matrix's
+    refs are relative to the matrix file, which ``matrix.cells.profile_file`` resolves first."""
     text_name = str(name_or_path)
     names = list_profiles()
-    # Built-in names win; anything else that looks like a path (or is an existing file) is read as one.
-    if text_name not in names and (_looks_like_path(text_name) or Path(text_name).is_file()):
+    if text_name not in names and (_looks_like_path(text_name) or (bare_file and Path(text_name).is_file())):
         path = Path(text_name)
         if path.is_dir():
             raise ProfileError(f"profile {path} is a folder; give a .toml file or one of: {', '.join(names)}")
@@ -82,7 +86,7 @@ def load_profile(name_or_path: str) -> Profile:
 
 def _parse_bytes(raw: bytes, source: str, default_name: str) -> Profile:
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # -sig: a leading BOM (Windows editors) is skipped
     except UnicodeDecodeError as exc:
         raise ProfileError(f"profile {source}: not UTF-8 text; save it as UTF-8 TOML") from exc
     except tomllib.TOMLDecodeError as exc:

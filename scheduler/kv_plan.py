@@ -122,7 +122,7 @@ class ModelSpec:
         """Read an HF ``config.json`` (Llama/Mistral/Qwen-style field names)."""
         p = Path(path)
         try:
-            cfg = json.loads(p.read_text())
+            cfg = json.loads(p.read_text(encoding="utf-8-sig"))  # UTF-8, a leading BOM skipped
         except FileNotFoundError as exc:
             raise InputError(f"{p}: no such file; give a config.json or a preset ({', '.join(PRESETS)})") from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

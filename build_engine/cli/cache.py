@@ -53,7 +53,7 @@ def _read_request(where: str) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: cannot read the request ({exc}); give a UTF-8 JSON file") from exc
     try:
-        return json.loads(text)
+        return json.loads(text.removeprefix("\ufeff"))  # a leading BOM (Windows editors) is not JSON's error
     except ValueError as exc:
         raise InputError(f"{where}: not valid JSON ({exc}); give one JSON object") from exc
 

@@ -182,7 +182,8 @@ def plan_cells(spec: MatrixSpec) -> list[Cell]:
         file = profile_file(spec, ref)
         target = ref if file is None else str(file)
         try:
-            profiles[ref] = load_profile(target)
+            # never the working directory's file of that name: not beside the matrix file, a bare name is a built-in
+            profiles[ref] = load_profile(target, bare_file=False)
         except TrtforgeError as exc:
             profiles[ref] = exc.message
     cells: list[Cell] = []

@@ -4,7 +4,8 @@ Workers produce; only the driver writes under OUTROOT, and each cell's folder ``
 published by one rename (old folder moved aside first), so a kill at any instant leaves every cell folder all-old or
 all-new. ``cell.json`` in the folder records the cache key and the sha256 of every other file in it; a rerun (after
 a crash of the driver or a worker too) skips every cell whose folder holds the same key and exactly those files.
-``OUTROOT/matrix.json`` lists every cell with its status: built, cached, failed (with the reason) or refused. Runs
+``OUTROOT/matrix.json`` lists every cell with its status: built, cached, failed (with the reason) or refused, and
+``counts`` per status; a dry run (not written) adds planned, in ``counts`` too, so they add up to the cells. Runs
 that write one OUTROOT are serialized by a lock file in it (``run_matrix``), so concurrent runs never delete each
 other's staged builds.
 """
@@ -61,6 +62,7 @@ class MatrixReport:
     executor: str
     cells: list[CellStatus] = field(default_factory=list)
     seconds: float = 0.0
+    dry_run: bool = False  # its counts then hold "planned" too (the cells a run would build), so they add up
 
     def count(self, status: str) -> int:
         return sum(1 for c in self.cells if c.status == status)
@@ -70,7 +72,7 @@ class MatrixReport:
         return all(c.status in ("built", "cached", "planned") for c in self.cells)
 
     def to_json(self) -> dict[str, Any]:
-        counts = {s: self.count(s) for s in ("built", "cached", "failed", "refused")}
+        counts = {s: self.count(s) for s in ("built", "cached", "failed", "refused", *("planned",) * self.dry_run)}
         return {"format": 1, "matrix": self.source, "executor": self.executor, "seconds": round(self.seconds, 3),
                 "trtforge": trtforge_version(), "counts": counts, "cells": [c.to_json() for c in self.cells]}
 
@@ -344,7 +346,7 @@ def _exclusive(root: Path) -> Iterator[None]:
 
 
 def _plan(spec: MatrixSpec, root: Path, executor: str, dry_run: bool) -> MatrixReport:
-    report = MatrixReport(source=str(spec.source), executor=executor)
+    report = MatrixReport(source=str(spec.source), executor=executor, dry_run=dry_run)
     report.cells = [CellStatus(c) for c in plan_cells(spec)]
     for st in report.cells:
         if st.cell.refusal:

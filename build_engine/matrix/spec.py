@@ -218,7 +218,7 @@ def _dims(r: _Reader, data: Any, nth: int) -> tuple[str, ...]:
 
 def _read(path: Path) -> tuple[str, dict[str, Any]]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a leading BOM (Windows editors) is skipped
     except FileNotFoundError as exc:
         raise InputError(f"matrix file {path} not found; give an existing .toml file") from exc
     except (OSError, UnicodeDecodeError) as exc:

@@ -152,7 +152,7 @@ def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
     """r (a whole number, never truncated), lora_alpha (finite) and target_modules (a list of names, or a regular
     expression); refuses the PEFT features ``pack`` cannot represent (module docstring)."""
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8-sig"))  # UTF-8, a leading BOM skipped
     except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"{cfg_path}: not a readable JSON file ({exc}); re-save the adapter") from exc
     if not isinstance(cfg, dict):

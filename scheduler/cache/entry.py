@@ -99,7 +99,7 @@ class CacheConfig:
         bad = [x for x in self.layers if x not in LAYERS]
         if bad or not self.layers or "l1" not in self.layers:
             raise InputError(f"response cache layers {','.join(self.layers)!r}: use l1, l1,l2 or l1,l2,l3")
-        if self.pool_size < 32:
+        if "l2" in self.layers and self.pool_size < 32:  # L2's pool: without l2 no connection is made
             raise InputError(f"redis pool size {self.pool_size} (--redis-pool-size): use at least 32 connections")
         for name in ("ttl_qa_s", "ttl_tool_s", "flush_interval_s"):
             value = getattr(self, name)

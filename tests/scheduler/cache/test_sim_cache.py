@@ -117,6 +117,19 @@ def test_cli_bad_input_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
                                "--redis-pool-size", "8"), 2, "--redis-pool-size")
 
 
+def test_pool_size_bound_applies_only_with_l2(capsys: pytest.CaptureFixture[str]) -> None:
+    # old: --response-cache l1 --redis-pool-size 8 exited 2 ('use at least 32 connections') though no Redis pool is made
+    from trtforge.build_engine.core.errors import InputError
+    from trtforge.scheduler.cache.entry import CacheConfig
+
+    assert CacheConfig(layers=("l1",), pool_size=8).pool_size == 8
+    with pytest.raises(InputError, match="--redis-pool-size"):
+        CacheConfig(layers=("l1", "l2"), pool_size=8)
+    res = _cli(capsys, "--response-cache", "l1", "--redis-pool-size", "8")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["response_cache"]["tiers"] == "l1"
+
+
 def test_cli_with_redis_writes_the_cache_summary(redis_server, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.json"
