@@ -185,3 +185,18 @@ def test_inline_tensors_stay_inline(cli: Any, tmp_path: Path) -> None:
     assert res.code == 0, res.err
     # the three Constants' values (onnx put the body initializers out)
     assert (out / "b.onnx").stat().st_size > 3 * _N * 4
+
+
+def test_a_model_with_a_sparse_initializer_loads(cli: Any, tmp_path: Path) -> None:
+    # the loader read SparseTensorProto.name (there is none: it is values.name): exit 3, 'AttributeError: name'
+    values = nh.from_array(np.array([1.5, -2.0], np.float32), "s")
+    sp = h.make_sparse_tensor(values, nh.from_array(np.array([0, 3], np.int64), "s_idx"), [4])
+    g = h.make_graph([h.make_node("Identity", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [4])])
+    g.sparse_initializer.append(sp)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m)
+    onnx.save_model(m, tmp_path / "a.onnx")
+    res = cli("fold", tmp_path / "a.onnx", "-o", tmp_path / "b.onnx")
+    assert res.code == 0, res.err
+    onnx.checker.check_model(str(tmp_path / "b.onnx"))
