@@ -81,6 +81,7 @@ def _run(args: Any) -> int:
     # Big external weights stay on disk (fold reads no weight's values; the save copies their bytes file to file).
     loaded = onnx_io.load(args.input, lazy=True)
     model, external, source_dir = loaded.model, loaded.external_data, loaded.path.parent
+    kept = loaded.external_tensors  # tensors besides the initializers that were external stay external
     weight_bytes = sum(f.stat().st_size for f in loaded.data_files)
     del loaded
     # Weights near protobuf's 2 GiB limit cannot be handed to a runtime in memory (onnx.reference's evaluator and an
@@ -104,7 +105,7 @@ def _run(args: Any) -> int:
         # The folded model is checked from a staged file and only then moved in place. Its weights are dropped
         # before onnxruntime loads both files, so they are not held twice.
         with onnx_save.staged_model(args.output) as staged:
-            onnx_save.save_model(folded, staged, external_data=True, source_dir=source_dir)
+            onnx_save.save_model(folded, staged, external_data=True, source_dir=source_dir, external_tensors=kept)
             folded_view = onnx_skeleton.weightless(folded)
             del folded
             chk = check_equivalent(reference, folded_view, seed=args.seed, runtime="onnxruntime",
@@ -121,7 +122,8 @@ def _run(args: Any) -> int:
             passed = chk.passed
         if passed:
             with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
-                onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir)
+                onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir,
+                                     external_tensors=kept)
     if args.report and not passed:  # the report says why no model was written
         fsutil.write_json(args.report, report)
     _summary(report, args.output, passed)

@@ -35,10 +35,11 @@ def _run(args: Any) -> int:
     _refuse_plugin_conflicts(loaded.model, args.input, args.to)
     source_dir = loaded.path.parent
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold, data_dir=source_dir)
-    external = loaded.external_data
+    external, kept = loaded.external_data, loaded.external_tensors
     del loaded
     with fsutil.staged_json(args.report, result.report.to_json() if args.report else None):  # both or neither
-        onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir)
+        onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir,
+                             external_tensors=kept)
     from ..core import steps
 
     r = result.report

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+from onnx import GraphProto, ModelProto, TensorProto
 
 from .errors import InputError, ModelError
 from .graph import PROTO_LIMIT, nested_indices, stable_topo_order, subgraphs
 from .onnx_skeleton import check_model
+from .onnx_tensors import besides_initializers, fingerprint, model_tensors
 
 # Above this size a model must be saved with external data (protobuf's hard limit is 2 GiB).
 _EXTERNAL_THRESHOLD = PROTO_LIMIT
@@ -37,6 +38,9 @@ class LoadedModel:
     path: Path
     external_data: bool
     data_files: tuple[Path, ...] = ()  # the external data files read (for the output-overwrites-input check)
+    # ``onnx_tensors.fingerprint`` of each tensor besides the main graph's initializers that was read from external
+    # data: ``onnx_save.save_model(..., external_tensors=...)`` writes those to the output's data file again
+    external_tensors: frozenset[tuple[int, bytes]] = frozenset()
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -57,49 +61,10 @@ def check_opset(model: ModelProto, path: Path) -> None:
                              f"re-export with opset <= {known} or upgrade onnx")
 
 
-def _all_tensors(graph: GraphProto) -> Iterator[TensorProto]:
-    """Every TensorProto in a graph: initializers, tensor attributes, and those of subgraphs (recursively)."""
-    yield from graph.initializer
-    yield from _node_tensors(graph.node)
-
-
-def _node_tensors(nodes: Iterable[NodeProto]) -> Iterator[TensorProto]:
-    """The tensors of the nodes' attributes, and every tensor of their subgraphs (recursively)."""
-    for node in nodes:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
-            for g in attr.graphs:
-                yield from _all_tensors(g)
-
-
-def _tensors_besides_initializers(model: ModelProto) -> Iterator[TensorProto]:
-    """``_model_tensors`` without the main graph's initializers: node attributes, subgraphs (initializers included),
-    functions."""
-    yield from _node_tensors(model.graph.node)
-    for fn in model.functions:
-        for node in fn.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-
-
-def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
-    yield from _all_tensors(model.graph)
-    for fn in model.functions:
-        for node in fn.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-
-
 def external_locations(model: ModelProto) -> list[str]:
     """The distinct external data ``location`` values of a model (relative to its folder), in first-use order."""
     locs: dict[str, None] = {}
-    for tensor in _model_tensors(model):
+    for tensor in model_tensors(model):
         if tensor.data_location == TensorProto.EXTERNAL:
             for e in tensor.external_data:
                 if e.key == "location" and e.value:
@@ -123,7 +88,7 @@ def _int_field(info: dict[str, str], key: str, where: str) -> int | None:
 def _check_external(model: ModelProto, path: Path) -> tuple[Path, ...]:
     base = path.parent.resolve()
     found: dict[Path, None] = {}
-    for tensor in _model_tensors(model):
+    for tensor in model_tensors(model):
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in tensor.external_data}
@@ -160,7 +125,7 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
     flow, custom domains: ``graph.may_have_subgraphs``; a graph attribute on any other op is refused by onnx's
     checker); an order that is already topological is recognised while the dependencies are read."""
     available: set[str] = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    available |= {t.name for t in graph.sparse_initializer}
+    available |= {t.values.name for t in graph.sparse_initializer}
     available.add("")  # optional inputs
     nodes = graph.node
     rows = [(n.input[:], n.output[:]) for n in nodes]
@@ -201,6 +166,21 @@ def check_graph_structure(graph: GraphProto, where: str, outer: Iterable[str] = 
         sorted_nodes = [nodes[i] for i in order]
         del graph.node[:]
         graph.node.extend(sorted_nodes)
+
+
+def _read_external(model: ModelProto, base: Path, lazy: bool) -> frozenset[tuple[int, bytes]]:
+    """Read the model's external tensors into memory (with ``lazy``, main-graph initializers of at least
+    ``lazy_weights.LAZY_MIN_BYTES`` stay on disk: the save copies those); returns the fingerprints of the other tensors
+    read (subgraph and function tensors, Constant values, sparse initializers), which no save could copy."""
+    from .lazy_weights import LAZY_MIN_BYTES, load_small_external
+
+    load_small_external(model.graph.initializer, base, min_bytes=LAZY_MIN_BYTES if lazy else 1 << 62)
+    read = set()
+    for t in besides_initializers(model):
+        if t.data_location == TensorProto.EXTERNAL:
+            onnx.external_data_helper.load_external_data_for_tensor(t, str(base))
+            read.add(fingerprint(t))
+    return frozenset(read)
 
 
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
@@ -253,16 +233,10 @@ def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | Non
     check_opset(model, p)
     data_files = _check_external(model, p)
     external = bool(data_files)
+    kept: frozenset[tuple[int, bytes]] = frozenset()
     if external:
         try:
-            if lazy:
-                from .lazy_weights import load_small_external
-
-                load_small_external(model.graph.initializer, p.parent)
-                # Only main-graph initializers may stay on disk (the save copies those); every other tensor is read.
-                load_small_external(_tensors_besides_initializers(model), p.parent, min_bytes=1 << 62)
-            else:
-                onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+            kept = _read_external(model, p.parent, lazy)
         except Exception as exc:
             raise ModelError(f"{p}: cannot read external data ({exc}); check the data file beside the model") from exc
     if check:
@@ -275,7 +249,7 @@ def _load(path: str | os.PathLike[str], *, check: bool = True, data: bytes | Non
         except onnx.checker.ValidationError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
             raise ModelError(f"{p}: onnx.checker rejects the model ({first}); fix the export") from exc
-    return LoadedModel(model=model, path=p, external_data=external, data_files=data_files)
+    return LoadedModel(model=model, path=p, external_data=external, data_files=data_files, external_tensors=kept)
 
 
 def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ModelProto:

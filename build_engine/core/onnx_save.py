@@ -27,13 +27,16 @@ _ALIGN = 4096  # data offsets aligned like onnx.save_model's, so onnxruntime can
 
 
 def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_threshold: int = 1024,
-                   source_dir: Path | None = None) -> None:
+                   source_dir: Path | None = None,
+                   external_tensors: frozenset[tuple[int, bytes]] = frozenset()) -> None:
     """Write ``model`` to ``tmp_model`` with each main-graph initializer of at least ``size_threshold`` bytes of
     ``raw_data`` in ``tmp_model``'s folder / ``data_name``, without copying the model: the weights are written one at
     a time (a transient copy of one tensor, which reading a protobuf bytes field makes) and the model file is the
     graph with data-free stand-ins pointing into the data file. ``model`` is not changed. Smaller and typed-field
-    tensors, and subgraph/attribute tensors, stay in the model file. Tensors still on disk (a lazy load of a model
-    in ``source_dir``) are copied byte for byte from their file."""
+    tensors stay in the model file, and so do the other tensors (subgraph initializers, Constant values, function and
+    sparse tensors) unless they have at least ``size_threshold`` bytes and their ``onnx_tensors.fingerprint`` is in
+    ``external_tensors`` (they came from external data: ``LoadedModel.external_tensors``). Tensors still on disk (a
+    lazy load of a model in ``source_dir``) are copied byte for byte from their file."""
     out = without_initializers(model)
     pos = 0
     with open(tmp_model.parent / data_name, "wb") as fh:
@@ -70,26 +73,53 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
             stub.data_location = TensorProto.EXTERNAL
             out.graph.initializer.append(stub)
             pos += length
+        if external_tensors:
+            pos = _externalize_others(out, fh, pos, data_name, size_threshold, external_tensors)
     if pos == 0:
         (tmp_model.parent / data_name).unlink()  # nothing went out: no empty data file beside the model
     with open(tmp_model, "wb") as fh:
         fh.write(out.SerializeToString())
 
 
+def _externalize_others(out: ModelProto, fh: Any, pos: int, data_name: str, size_threshold: int,
+                        keep: frozenset[tuple[int, bytes]]) -> int:
+    """Move the tensors of ``out`` besides its main-graph initializers whose bytes came from external data (``keep``)
+    to ``fh`` at ``pos`` (aligned); returns the new end."""
+    from .onnx_tensors import besides_initializers, fingerprint
+
+    for t in besides_initializers(out):
+        if (t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data")
+                or _raw_data_len(t) < size_threshold or fingerprint(t) not in keep):
+            continue
+        gap = (-pos) % _ALIGN
+        fh.write(b"\0" * gap)
+        pos += gap
+        length = fh.write(t.raw_data)
+        t.ClearField("raw_data")
+        for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
+            e = t.external_data.add()
+            e.key, e.value = key, value
+        t.data_location = TensorProto.EXTERNAL
+        pos += length
+    return pos
+
+
 def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,
-               source_dir: Path | None = None) -> None:
+               source_dir: Path | None = None, external_tensors: frozenset[tuple[int, bytes]] = frozenset()) -> None:
     """``_save_model``, shown as the step "save"."""
     from . import steps
 
     with steps.step(f"save {Path(path).name}"):
-        _save_model(model, path, external_data=external_data, source_dir=source_dir)
+        _save_model(model, path, external_data=external_data, source_dir=source_dir,
+                    external_tensors=external_tensors)
 
 
 def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,
-                source_dir: Path | None = None) -> None:
+                source_dir: Path | None = None, external_tensors: frozenset[tuple[int, bytes]] = frozenset()) -> None:
     """Atomically save ``model`` to ``path``; external data goes to a data file beside it (``model_commit``).
     ``source_dir``: the folder of the model that a lazy ``load`` read, whose weights still on disk are copied into
-    the output's data."""
+    the output's data. ``external_tensors``: the input's ``LoadedModel.external_tensors``, so that its subgraph,
+    attribute, function and sparse tensors that were external stay external (``_save_external``)."""
     from . import model_commit, staging
 
     if source_dir is not None:
@@ -111,16 +141,17 @@ def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_dat
         data_name = ((staged_claims or claims).enter_context(model_commit.claim_data_name(final.parent, final.name))
                      if external_data else None)
         if staged_claims is not None:
-            _write_model(model, dest, data_name, source_dir)
+            _write_model(model, dest, data_name, source_dir, external_tensors)
             return
         with staging.staging_dir(parent, dest.name) as entry:
-            _write_model(model, entry / dest.name, data_name, source_dir)
+            _write_model(model, entry / dest.name, data_name, source_dir, external_tensors)
             model_commit.commit_model(entry / dest.name, dest, data_name)
 
 
-def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None, source_dir: Path | None = None) -> None:
+def _write_model(model: ModelProto, tmp_model: Path, data_name: str | None, source_dir: Path | None = None,
+                 external_tensors: frozenset[tuple[int, bytes]] = frozenset()) -> None:
     if data_name is not None:
-        _save_external(model, tmp_model, data_name, source_dir=source_dir)
+        _save_external(model, tmp_model, data_name, source_dir=source_dir, external_tensors=external_tensors)
     else:
         onnx.save_model(model, str(tmp_model))
 
@@ -180,6 +211,7 @@ def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLi
     if not parent.is_dir():
         raise InputError(f"{dest}: folder {parent} does not exist; create it first or choose another output path")
     from .model_commit import claim_data_name
+    from .onnx_tensors import besides_initializers, model_tensors
 
     with claim_data_name(parent, dest.name) as data_name, steps.step(f"save {dest.name} (copying the weights)"), \
             staged_model(dest) as staged:
@@ -187,7 +219,7 @@ def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLi
         base: dict[str, int] = {}
         pos = 0
         with open(staged.with_name(data_name), "wb") as fh:
-            for loc in dict.fromkeys(e.value for t in model.graph.initializer for e in t.external_data
+            for loc in dict.fromkeys(e.value for t in model_tensors(model) for e in t.external_data
                                      if e.key == "location" and t.data_location == TensorProto.EXTERNAL):
                 gap = (-pos) % _ALIGN
                 fh.write(b"\0" * gap)
@@ -202,19 +234,27 @@ def save_with_source_data(model: ModelProto, source: Path, path: str | os.PathLi
                 continue
             moved = out.graph.initializer.add()
             moved.CopyFrom(t)  # no data: an external tensor holds only its entries
-            info = {e.key: e.value for e in t.external_data}
-            info["location"] = data_name
-            info["offset"] = str(base[_location(t)] + int(info.get("offset") or 0))
-            del moved.external_data[:]
-            for key, value in info.items():
-                e = moved.external_data.add()
-                e.key, e.value = key, value
+            _relocate(moved, data_name, base)
+        for t in besides_initializers(out):  # subgraph, attribute, function and sparse tensors (a copy: ``out``)
+            if t.data_location == TensorProto.EXTERNAL:
+                _relocate(t, data_name, base)
         _append_raw(out, staged, data_name)
         promote_model(staged, dest)
 
 
 def _location(t: TensorProto) -> str:
     return next(e.value for e in t.external_data if e.key == "location")
+
+
+def _relocate(t: TensorProto, data_name: str, base: dict[str, int]) -> None:
+    """Point external tensor ``t`` into ``data_name``, where its file's bytes start at ``base[its location]``."""
+    info = {e.key: e.value for e in t.external_data}
+    info["offset"] = str(base[_location(t)] + int(info.get("offset") or 0))
+    info["location"] = data_name
+    del t.external_data[:]
+    for key, value in info.items():
+        e = t.external_data.add()
+        e.key, e.value = key, value
 
 
 def _append_raw(out: ModelProto, staged: Path, data_name: str, size_threshold: int = 1024) -> None:

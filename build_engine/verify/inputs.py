@@ -104,6 +104,18 @@ def _static_shape(model: Any, name: str) -> tuple[int, ...] | None:
     return None
 
 
+# The input index of each sequence op's position, valid in [-n, n - 1] for a sequence of n (SequenceInsert: [-n, n])
+_SEQUENCE_POSITION = {"SequenceAt": 1, "SequenceErase": 1, "SequenceInsert": 2}
+
+
+def _sequence_length(model: Any, name: str) -> int | None:
+    """The length of the sequence ``name`` when the main graph builds it with SequenceConstruct, else None."""
+    for node in model.graph.node:
+        if node.op_type == "SequenceConstruct" and name in node.output:
+            return len(node.input)
+    return None
+
+
 def _int_range(model: Any, name: str) -> tuple[int, int] | None:
     """Inclusive valid range for an integer input, from the ops that consume it (see module docstring)."""
     frontier, seen, best = [name], set(), None
@@ -123,6 +135,11 @@ def _int_range(model: Any, name: str) -> tuple[int, int] | None:
                 if shape and shape[axis] > 0:
                     hi = shape[axis] - 1
                     best = (0, hi) if best is None else (0, min(best[1], hi))
+            elif node.op_type in _SEQUENCE_POSITION and node.input[_SEQUENCE_POSITION[node.op_type]:][:1] == [value]:
+                n = _sequence_length(model, node.input[0])
+                if n:  # SequenceInsert may also append (position n)
+                    hi = n if node.op_type == "SequenceInsert" else n - 1
+                    best = (-n, hi) if best is None else (max(best[0], -n), min(best[1], hi))
             elif (is_plugin_node(node) and len(node.input) > lora_spec.SLOT_IDS
                   and node.input[lora_spec.SLOT_IDS] == value):
                 shape = _static_shape(model, node.input[lora_spec.LORA_A])  # lora_a [N, H, R]

@@ -1,0 +1,58 @@
+"""Every ``TensorProto`` of a model, wherever ONNX lets one live: (sparse) initializers, tensor attributes (``t``,
+``tensors``, ``sparse_tensor(s)``: Constant values), If/Loop/Scan bodies at any depth, and model-local functions.
+``fingerprint`` names a tensor's bytes, so a save can tell which tensors came from external data."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+
+from onnx import GraphProto, ModelProto, NodeProto, SparseTensorProto, TensorProto
+
+
+def _sparse(items: Iterable[SparseTensorProto]) -> Iterator[TensorProto]:
+    for s in items:
+        yield s.values
+        yield s.indices
+
+
+def graph_tensors(graph: GraphProto) -> Iterator[TensorProto]:
+    """A graph's tensors: its (sparse) initializers and those of its nodes (``node_tensors``)."""
+    yield from graph.initializer
+    yield from _sparse(graph.sparse_initializer)
+    yield from node_tensors(graph.node)
+
+
+def node_tensors(nodes: Iterable[NodeProto]) -> Iterator[TensorProto]:
+    """The tensors of the nodes' attributes, and every tensor of their subgraphs (recursively)."""
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield from _sparse([attr.sparse_tensor])
+            yield from _sparse(attr.sparse_tensors)
+            if attr.HasField("g"):
+                yield from graph_tensors(attr.g)
+            for g in attr.graphs:
+                yield from graph_tensors(g)
+
+
+def besides_initializers(model: ModelProto) -> Iterator[TensorProto]:
+    """``model_tensors`` without the main graph's (dense) initializers."""
+    yield from _sparse(model.graph.sparse_initializer)
+    yield from node_tensors(model.graph.node)
+    for fn in model.functions:
+        yield from node_tensors(fn.node)
+
+
+def model_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    yield from model.graph.initializer
+    yield from besides_initializers(model)
+
+
+def fingerprint(tensor: TensorProto) -> tuple[int, bytes]:
+    """(length, digest) of a tensor's ``raw_data``."""
+    data = tensor.raw_data
+    return len(data), hashlib.blake2b(data, digest_size=16).digest()
