@@ -3,7 +3,9 @@ seeded random inputs, then ``Comparator.compare_accuracy`` with ``CompareFunc.si
 
 Tolerances (Polygraphy's element-wise rule: an element mismatches only if ``|a-b| > atol`` AND ``|a-b|/|b| > rtol``;
 NaN always mismatches, even against NaN, under the quantized presets below too, so an output holding NaN fails them
-however well its whole-output numbers agree; the bitwise mode below is judged on bytes alone):
+however well its whole-output numbers agree; integer and bool outputs (token ids) are judged by the same rule, so
+ids 5000 vs 5001 pass fp16 (``|a-b|/|b|`` is 2e-4); the bitwise mode below, judged on bytes alone, compares them
+exactly):
 
 =========  ======  ======  ======================================================================
 precision  atol    rtol    why

@@ -104,3 +104,17 @@ def test_nans_both_outputs_share_are_no_relative_error(tmp_path: Path) -> None:
         assert "hold NaN (the int8 preset's numbers pass)" in str(e) and "1e+30" not in str(e)
     else:
         raise AssertionError("an output holding NaN passed the int8 preset")
+
+
+def test_integer_outputs_follow_the_documented_tolerances(tmp_path: Path) -> None:
+    # the help text and README say integer outputs (token ids) are judged by the same atol/rtol (ids 5000 vs 5001
+    # pass fp16, as Polygraphy's rule has it) and that --atol 0 --rtol 0 compares them exactly
+    paths = []
+    for v in (5000, 5001):
+        ids = helper.make_node("Constant", [], ["y"], value=numpy_helper.from_array(np.array([v], np.int64)))
+        graph = helper.make_graph([ids], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT64, [1])])
+        paths.append(tmp_path / f"ids{v}.onnx")
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), paths[-1])
+    assert run_diff(*paths, precision="fp16").passed
+    assert not run_diff(*paths, atol=0.0, rtol=0.0).passed
