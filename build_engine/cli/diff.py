@@ -23,7 +23,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8", "int4-wo", "fp8"], default="fp32",
                    help="tolerance preset: fp32 1e-5/1e-5, fp16 atol 1e-2 rtol 1e-3, bf16 atol 5e-2 rtol 1e-2; "
                         "quantized A against its fp32 source B, over whole outputs: int8 rel. error <= 0.10 and "
-                        "top-1 agreement >= 0.85, fp8 0.15 / 0.80, int4-wo 0.35 / 0.50")
+                        "top-1 agreement >= 0.85, fp8 0.15 / 0.80, int4-wo 0.35 / 0.50. Integer outputs (token "
+                        "ids) are judged by the same atol/rtol (Polygraphy's rule: ids 5000 vs 5001 pass fp16); "
+                        "--atol 0 --rtol 0 compares them exactly")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (overrides the preset)")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (overrides the preset); "
                                                             "--atol 0 --rtol 0 means bitwise equal")

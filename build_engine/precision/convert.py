@@ -37,7 +37,7 @@ from ..core.errors import InputError, ModelError
 from ..core.graph import Namer
 from ..core.shape_inference import infer_shapes
 from ..passes.protos import constant_node_tensor
-from .fp16_range import beyond_fp16, vanish_in_fp16
+from .fp16_range import beyond_fp16, negative_exponents, vanish_in_fp16
 from .opset import bf16_opset
 from .policy import FLOAT, KEEP_OPS, LOW_TYPES, Mode, NodeDecision, decide
 from .report import PrecisionReport
@@ -237,7 +237,8 @@ def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str]
     consts = _constant_tensors(model)
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to) - range_exempt
     tiny = vanish_in_fp16(consts, to) - range_exempt
-    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide, tiny=tiny)
+    return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide, tiny=tiny,
+                  negative=negative_exponents(consts, to))
 
 
 @steps.timed("convert")
@@ -258,7 +259,8 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     types = _value_types(model)
     consts = _constant_tensors(model)
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to, data_dir)
-    decisions = decide(model, types, set(consts), to, keep_ops, wide=wide, tiny=vanish_in_fp16(consts, to))
+    decisions = decide(model, types, set(consts), to, keep_ops, wide=wide, tiny=vanish_in_fp16(consts, to),
+                       negative=negative_exponents(consts, to))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):

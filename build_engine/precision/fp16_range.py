@@ -1,6 +1,7 @@
 """Which float32 constants an fp16 conversion may not clip: those holding a finite value beyond +-65504 (precision
 policy rule 8: their consumers stay fp32, as clipping ``x * 1e5`` to 65504 would change the result), and small ones
-it would round to zero (rule 10: an epsilon of 1e-12 added in fp16 adds nothing).
+it would round to zero (rule 10: an epsilon of 1e-12 added in fp16 adds nothing), and negative exponents (rule 3:
+``x * Pow(mean(x^2) + eps, -0.5)`` is ``x / rms``, whose 1 / rms is beyond fp16 for a near-zero row).
 
 A weight still on disk (lazy loading of external data) is read from its file in chunks when the caller gives its
 folder (``data_dir``); without it such a weight cannot be read and is not judged (``onnx_io.load`` without ``lazy``
@@ -57,6 +58,22 @@ def vanish_in_fp16(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
         with np.errstate(over="ignore"):  # a value beyond fp16 (a mask's finfo.min) casts to inf: not zero, no warning
             low = nonzero.astype(np.float16)
         if nonzero.size and not np.any(low != 0):
+            out.add(name)
+    return frozenset(out)
+
+
+def negative_exponents(consts: dict[str, TensorProto], to: str) -> frozenset[str]:
+    """Small numeric constants (in memory, at most ``_TINY_MAX_ELEMENTS``: a scalar or 1-element exponent) holding a
+    negative value, for fp16 only: ``Pow(d, e)`` of one is a reciprocal (``Pow(var + eps, -0.5)`` is ``rsqrt``), so
+    policy rule 3 keeps a ``Mul`` by it in fp32 as it does a ``Mul`` by ``Reciprocal(d)``."""
+    if to != "fp16":
+        return frozenset()
+    out: set[str] = set()
+    for name, t in consts.items():
+        if t.data_location == TensorProto.EXTERNAL or not 0 < _elements(t) <= _TINY_MAX_ELEMENTS:
+            continue
+        flat = numpy_helper.to_array(t).reshape(-1)
+        if flat.dtype.kind in "fiu" and bool(np.any(flat < 0)):
             out.add(name)
     return frozenset(out)
 

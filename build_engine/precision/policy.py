@@ -15,9 +15,11 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 3. fp32 propagates forward: a node whose non-constant float inputs (at least one) all come from fp32 nodes stays
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
-   stays fp32, and for fp16 so does a ``Mul`` by a ``Reciprocal``'s output or by ``constant / that denominator``
-   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))``: 1 / rms is beyond fp16's range for
-   a near-zero row when eps is small).
+   stays fp32, and for fp16 so does a ``Mul`` by a ``Reciprocal``'s output, by ``constant / that denominator`` or
+   by a ``Pow`` of it to a constant negative exponent (``negative``: an initializer or Constant holding a value
+   below 0) (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))`` and other exporters as
+   ``Pow(mean(x^2) + eps, -0.5)``: 1 / rms is beyond fp16's range for a near-zero row when eps is small). A ``Pow``
+   to a positive or computed exponent is no reciprocal.
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -143,7 +145,7 @@ def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[
 
 def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
            keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset(),
-           tiny: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
+           tiny: frozenset[str] = frozenset(), negative: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
     """Decide a Mode for each top-level node (by index, nodes in topological order)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
@@ -198,7 +200,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         decision, origin = _schema_decision(node, schema, types, constants, fp32_origin, to, keep_ops, from_index)
         out[idx] = decision
         if origin is not None:
-            _mark(node, types, fp32_origin, origin)
+            _mark(node, types, fp32_origin, "reciprocal" if _negative_power(node, origin, negative) else origin)
     return out
 
 
@@ -259,6 +261,12 @@ def _non_tensor_io(schema: onnx.defs.OpSchema) -> bool:
         if strs and not any(t.startswith("tensor(") for t in strs):
             return True
     return False
+
+
+def _negative_power(node: NodeProto, origin: str, negative: frozenset[str]) -> bool:
+    """Whether an fp32 ``Pow(d, e)`` (not on an index chain) has a constant negative exponent: a reciprocal of d for
+    rule 3's Mul (``Pow(var + eps, -0.5)`` is ``rsqrt(var + eps)``)."""
+    return node.op_type == "Pow" and origin == "norm" and len(node.input) > 1 and node.input[1] in negative
 
 
 def _is_square(node: NodeProto, keep_ops: frozenset[str]) -> bool:

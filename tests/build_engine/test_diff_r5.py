@@ -68,3 +68,53 @@ def test_a_sequence_output_is_one_clear_error(tmp_path: Path, cli) -> None:
     res = cli("diff", path, path, "--save", tmp_path / "r.json")
     assert_one_line_error(res, 2, "output 'seq' is a sequence", "tensor outputs only")
     assert not list(tmp_path.glob("r*.json"))
+
+
+def _sqrt(absolute: bool) -> onnx.ModelProto:
+    """y = Sqrt(x) (NaN for the negative inputs the default range [-1, 1] draws), or Sqrt(Abs(x))."""
+    nodes = [helper.make_node("Abs", ["x"], ["ax"]), helper.make_node("Sqrt", ["ax"], ["y"])] if absolute else [
+        helper.make_node("Sqrt", ["x"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nans_both_outputs_share_are_no_relative_error(tmp_path: Path) -> None:
+    # old: a model with NaN outputs diffed against itself had whole-output relative error inf in the table (null in
+    # the summary JSON), though the outputs are identical; shared NaNs now count in neither norm (error 0), while
+    # the element-wise rule still counts each NaN as a mismatch; a NaN against a number is still error inf
+    m, m_abs = tmp_path / "m.onnx", tmp_path / "m_abs.onnx"
+    onnx.save(_sqrt(False), m)
+    onnx.save(_sqrt(True), m_abs)
+    res = run_diff(m, m)
+    (y,) = res.outputs
+    assert y.nans > 0 and y.mismatches == y.nans and not res.passed
+    assert y.rel_error == 0.0 and y.max_abs == 0.0
+    other = run_diff(m, m_abs).outputs[0]
+    assert other.rel_error == float("inf") and not other.passed
+    # under a quantized preset the whole-output numbers pass, and the NaNs alone fail it, as the verdict says
+    from trtforge.build_engine.core.errors import CheckFailed
+    from trtforge.build_engine.verify.diff import check
+
+    quant = run_diff(m, m, precision="int8")
+    assert quant.outputs[0].rel_error == 0.0 and not quant.passed
+    try:
+        check(quant)
+    except CheckFailed as e:
+        assert "hold NaN (the int8 preset's numbers pass)" in str(e) and "1e+30" not in str(e)
+    else:
+        raise AssertionError("an output holding NaN passed the int8 preset")
+
+
+def test_integer_outputs_follow_the_documented_tolerances(tmp_path: Path) -> None:
+    # the help text and README say integer outputs (token ids) are judged by the same atol/rtol (ids 5000 vs 5001
+    # pass fp16, as Polygraphy's rule has it) and that --atol 0 --rtol 0 compares them exactly
+    paths = []
+    for v in (5000, 5001):
+        ids = helper.make_node("Constant", [], ["y"], value=numpy_helper.from_array(np.array([v], np.int64)))
+        graph = helper.make_graph([ids], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT64, [1])])
+        paths.append(tmp_path / f"ids{v}.onnx")
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), paths[-1])
+    assert run_diff(*paths, precision="fp16").passed
+    assert not run_diff(*paths, atol=0.0, rtol=0.0).passed

@@ -142,3 +142,59 @@ def test_sequence_ops_keep_their_types(rng: np.random.Generator) -> None:
         assert [t.dtype for t in got_seq] == [np.float32, np.float32] and got_y.dtype == np.float32
         for got, want in zip([*got_seq, got_y], [*want_seq, want_y], strict=True):
             np.testing.assert_allclose(got, want, atol=5e-2, rtol=2e-2)
+
+
+def _norm_by_pow(exponent: onnx.NodeProto | onnx.TensorProto, centred: bool) -> onnx.ModelProto:
+    """h = x @ I; y = c * Pow(mean(c^2) + 1e-12, e), c = h (an RMSNorm) or h - mean(h) (a LayerNorm decomposition);
+    the exponent e is an initializer or a Constant node."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("ReduceMean", ["h"], ["mu"], axes=[-1]),
+             helper.make_node("Sub", ["h", "mu"], ["c"]) if centred else helper.make_node("Identity", ["h"], ["c"]),
+             helper.make_node("Pow", ["c", "two"], ["sq"]), helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Pow", ["mse", "e"], ["rs"]),
+             helper.make_node("Mul", ["c", "rs"], ["y"])]
+    inits = [numpy_helper.from_array(np.eye(H, dtype=np.float32), "w"), numpy_helper.from_array(np.float32(2), "two"),
+             numpy_helper.from_array(np.float32(1e-12), "eps")]
+    if isinstance(exponent, onnx.NodeProto):
+        nodes.insert(0, exponent)
+    else:
+        inits.append(exponent)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, H])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, H])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_mul_by_a_negative_power_norm_stays_fp32(rng: np.random.Generator) -> None:
+    # old: the same norm written x * Pow(mean(x^2) + 1e-12, -0.5) (the rsqrt form several exporters write; a
+    # LayerNorm decomposition's (x - mean) * Pow(var + eps, -0.5) too) multiplied in fp16: 1 / rms of a row with rms
+    # below 1.5e-5 was cast to inf, so +-inf / NaN where fp32 gives values of size ~1; now the Mul stays fp32
+    exponents = [numpy_helper.from_array(np.float32(-0.5), "e"),
+                 numpy_helper.from_array(np.array([-0.5], np.float32), "e"), numpy_helper.from_array(np.int64(-1), "e"),
+                 helper.make_node("Constant", [], ["e"], value_float=-0.5),
+                 helper.make_node("Constant", [], ["e"], value_floats=[-0.5]),
+                 helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(np.float32(-0.5)))]
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    x[0] *= 1e-5  # rms ~1e-5: 1 / rms ~1e5
+    x[1] = 0.0    # 1 / sqrt(1e-12) = 1e6, times 0
+    for exponent in exponents:
+        for centred in (False, True):
+            model = _norm_by_pow(exponent, centred)
+            want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+            got = ReferenceEvaluator(convert_precision(model, "fp16").model).run(None, {"x": x})[0]
+            assert np.all(np.isfinite(got)), (exponent.name, centred)
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * max(1.0, np.abs(want).max()))
+
+
+def test_a_mul_by_a_positive_power_is_still_converted() -> None:
+    # a Pow to a positive exponent is no reciprocal: x * Pow(mean(x^2) + eps, 0.5) multiplies in fp16 as before,
+    # and bf16 (fp32's range) converts the negative-power Mul as before
+    from trtforge.build_engine.precision.convert import node_decisions
+    from trtforge.build_engine.precision.policy import Mode
+
+    def mul_mode(value: float, to: str) -> Mode:
+        model = _norm_by_pow(numpy_helper.from_array(np.float32(value), "e"), centred=False)
+        at = next(i for i, n in enumerate(model.graph.node) if n.op_type == "Mul")
+        return node_decisions(model, to)[at].mode
+
+    assert mul_mode(-0.5, "fp16") is Mode.KEEP
+    assert mul_mode(0.5, "fp16") is Mode.LOW
+    assert mul_mode(-0.5, "bf16") is Mode.LOW
