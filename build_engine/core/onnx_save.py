@@ -91,17 +91,23 @@ def _externalize_others(out: ModelProto, fh: Any, pos: int, data_name: str, size
         if (t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data")
                 or _raw_data_len(t) < size_threshold or fingerprint(t) not in keep):
             continue
-        gap = (-pos) % _ALIGN
-        fh.write(b"\0" * gap)
-        pos += gap
-        length = fh.write(t.raw_data)
-        t.ClearField("raw_data")
-        for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
-            e = t.external_data.add()
-            e.key, e.value = key, value
-        t.data_location = TensorProto.EXTERNAL
-        pos += length
+        pos = _move_raw(t, fh, pos, data_name)
     return pos
+
+
+def _move_raw(t: TensorProto, fh: Any, pos: int, data_name: str) -> int:
+    """Append ``t``'s ``raw_data`` to ``fh`` at the first aligned offset from ``pos`` and make ``t`` point there
+    (``data_name``); returns the new end of the data file."""
+    gap = (-pos) % _ALIGN
+    fh.write(b"\0" * gap)
+    pos += gap
+    length = fh.write(t.raw_data)
+    t.ClearField("raw_data")
+    for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = key, value
+    t.data_location = TensorProto.EXTERNAL
+    return pos + length
 
 
 def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,
@@ -266,20 +272,8 @@ def _append_raw(out: ModelProto, staged: Path, data_name: str, size_threshold: i
         for t in out.graph.initializer:
             if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
                 continue
-            stub = TensorProto()
-            _copy_fields(t, stub, "raw_data")
-            length = _raw_data_len(t)
-            if length < size_threshold:
+            if _raw_data_len(t) < size_threshold:
                 continue
-            gap = (-pos) % _ALIGN
-            fh.write(b"\0" * gap)
-            pos += gap
-            fh.write(t.raw_data)
-            t.ClearField("raw_data")
-            for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
-                e = t.external_data.add()
-                e.key, e.value = key, value
-            t.data_location = TensorProto.EXTERNAL
-            pos += length
+            pos = _move_raw(t, fh, pos, data_name)
     with open(staged, "wb") as fh:
         fh.write(out.SerializeToString())
