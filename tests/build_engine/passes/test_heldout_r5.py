@@ -14,6 +14,7 @@ from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 
 from trtforge.build_engine.passes import fold
+from trtforge_testing import seeded_rng
 
 
 def _e8m0_same_type_cast() -> onnx.ModelProto:
@@ -57,6 +58,21 @@ def _runs(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[bytes]:
     return [np.asarray(o).tobytes() for o in (*ReferenceEvaluator(m).run(None, feeds), *session.run(None, feeds))]
 
 
+def _assert_exact_on_both_branches(g: onnx.GraphProto, draw: dict[str, tuple[int, type]]) -> None:
+    """``g`` (an If on input ``c``) is valid, and its fold gives the same bytes in both runtimes for either branch,
+    on fresh random values of each input in ``draw`` (name -> (length, dtype))."""
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    folded = fold(m).model
+    rng = seeded_rng(f"heldout-r5-{g.name}-{sorted(draw)}")
+    for c in (True, False):
+        feeds: dict[str, np.ndarray] = {"c": np.array(c)}
+        for name, (n, dtype) in draw.items():
+            feeds[name] = (rng.uniform(-100, 100, n) if dtype is np.float32
+                           else rng.integers(-1000, 1000, n)).astype(dtype)
+        assert _runs(folded, feeds) == _runs(m, feeds)
+
+
 @pytest.mark.parametrize("outer", ["read by both branches", "through an Identity", "read by no other node"])
 def test_a_branch_initializer_named_like_an_outer_value_is_not_its_value(outer: str) -> None:
     # the then-branch's initializer w = [10, 20] has the name of the outer w = int(x); both runtimes read the outer
@@ -72,12 +88,7 @@ def test_a_branch_initializer_named_like_an_outer_value_is_not_its_value(outer: 
     g = h.make_graph([*pre, h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
                      [h.make_tensor_value_info("x", T.FLOAT, [2]), h.make_tensor_value_info("c", T.BOOL, [])],
                      [h.make_tensor_value_info("y", T.FLOAT, [2])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(m, full_check=True)
-    folded = fold(m).model
-    for c in (True, False):
-        feeds = {"x": np.array([1.5, -2.0], np.float32), "c": np.array(c)}
-        assert _runs(folded, feeds) == _runs(m, feeds)
+    _assert_exact_on_both_branches(g, {"x": (2, np.float32)})
 
 
 def test_no_read_is_made_across_a_branch_initializer_named_like_an_outer_value() -> None:
@@ -92,12 +103,7 @@ def test_no_read_is_made_across_a_branch_initializer_named_like_an_outer_value()
                       h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
                      [h.make_tensor_value_info("xi", T.INT32, [4]), h.make_tensor_value_info("c", T.BOOL, [])],
                      [h.make_tensor_value_info("y", T.DOUBLE, [4])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(m, full_check=True)
-    folded = fold(m).model
-    for c in (True, False):
-        feeds = {"xi": np.arange(4, dtype=np.int32), "c": np.array(c)}
-        assert _runs(folded, feeds) == _runs(m, feeds)
+    _assert_exact_on_both_branches(g, {"xi": (4, np.int32)})
 
 
 def test_a_dead_read_of_a_value_a_sibling_branch_shadows_stays() -> None:
@@ -112,9 +118,4 @@ def test_a_dead_read_of_a_value_a_sibling_branch_shadows_stays() -> None:
                       h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
                      [h.make_tensor_value_info("x", T.FLOAT, [2]), h.make_tensor_value_info("c", T.BOOL, [])],
                      [h.make_tensor_value_info("y", T.FLOAT, [2])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(m, full_check=True)
-    folded = fold(m).model
-    for c in (True, False):
-        feeds = {"x": np.array([1.0, 2.0], np.float32), "c": np.array(c)}
-        assert _runs(folded, feeds) == _runs(m, feeds)
+    _assert_exact_on_both_branches(g, {"x": (2, np.float32)})
