@@ -116,3 +116,21 @@ def parse_plugin_layers(rtx: Any, path: Any) -> tuple[Any, Any, list[Any]]:
             layer.__class__ = rtx.IPluginV3Layer
             layers.append(layer)
     return builder, network, layers
+
+
+def relu_model_file(path: Path) -> None:
+    """A tiny valid model (``y = Relu(x)``, x ``[batch, 8]``) saved at ``path``, for tests that only need a file
+    the CLI accepts (build-matrix dry runs, spec checks)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def renamed_profile_file(path: Path, name: str) -> None:
+    """The built-in a100 profile written at ``path`` (folders created) under the profile name ``name``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((REPO / "profiles" / "a100.toml").read_text().replace('name = "a100"', f'name = "{name}"'))

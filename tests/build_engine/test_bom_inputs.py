@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trtforge.build_engine.cli import main
-from trtforge_testing import REPO, seeded_rng
+from trtforge_testing import REPO, relu_model_file, seeded_rng
 
 BOM = b"\xef\xbb\xbf"
 
@@ -20,20 +20,10 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def _tiny_model(path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
 def test_matrix_and_profile_with_a_bom_are_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # old: 'matrix file ...: invalid TOML: Invalid statement (at line 1, column 1)' (exit 2), and the profile's cells
     # refused as 'profile ...: invalid TOML' for the same reason
-    _tiny_model(tmp_path / "m.onnx")
+    relu_model_file(tmp_path / "m.onnx")
     _write(tmp_path / "gpu.toml", (REPO / "profiles" / "a100.toml").read_text().replace('name = "a100"',
                                                                                        'name = "gpu"'))
     _write(tmp_path / "mx.toml", '[matrix]\nprofiles = ["a10", "gpu.toml"]\n[[model]]\npath = "m.onnx"\n')

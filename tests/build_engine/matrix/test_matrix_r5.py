@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trtforge.build_engine.cli import main
-from trtforge_testing import CliResult, assert_one_line_error
+from trtforge_testing import CliResult, assert_one_line_error, relu_model_file, renamed_profile_file
 
 _A = '[[model]]\npath = "m.onnx"\n'  # a valid model table (2 lines)
 
@@ -37,31 +37,14 @@ def test_spec_error_names_the_line_of_the_offending_model(tmp_path: Path, capsys
     assert not (tmp_path / "out").exists()
 
 
-def _tiny_model(path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
-def _profile_file(path: Path, name: str) -> None:
-    from trtforge_testing import REPO
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((REPO / "profiles" / "a100.toml").read_text().replace('name = "a100"', f'name = "{name}"'))
-
-
 def test_profile_path_without_toml_suffix_is_relative_to_the_matrix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     # old: only refs ending in .toml were read relative to the matrix file; "sub/gpu" was read from the working
     # directory (refused as 'profile file sub/gpu not found' from anywhere else, exit 1)
     import json
 
-    _tiny_model(tmp_path / "m.onnx")
-    _profile_file(tmp_path / "sub" / "gpu", "gpu")
+    relu_model_file(tmp_path / "m.onnx")
+    renamed_profile_file(tmp_path / "sub" / "gpu", "gpu")
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["sub/gpu"]\n' + _A)
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
@@ -76,8 +59,8 @@ def test_two_profiles_of_one_name_without_toml_suffix_are_refused(tmp_path: Path
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     # old: the name check (one folder per cell) read only .toml refs: "a10" and a profile file "sub/gpu" named a10
     # both planned OUTROOT/m/a10 (dry run exit 0; a build published one over the other, both reported built)
-    _tiny_model(tmp_path / "m.onnx")
-    _profile_file(tmp_path / "sub" / "gpu", "a10")
+    relu_model_file(tmp_path / "m.onnx")
+    renamed_profile_file(tmp_path / "sub" / "gpu", "a10")
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10", "sub/gpu"]\n' + _A)
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
     assert_one_line_error(CliResult(code, "", capsys.readouterr().err), 2, "'a10'", "'sub/gpu'", "OUTROOT/m/a10")
@@ -110,7 +93,7 @@ def test_missing_external_data_is_exit_2_before_outroot(tmp_path: Path, capsys: 
 def test_triton_repo_that_is_a_file_is_refused_at_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # old: the dry run passed and a real run built every cell, then added none ('not added to the Triton
     # repository: --repo ...: exists and is not a folder' in each reason) and exited 0
-    _tiny_model(tmp_path / "m.onnx")
+    relu_model_file(tmp_path / "m.onnx")
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10"]\n' + _A + '[triton]\nrepo = "notes.txt"\n')
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run"])
@@ -122,7 +105,7 @@ def test_a_run_keeps_hidden_folders_outside_its_model_folders(tmp_path: Path) ->
     # old: every run removed OUTROOT/*/.*.tmp and OUTROOT/*/.*.old, so with -o a folder that held other work (here a
     # run whose one cell is refused) a user's OUTROOT/photos/.album.tmp and OUTROOT/notes/.draft.old were deleted;
     # now only this matrix's model folders are swept (OUTROOT/m/.x.tmp, a killed run's leftover, still goes)
-    _tiny_model(tmp_path / "m.onnx")
+    relu_model_file(tmp_path / "m.onnx")
     out = tmp_path / "out"
     for rel in ("photos/.album.tmp/img.txt", "notes/.draft.old/n.txt", "m/.x.tmp/part"):
         (out / rel).parent.mkdir(parents=True)

@@ -8,24 +8,14 @@ from pathlib import Path
 import pytest
 
 from trtforge.build_engine.cli import main
-from trtforge_testing import REPO
+from trtforge_testing import relu_model_file, renamed_profile_file
 
 _A = '[[model]]\npath = "m.onnx"\n'
 
 
-def _tiny_model(path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
 def test_dry_run_counts_add_up_to_the_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # old: counts held built/cached/failed/refused only, all 0 for two planned cells beside one refused ({..., 1})
-    _tiny_model(tmp_path / "m.onnx")
+    relu_model_file(tmp_path / "m.onnx")
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["a10", "l40s", "no-such-gpu"]\n' + _A)
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run", "--json"])
     report = json.loads(capsys.readouterr().out)
@@ -35,19 +25,14 @@ def test_dry_run_counts_add_up_to_the_cells(tmp_path: Path, capsys: pytest.Captu
     assert not (tmp_path / "out").exists()
 
 
-def _profile_file(path: Path, name: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text((REPO / "profiles" / "a100.toml").read_text().replace('name = "a100"', f'name = "{name}"'))
-
-
 def test_bare_profile_name_is_not_read_from_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     # old: profiles = ["mygpu"], no file mygpu beside the matrix but one in the working directory: that file was read
     # (cell planned as 'cwdgpu', its folder name unchecked, the file not guarded as an input); a matrix's refs are
     # relative to the matrix file, so the name is now an unknown profile and its cell is refused
-    _tiny_model(tmp_path / "m.onnx")
+    relu_model_file(tmp_path / "m.onnx")
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["mygpu"]\n' + _A)
-    _profile_file(tmp_path / "cwd" / "mygpu", "cwdgpu")
+    renamed_profile_file(tmp_path / "cwd" / "mygpu", "cwdgpu")
     monkeypatch.chdir(tmp_path / "cwd")
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run", "--json"])
     (cell,) = json.loads(capsys.readouterr().out)["cells"]
@@ -58,10 +43,10 @@ def test_bare_profile_name_is_not_read_from_the_working_directory(tmp_path: Path
 
 def test_bare_profile_name_beside_the_matrix_wins_over_the_working_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    _tiny_model(tmp_path / "m.onnx")
+    relu_model_file(tmp_path / "m.onnx")
     (tmp_path / "mx.toml").write_text('[matrix]\nprofiles = ["mygpu"]\n' + _A)
-    _profile_file(tmp_path / "mygpu", "matrixgpu")
-    _profile_file(tmp_path / "cwd" / "mygpu", "cwdgpu")
+    renamed_profile_file(tmp_path / "mygpu", "matrixgpu")
+    renamed_profile_file(tmp_path / "cwd" / "mygpu", "cwdgpu")
     monkeypatch.chdir(tmp_path / "cwd")
     code = main(["build-matrix", str(tmp_path / "mx.toml"), "-o", str(tmp_path / "out"), "--dry-run", "--json"])
     (cell,) = json.loads(capsys.readouterr().out)["cells"]
@@ -72,7 +57,7 @@ def test_bare_profile_name_beside_the_matrix_wins_over_the_working_directory(
 def test_cli_bare_profile_name_is_a_working_directory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     # the CLI's relative paths are the working directory's: --profile mygpu reads ./mygpu when it is no built-in
-    _profile_file(tmp_path / "mygpu", "cwdgpu")
+    renamed_profile_file(tmp_path / "mygpu", "cwdgpu")
     monkeypatch.chdir(tmp_path)
     code = main(["profiles", "mygpu", "--json"])
     out = capsys.readouterr().out
