@@ -16,7 +16,8 @@ from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
-    p = make_parser("trtforge fold", "Exact folding, never changing an output bit. It removes: "
+    p = make_parser("trtforge fold", "Exact folding, never changing an output bit. It turns a CastLike whose "
+                                     "target's type is known into the Cast it denotes, then removes: "
                                      "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
                                      "Cast chains (also across data-movement ops: Reshape, Transpose, Gather, "
                                      "...), merges duplicate Casts of one value, lets Shape/Size read a Cast's "

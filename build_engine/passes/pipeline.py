@@ -40,6 +40,7 @@ _COLLECT_BEFORE_VALIDATION = 10_000
 def default_passes() -> tuple[GraphPass, ...]:
     """Every exact rule, cheapest first; dead-node elimination last (it cleans what the others orphan)."""
     from .cast_chain import CollapseCastChain
+    from .cast_like import CastLikeToCast
     from .cast_round_trip import CollapseCastRoundTrip
     from .const_cast import FoldConstantCast
     from .const_expr import FoldConstantExpression
@@ -51,7 +52,7 @@ def default_passes() -> tuple[GraphPass, ...]:
     from .shape_of_cast import ShapeOfCast
     from .sink_cast import SinkCastThroughDataMovement
 
-    return (RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain(),
+    return (CastLikeToCast(), RemoveIdentity(), RemoveSameTypeCast(), CollapseCastRoundTrip(), CollapseCastChain(),
             FoldConstantExpression(), FoldConstantCast(), ShapeOfCast(), GatherIndexCast(), MergeDuplicateCasts(),
             SinkCastThroughDataMovement(), RemoveDeadNodes())
 

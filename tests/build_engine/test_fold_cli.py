@@ -247,7 +247,7 @@ def test_fold_help_names_what_every_rule_removes(cli) -> None:
             "cast_chain": "Cast chains", "constant_expression": "constant expression", "constant_cast": "Cast of a "
             "constant", "shape_of_cast": "Shape/Size", "gather_index_cast": "Gather/GatherElements read the int32",
             "duplicate_cast": "duplicate Casts", "sink_cast": "data-movement ops",
-            "dead_nodes": "outputs nothing reads"}
+            "dead_nodes": "outputs nothing reads", "cast_like_to_cast": "CastLike whose target's type is known"}
     assert sorted(p.name for p in default_passes()) == sorted(said)
     res = cli("fold", "--help")
     text = " ".join(res.out.split())

@@ -1,0 +1,82 @@
+"""``CastLike(x, t)`` -> ``Cast(x, to=T)`` when ``t``'s element type ``T`` is known, so every Cast rule applies.
+
+Exporters that do not run their own optimizer (torch's dynamo exporter) leave CastLike nodes whose target is a
+constant or a value of a known type: ``CastLike(arange_start, end)``, ``CastLike(fill_value, x)``. By the operator's
+definition, CastLike casts its first input to the element type of its second, with the same ``saturate`` (and
+``round_mode``) semantics as Cast at the same opset; its second input's values are never read. So the Cast to ``T``
+is the same function bit for bit, and then the same-type, round-trip, chain and constant rules fold it like any
+Cast (a same-type CastLike becomes a same-type Cast, which ``same_type_cast`` removes under its own conditions).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import onnx
+from onnx import helper
+
+from .base import GraphPass
+from .ir import GraphCtx
+from .schema import accepts, type_str
+
+
+@lru_cache(maxsize=64)
+def _cast_attributes(opset: int) -> frozenset[str] | None:
+    """The attributes Cast has at ``opset`` (None: no Cast schema there)."""
+    try:
+        return frozenset(onnx.defs.get_schema("Cast", opset, "").attributes)
+    except Exception:
+        return None
+
+
+@lru_cache(maxsize=256)
+def _cast_outputs(opset: int, t: int) -> bool:
+    """Cast's schema at ``opset`` allows output element type ``t``."""
+    try:
+        s = onnx.defs.get_schema("Cast", opset, "")
+    except Exception:
+        return False
+    out = s.outputs[0].type_str
+    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in s.type_constraints}
+    return type_str(t) in allowed.get(out, frozenset())
+
+
+class CastLikeToCast(GraphPass):
+    """Rewrite a default-domain ``CastLike`` into the ``Cast`` it denotes (same name, output and attributes).
+
+    Must not fire when:
+    - the target (second input) has no name or its element type is unknown here (a function's polymorphic input,
+      a value no type fact reaches), or the first input has no name;
+    - the node has an attribute Cast does not have at this opset, or the Cast schema at this opset does not accept
+      the input type or the target type (asked of ``onnx.defs``);
+    - the node is of a custom domain.
+    """
+
+    name = "cast_like_to_cast"
+
+    def rewrite(self, ctx: GraphCtx) -> int:
+        count = 0
+        allowed = _cast_attributes(ctx.opset)
+        if allowed is None:
+            return 0
+        for n in ctx.nodes:
+            if not (n.alive and n.op == "CastLike" and n.onnx_op and len(n.inputs) == 2 and all(n.inputs)):
+                continue
+            to = ctx.type_of(n.inputs[1])
+            src = ctx.type_of(n.inputs[0])
+            if not to or not _cast_outputs(ctx.opset, to) or not accepts("Cast", "", ctx.opset, [src]):
+                continue
+            p = n.proto
+            if any(a.name not in allowed for a in p.attribute):
+                continue
+            cast = helper.make_node("Cast", [n.inputs[0]], list(n.outputs), name=p.name, to=to)
+            cast.attribute.extend(p.attribute)
+            if p.doc_string:
+                cast.doc_string = p.doc_string
+            out = n.outputs[0]
+            ctx.replace_node(n, cast)
+            if out and out not in ctx.types:
+                ctx.types[out] = to
+            ctx.rules[self.name] += 1
+            count += 1
+        return count
