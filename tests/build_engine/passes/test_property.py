@@ -64,13 +64,17 @@ def graphs(draw: st.DrawFn) -> onnx.ModelProto:
         name, t = draw(st.sampled_from(pool))
         out = f"v{k}"
         op = draw(st.sampled_from(["Cast", "Cast", "Cast", "Identity", "Unary", "Binary", "Move", "Shape",
-                                   "RoundTrip", "RoundTrip", "MovedPair"]))
+                                   "RoundTrip", "RoundTrip", "MovedPair", "CastLike"]))
         if op in ("RoundTrip", "MovedPair"):
             v = _round_trip(draw, nodes, name, t, out, k, moved=op == "MovedPair")
             pool.append((out, v))
         elif op == "Cast":
             to = draw(st.sampled_from(TYPES))
             nodes.append(h.make_node("Cast", [name], [out], to=to))
+            pool.append((out, to))
+        elif op == "CastLike":  # to the type of any value so far (its values are never read)
+            target, to = draw(st.sampled_from(pool))
+            nodes.append(h.make_node("CastLike", [name, target], [out]))
             pool.append((out, to))
         elif op == "Identity":
             nodes.append(h.make_node("Identity", [name], [out]))
