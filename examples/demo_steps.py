@@ -44,7 +44,7 @@ def fold_file(src: Path, dst: Path, report: Path, seed: int = 0) -> Folded:
     result = fold(loaded.model)
     chk = check_equivalent(loaded.model, result.model, seed=seed)
     if chk.passed:  # as the command: a model whose outputs changed is not written; the report is
-        onnx_save.save_model(result.model, dst, external_data=loaded.external_data or None)
+        onnx_save.save_like(result.model, dst, loaded)
     fsutil.write_json(report, {**result.report.to_json(), "input": str(src), "output": str(dst),
                                "check": chk.as_dict()})
     if not chk.passed:
@@ -58,7 +58,7 @@ def convert_file(src: Path, dst: Path, to: str, report: Path) -> PrecisionReport
 
     loaded = onnx_io.load(src)
     result = convert_precision(loaded.model, to)
-    onnx_save.save_model(result.model, dst, external_data=loaded.external_data or None)
+    onnx_save.save_like(result.model, dst, loaded)
     fsutil.write_json(report, result.report.to_json())
     return result.report
 
@@ -68,8 +68,9 @@ def inject_file(src: Path, dst: Path, targets: list[str], max_rank: int, slots: 
     from trtforge.plugins.lora import spec
     from trtforge.plugins.lora.inject import inject
 
-    model = inject(onnx_io.load_model(src), targets, max_rank, slots, tile=spec.DEFAULT_TILE)
-    onnx_save.save_model(model, dst)
+    loaded = onnx_io.load(src)
+    model = inject(loaded.model, targets, max_rank, slots, tile=spec.DEFAULT_TILE)
+    onnx_save.save_like(model, dst, loaded)
     return model
 
 
@@ -77,8 +78,9 @@ def decompose_file(src: Path, dst: Path) -> Any:
     """``trtforge lora decompose SRC -o DST``; returns the plugin-free model."""
     from trtforge.plugins.lora.decompose import decompose
 
-    model = decompose(onnx_io.load_model(src))
-    onnx_save.save_model(model, dst)
+    loaded = onnx_io.load(src)
+    model = decompose(loaded.model)
+    onnx_save.save_like(model, dst, loaded)
     return model
 
 
@@ -89,7 +91,7 @@ def quantize_file(src: Path, dst: Path, mode: str, report: Path) -> Any:
     loaded = onnx_io.load(src)
     cfg = QuantConfig(mode=mode)
     result = quantize(loaded.model, cfg, generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
-    onnx_save.save_model(result.model, dst, external_data=loaded.external_data or None)
+    onnx_save.save_like(result.model, dst, loaded)
     fsutil.write_json(report, {**result.report.to_json(), "input": str(src), "output": str(dst)})
     return result.report
 

@@ -94,8 +94,7 @@ def _run(args: Any) -> int:
     result = quantize(loaded.model, cfg, calib)
     report = {**result.report.to_json(), "input": str(args.input), "output": str(args.output)}
     with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
-        onnx_save.save_model(result.model, args.output, external_data=loaded.external_data or None,
-                             external_tensors=loaded.external_tensors)
+        onnx_save.save_like(result.model, args.output, loaded)
     r = result.report
     print(f"{args.output}: {r.mode}, {len(r.nodes)} projections quantized, {len(r.excluded)} kept in float, "
           f"{r.seconds:.2f} s; calibration: {r.calibration}")

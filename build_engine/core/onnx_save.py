@@ -20,7 +20,7 @@ import onnx
 from onnx import ModelProto, TensorProto
 
 from .errors import InputError
-from .onnx_io import _EXTERNAL_THRESHOLD
+from .onnx_io import _EXTERNAL_THRESHOLD, LoadedModel
 from .onnx_skeleton import _copy_fields, _raw_data_len, without_initializers
 
 _ALIGN = 4096  # data offsets aligned like onnx.save_model's, so onnxruntime can map the file
@@ -118,6 +118,13 @@ def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data
     with steps.step(f"save {Path(path).name}"):
         _save_model(model, path, external_data=external_data, source_dir=source_dir,
                     external_tensors=external_tensors)
+
+
+def save_like(model: ModelProto, path: str | os.PathLike[str], source: LoadedModel) -> None:
+    """``save_model`` with ``source``'s layout (the ``onnx_io.load`` result ``model`` was made from): external data
+    when ``source`` had any, in any graph (If/Loop/Scan bodies and functions count), and each tensor besides the main
+    graph's initializers that was external in ``source`` is external again (``external_tensors``)."""
+    save_model(model, path, external_data=source.external_data or None, external_tensors=source.external_tensors)
 
 
 def _save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,

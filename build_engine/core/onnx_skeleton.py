@@ -15,6 +15,7 @@ import onnx
 from onnx import ModelProto, TensorProto
 
 from .heap import release_free_heap
+from .onnx_tensors import besides_initializers
 
 # Initializers with at least this many elements are stood in for by typed graph inputs in ``skeleton``. Smaller ones
 # stay: shape inference reads the values of small constants (Reshape targets, Slice bounds, ...).
@@ -115,12 +116,42 @@ def skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> Mo
     return skel
 
 
-def skeleton_bytes(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> bytes:
-    """``skeleton(model).SerializeToString()``; when no initializer would be stood in for, the skeleton is a copy of
-    ``model`` itself, so ``model`` is serialised directly (a copy of a 100k-node graph costs 6x its serialisation).
-    Raises ``ValueError`` when the result is too big for protobuf."""
-    if any(_is_weight(t, min_elements) for t in model.graph.initializer):
-        data = skeleton(model, min_elements).SerializeToString()
+# onnx's checker skips the file checks of an external location starting with this (``onnx.model_container``'s
+# convention for data held in memory)
+_IN_MEMORY = "#"
+
+
+def checker_skeleton(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS) -> ModelProto:
+    """``skeleton(model)`` for onnx's checker: each external tensor outside the main-graph initializers (If/Loop/Scan
+    body initializers, Constant values, function tensors that ``load_structure`` left on disk) is marked as held in
+    memory, so the checker keeps its other checks on it but does not look for its data file in the working directory
+    (an in-memory model has no folder; the loader checked the location). Only for checking: the marked locations
+    must never reach a saved model (``skeleton`` itself leaves them as they are)."""
+    skel = skeleton(model, min_elements)
+    _mark_in_memory(skel)
+    return skel
+
+
+def _mark_in_memory(skel: ModelProto) -> None:
+    for t in besides_initializers(skel):
+        if t.data_location == TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location" and not e.value.startswith(_IN_MEMORY):
+                    e.value = _IN_MEMORY + e.value
+
+
+def _external_besides(model: ModelProto) -> bool:
+    return any(t.data_location == TensorProto.EXTERNAL for t in besides_initializers(model))
+
+
+def skeleton_bytes(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS, *,
+                   for_checker: bool = False) -> bytes:
+    """``skeleton(model).SerializeToString()`` (``checker_skeleton``'s with ``for_checker``); when no initializer
+    would be stood in for (nor, for the checker, a tensor still on disk be marked), the skeleton is a copy of ``model``
+    itself, so ``model`` is serialised directly (a copy of a 100k-node graph costs 6x its serialisation). Raises
+    ``ValueError`` when the result is too big for protobuf."""
+    if any(_is_weight(t, min_elements) for t in model.graph.initializer) or (for_checker and _external_besides(model)):
+        data = (checker_skeleton if for_checker else skeleton)(model, min_elements).SerializeToString()
         release_free_heap()  # the skeleton's copy of the graph (several times its bytes) is freed: back to the OS
         return data
     return model.SerializeToString()
@@ -135,7 +166,7 @@ def check_model(model: ModelProto) -> None:
     if model.ir_version < 4:
         onnx.checker.check_model(model)
         return
-    onnx.checker.check_model(skeleton(model))
+    onnx.checker.check_model(checker_skeleton(model))
     check_weights(model)
 
 

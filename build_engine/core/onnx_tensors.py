@@ -52,6 +52,23 @@ def model_tensors(model: ModelProto) -> Iterator[TensorProto]:
     yield from besides_initializers(model)
 
 
+def has_external(model: ModelProto) -> bool:
+    """Whether any tensor of the model (``model_tensors``: bodies and functions too) has its data on disk."""
+    return any(t.data_location == TensorProto.EXTERNAL for t in model_tensors(model))
+
+
+def body_fingerprints(model: ModelProto) -> frozenset[tuple[int, bytes]]:
+    """The ``fingerprint`` of each in-memory tensor besides the main graph's initializers: as ``onnx_save.save_model``'s
+    ``external_tensors``, every one of them of 1 KiB or more goes to the data file (a temporary model past 2 GiB)."""
+    return frozenset(fingerprint(t) for t in besides_initializers(model)
+                     if t.data_location != TensorProto.EXTERNAL and t.HasField("raw_data"))
+
+
+def tensor_bytes(model: ModelProto) -> int:
+    """The bytes of ``raw_data`` of every tensor of the model (``model_tensors``), bodies and functions included."""
+    return sum(len(t.raw_data) for t in model_tensors(model))
+
+
 def fingerprint(tensor: TensorProto) -> tuple[int, bytes]:
     """(length, digest) of a tensor's ``raw_data``."""
     data = tensor.raw_data

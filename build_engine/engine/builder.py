@@ -103,8 +103,7 @@ def _plugins_used(model: Any) -> list[PluginInfo]:
     both backends (it needs Python at runtime; Triton's TensorRT backend cannot load it)."""
     from trtforge.plugins.lora.spec import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
-    names = {n.op_type for n in model.graph.node}
-    if PLUGIN_NAME not in names:
+    if PLUGIN_NAME not in {n.op_type for n in model.graph.node}:
         return []
     return [PluginInfo(name=PLUGIN_NAME, namespace=PLUGIN_NAMESPACE, version=PLUGIN_VERSION, implementation="python")]
 
@@ -123,6 +122,7 @@ class _Staged:
     as_is: bool = False  # the source file is what is built (nothing converted or folded): parse it, copy it
     quantization: QuantizationInfo | None = None
     source_dir: Path | None = None  # where the weights still on disk (lazy load) are
+    external_tensors: frozenset[tuple[int, bytes]] = frozenset()  # the source's external body / Constant tensors
 
 
 def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | Path, backend: str = "auto",
@@ -223,7 +223,7 @@ def _convert(onnx_path: str | Path, loaded: onnx_io.LoadedModel, prof: Profile, 
         as_is = loaded.external_data and unchanged and _same_as_file(model, Path(onnx_path))
         return _Staged(model=model, precision=precision, external=external, plugin_nodes=plugin_nodes,
                        non_onnx_ops=not plugin_nodes and _has_non_onnx_ops(model), plugins=_plugins_used(model),
-                       as_is=as_is, source_dir=loaded.path.parent,
+                       as_is=as_is, source_dir=loaded.path.parent, external_tensors=loaded.external_tensors,
                        quantization=QuantizationInfo.from_json(quant, onnx_path) if quant is not None else None)
 
 
@@ -297,7 +297,8 @@ def _tensorrt(onnx_path: str | Path, staged: _Staged, plans: list[InputPlan], pr
             parse_path = Path(onnx_path)
             writes.append(timings.submit(io_pool, "copy_onnx", _copy_source, parse_path, onnx_path_built))
         elif staged.external:
-            onnx_save.save_model(staged.model, onnx_path_built, external_data=True, source_dir=staged.source_dir)
+            onnx_save.save_model(staged.model, onnx_path_built, external_data=True, source_dir=staged.source_dir,
+                                 external_tensors=staged.external_tensors)
         else:
             # Serialise once: the same bytes go to TensorRT's parser and (on a worker) to model.onnx.
             onnx_bytes = staged.model.SerializeToString()

@@ -115,14 +115,10 @@ def external_files(path: Path) -> list[Path]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # not a readable model: the worker's load reports it with the contract's one line
         return []
-    from ..core.graph import all_graphs
+    from ..core.onnx_io import external_locations
 
-    names: set[str] = set()
-    for graph in all_graphs(model.graph):
-        for t in graph.initializer:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                names.update(e.value for e in t.external_data if e.key == "location")
-    return [path.parent / n for n in sorted(names)]
+    # every tensor's: initializers of every graph, Constant values (bodies too) and model-local functions' tensors
+    return [path.parent / n for n in sorted(set(external_locations(model)))]
 
 
 def check_sources(spec: MatrixSpec) -> None:

@@ -91,7 +91,8 @@ def apply_pipeline(source: Path, pipeline: Pipeline, out: Path) -> tuple[Path, l
     steps: list[str] = []
     if not pipeline.fold and pipeline.precision is None and pipeline.lora is None:
         return source, steps
-    model = onnx_io.load_model(source)
+    loaded = onnx_io.load(source)
+    model = loaded.model
     if pipeline.fold:
         from ..passes import fold
 
@@ -108,7 +109,7 @@ def apply_pipeline(source: Path, pipeline: Pipeline, out: Path) -> tuple[Path, l
         lo = pipeline.lora
         model = inject(model, list(lo.targets), lo.max_rank, lo.slots)
         steps.append(f"lora inject {','.join(lo.targets)} r{lo.max_rank} x{lo.slots}")
-    onnx_save.save_model(model, out)
+    onnx_save.save_like(model, out, loaded)  # external data stays external, in bodies too
     return out, steps
 
 

@@ -157,7 +157,7 @@ def _validate(result: ModelProto, original: ModelProto | bytes) -> None:
     what the skeleton leaves out (a declared input disagreeing with its initializer) cannot be a folding bug.
     """
     try:  # the skeleton serialised once: the checker and strict inference both read these bytes
-        data = onnx_skeleton.skeleton_bytes(result)
+        data = onnx_skeleton.skeleton_bytes(result, for_checker=True)
     except ValueError:
         return
     if len(data) >= PROTO_LIMIT:

@@ -54,7 +54,19 @@ def _session(model: ModelProto | str) -> Any:
 
 
 def _weight_bytes(model: ModelProto) -> int:
-    return sum(len(t.raw_data) for t in model.graph.initializer)
+    """The model's tensor bytes, If/Loop/Scan bodies' and Constants' included (they count toward 2 GiB too)."""
+    from ..core.onnx_tensors import tensor_bytes
+
+    return tensor_bytes(model)
+
+
+def _save_external(model: ModelProto, path: Path) -> None:
+    """``model`` at ``path`` with every tensor of 1 KiB or more in its data file, bodies' and Constants' too: the
+    temporary copy must fit protobuf's 2 GiB wherever its weights are."""
+    from ..core.onnx_save import save_model
+    from ..core.onnx_tensors import body_fingerprints
+
+    save_model(model, path, external_data=True, external_tensors=body_fingerprints(model))
 
 
 @contextlib.contextmanager
@@ -65,11 +77,9 @@ def _runnable(model: ModelProto) -> Iterator[ModelProto | str]:
     if _weight_bytes(model) < PROTO_LIMIT:
         yield model
         return
-    from ..core.onnx_save import save_model
-
     with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
         path = Path(tmp) / "model.onnx"
-        save_model(model, path, external_data=True)
+        _save_external(model, path)
         yield str(path)
 
 
@@ -166,7 +176,10 @@ def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample],
     with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
         path = Path(tmp) / "model.onnx"
         big = _weight_bytes(model) >= PROTO_LIMIT  # onnx.save / the augmented model: external data past 2 GiB
-        save_model(decompose(model), path, external_data=big)
+        if big:
+            _save_external(decompose(model), path)
+        else:
+            save_model(decompose(model), path, external_data=False)
         cal = Selected(path, op_types_to_calibrate=None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                        use_external_data_format=big, **kwargs)
         cal.augment_graph()

@@ -145,19 +145,14 @@ def _runnable(path: Path, model: Any, workdir: Path, tag: str) -> Iterator[tuple
     from trtforge.plugins.lora.decompose import decompose
 
     from ..core.onnx_save import save_model, save_with_source_data
+    from ..core.onnx_tensors import has_external
 
     out = workdir / f"{tag}.decomposed.onnx"
-    if _has_external(model):  # loaded without its weights (``_load``): they are copied beside the decomposition
+    if has_external(model):  # loaded without its weights (``_load``), bodies' too: copied beside the decomposition
         save_with_source_data(decompose(model, inplace=True), path, out)
     else:
         save_model(decompose(model), out)
     yield str(out), True
-
-
-def _has_external(model: Any) -> bool:
-    from onnx import TensorProto
-
-    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _runner(path: str, name: str, optimize: bool) -> Any:
