@@ -144,17 +144,27 @@ def _external_besides(model: ModelProto) -> bool:
     return any(t.data_location == TensorProto.EXTERNAL for t in besides_initializers(model))
 
 
+# the serialised key of an external tensor's ``location`` entry (StringStringEntryProto field 1, 8 bytes): a model
+# whose bytes lack it has no tensor on disk, which a byte search tells at C speed (a walk over the nodes' attributes
+# costs 0.4 s on a 100k-node graph)
+_LOCATION_KEY = b"\x0a\x08location"
+
+
 def skeleton_bytes(model: ModelProto, min_elements: int = SKELETON_MIN_ELEMENTS, *,
                    for_checker: bool = False) -> bytes:
     """``skeleton(model).SerializeToString()`` (``checker_skeleton``'s with ``for_checker``); when no initializer
     would be stood in for (nor, for the checker, a tensor still on disk be marked), the skeleton is a copy of ``model``
     itself, so ``model`` is serialised directly (a copy of a 100k-node graph costs 6x its serialisation). Raises
     ``ValueError`` when the result is too big for protobuf."""
-    if any(_is_weight(t, min_elements) for t in model.graph.initializer) or (for_checker and _external_besides(model)):
-        data = (checker_skeleton if for_checker else skeleton)(model, min_elements).SerializeToString()
-        release_free_heap()  # the skeleton's copy of the graph (several times its bytes) is freed: back to the OS
+    weights = any(_is_weight(t, min_elements) for t in model.graph.initializer)
+    data = skeleton(model, min_elements).SerializeToString() if weights else model.SerializeToString()
+    if for_checker and _LOCATION_KEY in data and _external_besides(model):
+        del data
+        data = checker_skeleton(model, min_elements).SerializeToString()
+    elif not weights:
         return data
-    return model.SerializeToString()
+    release_free_heap()  # the skeleton's copy of the graph (several times its bytes) is freed: back to the OS
+    return data
 
 
 def check_model(model: ModelProto) -> None:
