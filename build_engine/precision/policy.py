@@ -16,10 +16,12 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
    stays fp32, and for fp16 so does a ``Mul`` by a ``Reciprocal``'s output, by ``constant / that denominator`` or
-   by a ``Pow`` of it to a constant negative exponent (``negative``: an initializer or Constant holding a value
-   below 0) (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))`` and other exporters as
+   by a ``Pow`` of it to an exponent not proven non-negative (``negative``, ``fp16_range.negative_exponents``: a
+   constant, or one computed from constants such as ``Cast`` / ``Neg`` / ``Reshape`` of one, is evaluated exactly;
+   an exponent from a graph input or one that cannot be evaluated counts as negative)
+   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))`` and other exporters as
    ``Pow(mean(x^2) + eps, -0.5)``: 1 / rms is beyond fp16's range for a near-zero row when eps is small). A ``Pow``
-   to a positive or computed exponent is no reciprocal.
+   to an exponent proven non-negative is no reciprocal.
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -264,8 +266,8 @@ def _non_tensor_io(schema: onnx.defs.OpSchema) -> bool:
 
 
 def _negative_power(node: NodeProto, origin: str, negative: frozenset[str]) -> bool:
-    """Whether an fp32 ``Pow(d, e)`` (not on an index chain) has a constant negative exponent: a reciprocal of d for
-    rule 3's Mul (``Pow(var + eps, -0.5)`` is ``rsqrt(var + eps)``)."""
+    """Whether an fp32 ``Pow(d, e)`` (not on an index chain) has an exponent not proven non-negative (``negative``):
+    a reciprocal of d for rule 3's Mul (``Pow(var + eps, -0.5)`` is ``rsqrt(var + eps)``)."""
     return node.op_type == "Pow" and origin == "norm" and len(node.input) > 1 and node.input[1] in negative
 
 
