@@ -110,8 +110,7 @@ class DiffResult:
 
     def summary(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "precision": self.precision, "atol": self.atol, "rtol": self.rtol,
-                "seed": self.seed,
-                "passed": self.passed, "decomposed": list(self.decomposed),
+                "seed": self.seed, "passed": self.passed, "decomposed": list(self.decomposed),
                 "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "range": [i.low, i.high]}
                            for i in self.inputs],
                 "outputs": [o.__dict__ for o in self.outputs]}
@@ -352,8 +351,10 @@ def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path
 
 def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     """``path``: Polygraphy ``RunResults`` JSON (``RunResults.load`` / ``polygraphy inspect data`` read it);
-    ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
-    from ..core import fsutil
+    ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table.
+    All three are standard JSON: a non-finite number (the infinite relative error of a nonzero value where the
+    reference is 0, an inf / NaN maximum) is the string "inf", "-inf" or "nan" (``core.jsonout``), never null."""
+    from ..core import fsutil, jsonout
     dest, acc, summ = save_paths(path)
     # The three are written before the first is renamed into place: a full disk leaves none of them.
     # staged_json first: its lock (a concurrent save of the same files waits) is held until the last rename.
@@ -361,6 +362,8 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
             quiet_polygraphy(), fsutil.atomic_path(dest) as tmp, fsutil.atomic_path(acc) as tmp_acc:
         result.run_results.save(str(tmp))
         result.accuracy.save(str(tmp_acc))
+        jsonout.standardize_file(tmp)  # Polygraphy writes bare NaN / Infinity tokens
+        jsonout.standardize_file(tmp_acc)
     return [dest, acc, summ]
 
 
