@@ -59,7 +59,7 @@ import numpy as np
 from ..core import interrupt, steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
-from .inputs import FeedSpec, check_same_input_dims, check_tensor_outputs, graph_inputs, plan_feeds
+from .inputs import FeedSpec, check_same_input_dims, check_tensor_outputs, graph_inputs, plan_feeds, run_failure_hint
 from .polygraphy_env import quiet_polygraphy
 from .sessions import make_session
 
@@ -310,10 +310,7 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
             results = Comparator.run(runners, data_loader=loader)
         except (PolygraphyException, Exception) as exc:
             text = str(exc)
-            hint = ("onnxruntime's CPU provider lacks a kernel for this op and type (it has no bf16 MatMul): compare "
-                    "the fp32 or fp16 variant, or an engine on a GPU" if "NOT_IMPLEMENTED" in text else
-                    "check the models run in onnxruntime and pass --shape for inputs whose size matters")
-            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {hint}") from exc
+            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {run_failure_hint(text)}") from exc
         func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True,
                               infinities_compare_equal=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)

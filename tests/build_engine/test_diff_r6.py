@@ -103,3 +103,37 @@ def test_standardize_file_rewrites_only_bare_constants(tmp_path: Path, rng: np.r
     jsonout.standardize_file(dirty)
     assert clean.read_bytes() == before
     assert _strict(dirty.read_text()) == {"v": v, "inf": "inf", "ninf": "-inf", "nan": "nan"}
+
+
+def _cast_model(path: Path, rng: np.random.Generator, to: int) -> Path:
+    """y = Cast(x * w, to), w random."""
+    w = numpy_helper.from_array(rng.uniform(0.5, 2.0, H).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Cast", ["h"], ["y"], to=to)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, H])],
+                          [helper.make_tensor_value_info("y", to, [2, H])], initializer=[w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+def test_string_outputs_are_refused_in_one_line(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: Polygraphy's comparator subtracted the two string outputs: exit 3, "internal error: TypeError:
+    # unsupported operand type(s) for -: 'str' and 'str'"
+    from trtforge_testing import assert_one_line_error
+
+    a = _cast_model(tmp_path / "a.onnx", rng, TensorProto.STRING)
+    b = _cast_model(tmp_path / "b.onnx", rng, TensorProto.STRING)
+    assert_one_line_error(cli("diff", a, b, "--save", tmp_path / "r.json"), 2, "output 'y' is a string tensor",
+                          "fold --check")
+    assert not list(tmp_path.glob("r*.json"))
+
+
+def test_an_output_onnxruntime_cannot_return_names_the_fix(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: a bfloat16 output (onnxruntime's Python API has no NumPy type for it) was blamed on the inputs' shapes:
+    # "check the models run in onnxruntime and pass --shape for inputs whose size matters"
+    from trtforge_testing import assert_one_line_error
+
+    a = _cast_model(tmp_path / "a.onnx", rng, TensorProto.BFLOAT16)
+    assert_one_line_error(cli("diff", a, a, "--precision", "bf16"), 2, "cannot return an output of this type",
+                          "casts such outputs to float32")
