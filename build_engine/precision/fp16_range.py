@@ -18,17 +18,19 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 _FP16_MAX = float(np.finfo(np.float16).max)
 FLOAT = TensorProto.FLOAT
+#: The constant types rule 8 reads, with their little-endian numpy dtype (for weights still on disk).
+_WIDE_TYPES: dict[int, str] = {FLOAT: "<f4", TensorProto.DOUBLE: "<f8"}
 
 
 def beyond_fp16(consts: dict[str, TensorProto], to: str, data_dir: Path | None = None) -> frozenset[str]:
-    """float32 constants with a finite value beyond +-65504 (for fp16 only): clipping them would change the result,
-    so their consumers stay fp32 (policy rule 8). ``data_dir``: the folder of a lazily loaded model, whose weights
-    still on disk are read from there, in chunks."""
+    """float32 (and float64: a double literal the model casts to float32) constants with a finite value beyond
+    +-65504 (for fp16 only): clipping them would change the result, so their consumers stay fp32 (policy rule 8).
+    ``data_dir``: the folder of a lazily loaded model, whose weights still on disk are read from there, in chunks."""
     if to != "fp16":
         return frozenset()
     out: set[str] = set()
     for name, t in consts.items():
-        if t.data_type != FLOAT:
+        if t.data_type not in _WIDE_TYPES:
             continue
         if t.data_location == TensorProto.EXTERNAL:
             if data_dir is not None and _on_disk_beyond_fp16(t, data_dir):
@@ -108,7 +110,8 @@ def _elements(t: TensorProto) -> int:
 def _on_disk_beyond_fp16(tensor: TensorProto, data_dir: Path) -> bool:
     from ..core.lazy_weights import read_chunks
 
-    return any(holds_beyond_fp16(part) for part in read_chunks(tensor, data_dir, "<f4", 1 << 20))
+    dtype = _WIDE_TYPES[tensor.data_type]
+    return any(holds_beyond_fp16(part) for part in read_chunks(tensor, data_dir, dtype, 1 << 20))
 
 
 def holds_beyond_fp16(flat: np.ndarray, chunk: int = 1 << 20) -> bool:

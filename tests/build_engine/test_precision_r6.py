@@ -104,3 +104,38 @@ def test_a_computed_non_negative_exponent_is_still_converted() -> None:
         assert _mul_mode(_scaled_power(_exponent(form, 2.0))) is positive, form
         assert _mul_mode(_scaled_power(_exponent(form, -2.0)), "bf16") is Mode.LOW, form
         assert _mul_mode(_scaled_power(_exponent(form, -2.0))) is Mode.KEEP, form
+
+
+def _masked_softmax(value_nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """y = Softmax(x + m * c): c (the mask value, float32) computed from Constants by ``value_nodes``."""
+    nodes = [*value_nodes, helper.make_node("Mul", ["m", "c"], ["mk"]), helper.make_node("Add", ["x", "mk"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, SHAPE) for n in "xm"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_mask_value_computed_from_a_wide_constant_stays_fp32(rng: np.random.Generator) -> None:
+    # old: rule 8 read only float32 initializers / Constants, so a mask value beyond fp16 computed from one (Neg of
+    # Constant(1e9), Cast of a double -1e9 literal, Reshape / Unsqueeze of one) was cast to fp16 as -inf by the Mul
+    # reading it: 0 * -inf = NaN for every kept key, NaN rows out of Softmax where fp32 gives probabilities
+    forms = {
+        "neg": [_const("a", np.float32(1e9)), helper.make_node("Neg", ["a"], ["c"])],
+        "cast_double": [_const("a", np.float64(-1e9)), helper.make_node("Cast", ["a"], ["c"], to=TensorProto.FLOAT)],
+        "reshape": [_const("a", np.array([-1e9], np.float32)), _const("sh", np.array([1, 1], np.int64)),
+                    helper.make_node("Reshape", ["a", "sh"], ["c"])],
+        "unsqueeze": [_const("a", np.float32(-1e9)), _const("ax", np.array([0], np.int64)),
+                      helper.make_node("Unsqueeze", ["a", "ax"], ["c"])],
+    }
+    x = rng.standard_normal(SHAPE).astype(np.float32)
+    m = (rng.uniform(size=SHAPE) < 0.5).astype(np.float32)
+    m[:, 0] = 0.0  # every row keeps a key ...
+    m[1] = 1.0     # ... except one, masked whole (fp32: uniform over the row)
+    for form, nodes in forms.items():
+        model = _masked_softmax(nodes)
+        want = _run(model, {"x": x, "m": m})
+        got = _run(convert_precision(model, "fp16").model, {"x": x, "m": m})
+        assert np.all(np.isfinite(got)), form
+        np.testing.assert_allclose(got, want, atol=2e-3, err_msg=form)
