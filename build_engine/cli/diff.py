@@ -37,7 +37,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--extra-inputs", action="store_true",
                    help="allow inputs only one model has (generated for that model alone), e.g. LoRA pools")
     p.add_argument("--save", metavar="R.json", help="save Polygraphy RunResults JSON (plus R.accuracy.json and "
-                                                    "R.summary.json beside it)")
+                                                    "R.summary.json beside it); standard JSON, where an infinite or "
+                                                    "NaN number is the string \"inf\", \"-inf\" or \"nan\"")
     p.add_argument("--ort-optimize", action="store_true",
                    help="let onnxruntime optimize the graphs and prepack weights (off by default: then every op runs "
                         "as written, so equivalent graphs give bitwise equal outputs; onnxruntime 1.32's CPU "

@@ -197,7 +197,8 @@ def _run(args: Namespace) -> int:
             "adapter_loads", "slot_hits", "slot_wait_s")
     from ..core.jsonout import dumps
 
-    print(dumps({**{k: getattr(res.summary, k) for k in keys},
+    shown = res.summary.to_json()  # a percentile of no requests (NaN) is null there: no value, as --json says
+    print(dumps({**{k: shown[k] for k in keys},
                  **({"response_cache": cache_summary} if cache_summary else {})}, indent=1))
     return 0
 

@@ -74,7 +74,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     from .jsonout import dumps
 
-    write_text(path, dumps(obj, indent=2, sort_keys=False) + "\n")  # null, never NaN/Infinity
+    write_text(path, dumps(obj, indent=2, sort_keys=False) + "\n")  # "inf" / "nan", never NaN/Infinity
 
 
 @contextlib.contextmanager

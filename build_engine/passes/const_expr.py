@@ -1,6 +1,9 @@
-"""Evaluate a constant expression feeding a Cast (with ``onnx.reference``), so that the Cast folds too."""
+"""Evaluate a constant expression feeding a Cast (with ``onnx.reference``), so that the Cast folds too; and, for the
+precision policy, the value of any main-graph name computed from constants that way (``constant_values``)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -10,9 +13,10 @@ from . import dtypes as dt
 from .base import GraphPass
 from .const_cast import SMALL_CONSTANT
 from .exact_cast import exact_cast
-from .ir import GraphCtx
+from .ir import GraphCtx, Scope
 from .node import Node
 from .schema import constant_holds
+from .walk import default_opset, graph_types, training_state
 
 #: Ops whose result is specified bit for bit (IEEE-754 correctly rounded elementwise arithmetic in the tensor's own
 #: type, integer arithmetic, comparisons, logic, shape and data movement), so the value onnx.reference computes is
@@ -82,6 +86,31 @@ class FoldConstantExpression(GraphPass):
             ctx.rules[self.name] += 1
             count += 1
         return count
+
+
+def constant_values(model: onnx.ModelProto, names: Iterable[str]) -> dict[str, np.ndarray | None]:
+    """The value of each of ``names`` in ``model``'s main graph, exactly as every runtime computes it: a constant (an
+    initializer that is not a graph input or training state, a Constant node) or a value computed from constants
+    through ``EXACT_OPS`` only, within ``FoldConstantExpression``'s bounds (at most 64 nodes, no value on the way
+    above ``_MAX_ELEMENTS`` elements). None for a name that is not one of those (a graph input reaches it, an op
+    outside ``EXACT_OPS``, a weight still on disk), or that onnx.reference cannot evaluate. Builds one read-only view
+    of the graph (nothing is rewritten); onnx.reference is imported only when an expression is evaluated."""
+    graph = model.graph
+    inputs = [*(i.name for i in graph.input), *sorted(training_state(model))]
+    ctx = GraphCtx(graph, graph.node, inputs, [o.name for o in graph.output],
+                   Scope(default_opset(model.opset_import), graph_types(graph)), initializers=list(graph.initializer))
+    out: dict[str, np.ndarray | None] = {}
+    for name in names:
+        c = ctx.constant_tensor(name)
+        p = ctx.producer.get(name)
+        if c is not None:
+            out[name] = numpy_helper.to_array(c)
+        elif p is None or name in ctx.inputs:
+            out[name] = None
+        else:
+            cone = _cone(ctx, p)
+            out[name] = None if cone is None else _evaluate(ctx, cone, name)
+    return out
 
 
 class _Computable:

@@ -238,7 +238,7 @@ def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str]
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to) - range_exempt
     tiny = vanish_in_fp16(consts, to) - range_exempt
     return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide, tiny=tiny,
-                  negative=negative_exponents(consts, to))
+                  negative=negative_exponents(model, consts, to))
 
 
 @steps.timed("convert")
@@ -260,7 +260,7 @@ def convert_precision(model: ModelProto, to: str, *, fold: bool = True,
     consts = _constant_tensors(model)
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to, data_dir)
     decisions = decide(model, types, set(consts), to, keep_ops, wide=wide, tiny=vanish_in_fp16(consts, to),
-                       negative=negative_exponents(consts, to))
+                       negative=negative_exponents(model, consts, to))
     if not _needs_conversion(model, decisions, types) and not precision_plugins.pools_to_retype(
             model, [n for i, n in enumerate(model.graph.node) if decisions[i].mode is Mode.LOW
                     and is_plugin_node(n)], types):

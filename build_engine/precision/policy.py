@@ -16,10 +16,12 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
    fp32; through heavy ops (MatMul, Gemm, Conv, Einsum) only along index chains, so a fused LayerNormalization does
    not drag the next projection into fp32. A ``Div`` whose divisor comes from an fp32 node (a norm's denominator)
    stays fp32, and for fp16 so does a ``Mul`` by a ``Reciprocal``'s output, by ``constant / that denominator`` or
-   by a ``Pow`` of it to a constant negative exponent (``negative``: an initializer or Constant holding a value
-   below 0) (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))`` and other exporters as
+   by a ``Pow`` of it to an exponent not proven non-negative (``negative``, ``fp16_range.negative_exponents``: a
+   constant, or one computed from constants such as ``Cast`` / ``Neg`` / ``Reshape`` of one, is evaluated exactly;
+   an exponent from a graph input or one that cannot be evaluated counts as negative)
+   (``x * rsqrt(mean(x^2) + eps)``, which torch exports as ``Div(1, Sqrt(...))`` and other exporters as
    ``Pow(mean(x^2) + eps, -0.5)``: 1 / rms is beyond fp16's range for a near-zero row when eps is small). A ``Pow``
-   to a positive or computed exponent is no reciprocal.
+   to an exponent proven non-negative is no reciprocal.
 4. Constant subgraphs (every input an initializer or Constant, e.g. ``Unsqueeze(inv_freq)``) stay fp32 and count
    as constants for rule 3, so ``positions * Unsqueeze(inv_freq)`` stays on the fp32 index chain.
 5. Everything else with float32 tensors runs in the low type, if its ONNX schema allows that type; ops without a
@@ -29,7 +31,8 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
    16-bit type stays in it (details in ``precision_plugins``).
 7. A node whose float32 output a subgraph (If/Loop/Scan body) reads from the outer scope stays fp32: the body is
    not converted and still expects float32 (a converted producer made the model invalid).
-8. fp16 only: a node with a float32 constant input holding a finite value beyond +-65504 (``wide``) stays fp32:
+8. fp16 only: a node with a float32 constant input holding a finite value beyond +-65504 (``wide``; a float64
+   one the model casts to float32 counts, and so does a constant subgraph of one, ``Neg(1e5)``) stays fp32:
    clipping the constant would change the result (``x * 1e5``). What it computes may lie beyond that range too (a
    padding mask ``(1 - m) * finfo(float32).min``), so every node reading it stays fp32 as well, and so on, up to an
    op whose output is bounded (``_BOUNDED``: Softmax, norms, Sigmoid, ...): ``scores + mask`` converted to fp16 read
@@ -157,7 +160,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
     wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
     tiny_values = set(tiny)  # rule 10: the constants, and constant subgraphs of them (Cast of a double literal)
     for idx, node in enumerate(model.graph.node):
-        if _constant_subgraph(node, constants, tiny_values):
+        if _constant_subgraph(node, constants, tiny_values, wide_values, types):
             out[idx] = NodeDecision(Mode.KEEP, reason="constant subgraph")
             continue
         dyn_all = [n for n in node.input if n and n not in constants]
@@ -264,8 +267,8 @@ def _non_tensor_io(schema: onnx.defs.OpSchema) -> bool:
 
 
 def _negative_power(node: NodeProto, origin: str, negative: frozenset[str]) -> bool:
-    """Whether an fp32 ``Pow(d, e)`` (not on an index chain) has a constant negative exponent: a reciprocal of d for
-    rule 3's Mul (``Pow(var + eps, -0.5)`` is ``rsqrt(var + eps)``)."""
+    """Whether an fp32 ``Pow(d, e)`` (not on an index chain) has an exponent not proven non-negative (``negative``):
+    a reciprocal of d for rule 3's Mul (``Pow(var + eps, -0.5)`` is ``rsqrt(var + eps)``)."""
     return node.op_type == "Pow" and origin == "norm" and len(node.input) > 1 and node.input[1] in negative
 
 
@@ -298,15 +301,19 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
 _WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
 
 
-def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str]) -> bool:
+def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str], wide: set[str],
+                       types: Mapping[str, int]) -> bool:
     """Whether every input of ``node`` is a constant (rule 4): TensorRT folds it; leaving it in fp32 keeps e.g. rotary
-    inv_freq exact, and its low consumers get a Cast of the folded value. Its outputs join ``constants``, and
-    ``tiny`` when it reads a tiny constant (rule 10: ``Cast`` of a double epsilon)."""
+    inv_freq exact, and its low consumers get a Cast of the folded value. Its outputs join ``constants``, ``tiny``
+    when it reads a tiny constant (rule 10: ``Cast`` of a double epsilon), and ``wide`` (its float outputs) when it
+    reads a wide one and is not bounded (rule 8: ``Neg(1e5)``, ``Cast`` of a double -1e9 mask value)."""
     if not node.input or node.op_type in _NONDETERMINISTIC or not all(not n or n in constants for n in node.input):
         return False
     constants.update(n for n in node.output if n)
     if any(n in tiny for n in node.input):
         tiny.update(n for n in node.output if n)
+    if node.op_type not in _BOUNDED and any(n in wide for n in node.input):
+        wide.update(n for n in node.output if n and types.get(n) in (FLOAT, TensorProto.DOUBLE))
     return True
 
 

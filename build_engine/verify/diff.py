@@ -59,7 +59,7 @@ import numpy as np
 from ..core import interrupt, steps
 from ..core.errors import CheckFailed, InputError, ModelError
 from .compare import byte_mismatches, compare_arrays, nan_count
-from .inputs import FeedSpec, check_same_input_dims, check_tensor_outputs, graph_inputs, plan_feeds
+from .inputs import FeedSpec, check_same_input_dims, check_tensor_outputs, graph_inputs, plan_feeds, run_failure_hint
 from .polygraphy_env import quiet_polygraphy
 from .sessions import make_session
 
@@ -110,8 +110,7 @@ class DiffResult:
 
     def summary(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "precision": self.precision, "atol": self.atol, "rtol": self.rtol,
-                "seed": self.seed,
-                "passed": self.passed, "decomposed": list(self.decomposed),
+                "seed": self.seed, "passed": self.passed, "decomposed": list(self.decomposed),
                 "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "range": [i.low, i.high]}
                            for i in self.inputs],
                 "outputs": [o.__dict__ for o in self.outputs]}
@@ -311,10 +310,7 @@ def _compare(paths: Sequence[str], names: tuple[str, str], specs: Sequence[FeedS
             results = Comparator.run(runners, data_loader=loader)
         except (PolygraphyException, Exception) as exc:
             text = str(exc)
-            hint = ("onnxruntime's CPU provider lacks a kernel for this op and type (it has no bf16 MatMul): compare "
-                    "the fp32 or fp16 variant, or an engine on a GPU" if "NOT_IMPLEMENTED" in text else
-                    "check the models run in onnxruntime and pass --shape for inputs whose size matters")
-            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {hint}") from exc
+            raise ModelError(f"running {paths[0]} / {paths[1]} failed: {text}; {run_failure_hint(text)}") from exc
         func = _simple_compare(atol=atol, rtol=rtol, check_error_stat="elemwise", check_shapes=True,
                               infinities_compare_equal=True)
         accuracy = Comparator.compare_accuracy(results, compare_func=func)
@@ -352,8 +348,10 @@ def save_paths(path: str | Path, models: Sequence[str | Path] = ()) -> list[Path
 
 def save_results(result: DiffResult, path: str | Path) -> list[Path]:
     """``path``: Polygraphy ``RunResults`` JSON (``RunResults.load`` / ``polygraphy inspect data`` read it);
-    ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table."""
-    from ..core import fsutil
+    ``<stem>.accuracy.json``: Polygraphy ``AccuracyResults``; ``<stem>.summary.json``: trtforge's per-output table.
+    All three are standard JSON: a non-finite number (the infinite relative error of a nonzero value where the
+    reference is 0, an inf / NaN maximum) is the string "inf", "-inf" or "nan" (``core.jsonout``), never null."""
+    from ..core import fsutil, jsonout
     dest, acc, summ = save_paths(path)
     # The three are written before the first is renamed into place: a full disk leaves none of them.
     # staged_json first: its lock (a concurrent save of the same files waits) is held until the last rename.
@@ -361,6 +359,8 @@ def save_results(result: DiffResult, path: str | Path) -> list[Path]:
             quiet_polygraphy(), fsutil.atomic_path(dest) as tmp, fsutil.atomic_path(acc) as tmp_acc:
         result.run_results.save(str(tmp))
         result.accuracy.save(str(tmp_acc))
+        jsonout.standardize_file(tmp)  # Polygraphy writes bare NaN / Infinity tokens
+        jsonout.standardize_file(tmp_acc)
     return [dest, acc, summ]
 
 

@@ -333,11 +333,29 @@ def check_same_input_dims(ma: Any, mb: Any, pa: object, pb: object) -> None:
 
 def check_tensor_outputs(model: Any, path: object) -> None:
     """Refuse an output that is a sequence, map or optional: Polygraphy's comparator takes tensors only (it failed as
-    'running ... failed: dtype is unsupported for objects of type: list', blaming the model)."""
+    'running ... failed: dtype is unsupported for objects of type: list', blaming the model); and a string tensor:
+    the comparator subtracts the two outputs (it failed with an internal TypeError, exit 3)."""
+    from onnx import TensorProto
+
     for vi in model.graph.output:
         kind = vi.type.WhichOneof("value")
         if kind not in (None, "tensor_type", "sparse_tensor_type"):
             what = kind.removesuffix("_type")
-            raise InputError(f"{path}: output {vi.name!r} is a {what}; diff compares tensor outputs only (Polygraphy), "
-                             "so compare a variant returning its elements as tensors, or check a rewrite with "
-                             "'trtforge fold --check'")
+            raise InputError(f"{path}: output {vi.name!r} is {'an' if what[0] in 'aeiou' else 'a'} {what}; diff "
+                             "compares tensor outputs only (Polygraphy), so compare a variant returning its elements "
+                             "as tensors, or check a rewrite with 'trtforge fold --check'")
+        if kind == "tensor_type" and vi.type.tensor_type.elem_type == TensorProto.STRING:
+            raise InputError(f"{path}: output {vi.name!r} is a string tensor; Polygraphy's comparator computes "
+                             "differences, which strings have none of: compare a variant without it, or check a "
+                             "rewrite with 'trtforge fold --check'")
+
+
+def run_failure_hint(text: str) -> str:
+    """What to do when onnxruntime (under Polygraphy) failed to run a model with the error ``text``."""
+    if "NOT_IMPLEMENTED" in text:
+        return ("onnxruntime's CPU provider lacks a kernel for this op and type (it has no bf16 MatMul): compare the "
+                "fp32 or fp16 variant, or an engine on a GPU")
+    if "No corresponding Numpy type" in text:
+        return ("onnxruntime's Python API cannot return an output of this type (bfloat16, int4, uint4, float4): "
+                "compare a variant that casts such outputs to float32 (or int8), or an engine on a GPU")
+    return "check the models run in onnxruntime and pass --shape for inputs whose size matters"

@@ -226,6 +226,6 @@ def replay(reqs: Sequence[Request], run: Callable[[CacheFront | None], Any], tie
         "goodput_from": "simulator summary (its SLO flags and window)" if n1 is None else "response-cache front",
         "slo": {"ttft_s": front.ttft_slo_s, "tpot_s": front.tpot_slo_s, "window_s": window} if n1 is not None else None,
         "ttl_s": ttl_s, "measured_lookup": costs.to_json(),
-        "with_cache": {k: getattr(cached.summary, k) for k in ("completed", "ttft_p50_s", "ttft_p99_s")},
+        "with_cache": {k: cached.summary.to_json()[k] for k in ("completed", "ttft_p50_s", "ttft_p99_s")},
     }
     return uncached, summary
