@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import ArgumentParser, make_parser, run_command, stdout_console
+from ._common import ArgumentParser, add_file_force, make_parser, run_command, stdout_console
 from ._outputs import check_outputs
 
 
@@ -34,6 +34,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")
+    add_file_force(p)
     p.add_argument("--check", action="store_true",
                    help="run both models on the same seeded inputs (typical values, then every value class of each "
                         "dtype: +-0, +-inf, NaN, extremes, subnormals, precision edges; Loop bodies run, If "

@@ -6,7 +6,7 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import make_parser, run_command
+from ._common import add_file_force, make_parser, run_command
 from ._outputs import check_outputs
 
 
@@ -20,6 +20,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--to", required=True, choices=["fp16", "bf16"], help="target precision")
     p.add_argument("--report", help="write the conversion report (JSON) here")
+    add_file_force(p)
     p.add_argument("--no-fold", action="store_true", help="skip the fold pipeline after converting")
     return p
 

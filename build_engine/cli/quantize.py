@@ -10,7 +10,7 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import make_parser, run_command
+from ._common import add_file_force, make_parser, run_command
 from ._outputs import check_outputs
 
 
@@ -54,6 +54,7 @@ def build_parser() -> ArgumentParser:
                    help="int4 scales: awq (activation-aware search) or rtn (round-to-nearest) (default awq)")
     p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
     p.add_argument("--report", help="write the quantization report (JSON) here")
+    add_file_force(p)
     return p
 
 
