@@ -115,7 +115,7 @@ def _run(args: Any) -> int:
             report["check"] = chk.as_dict()
             passed = chk.passed
             if passed:
-                with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+                with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
                     onnx_save.promote_model(staged, args.output)
     else:
         if args.check:
@@ -123,11 +123,11 @@ def _run(args: Any) -> int:
             report["check"] = chk.as_dict()
             passed = chk.passed
         if passed:
-            with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+            with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
                 onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir,
                                      external_tensors=kept)
-    if args.report and not passed:  # the report says why no model was written
-        fsutil.write_json(args.report, report)
+    if args.report and not passed:  # the report says why no model was written (and that none was)
+        fsutil.write_json(args.report, {**report, "output_sha256": None, "output_bytes": None})
     _summary(report, args.output, passed)
     return 0 if passed else 1
 

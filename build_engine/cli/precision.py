@@ -38,7 +38,8 @@ def _run(args: Any) -> int:
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold, data_dir=source_dir)
     external, kept = loaded.external_data, loaded.external_tensors
     del loaded
-    with fsutil.staged_json(args.report, result.report.to_json() if args.report else None):  # both or neither
+    with fsutil.staged_json(args.report, result.report.to_json() if args.report else None,  # both or neither
+                           describes=args.output):
         onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir,
                              external_tensors=kept)
     from ..core import steps

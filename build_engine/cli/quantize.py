@@ -94,7 +94,7 @@ def _run(args: Any) -> int:
              else generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
     result = quantize(loaded.model, cfg, calib)
     report = {**result.report.to_json(), "input": str(args.input), "output": str(args.output)}
-    with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+    with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
         onnx_save.save_like(result.model, args.output, loaded)
     r = result.report
     print(f"{args.output}: {r.mode}, {len(r.nodes)} projections quantized, {len(r.excluded)} kept in float, "
