@@ -20,11 +20,8 @@ def _hold(signum: int, frame: object) -> None:
 
 
 def _is_console() -> bool:
-    """Whether this process is the ``trtforge`` console script (or ``python -m trtforge.build_engine.cli``)."""
-    if _sys.argv and _os.path.basename(_sys.argv[0]) in ("trtforge", "trtforge.exe"):
-        return True
-    orig = list(getattr(_sys, "orig_argv", []))
-    return "-m" in orig and orig[orig.index("-m") + 1:orig.index("-m") + 2] == ["trtforge.build_engine.cli"]
+    """Whether this process is the ``trtforge`` console script (its ``sys.argv[0]``)."""
+    return bool(_sys.argv) and _os.path.basename(_sys.argv[0]) in ("trtforge", "trtforge.exe")
 
 
 def _hold_signals() -> None:
