@@ -61,6 +61,7 @@ BROKEN_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry: ``_main`` plus a quiet exit when stdout is a closed pipe (no traceback, no message)."""
+    from .. import HELD_SIGNALS
     from ..core import interrupt
 
     _open_standard_streams()
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stderr = sys.stderr
     sys.stderr = _Tolerant(stderr)  # type: ignore[assignment]
     try:
-        with interrupt.early():  # a signal before the command's own handlers: one line, 130 / 143
+        with interrupt.early(HELD_SIGNALS):  # a signal before the command's own handlers: one line, 130 / 143
             code = _main(argv)
         sys.stdout.flush()  # inside the try: a late EPIPE on the final flush is the same case
         return code
@@ -91,6 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         sys.stderr = stderr
+        _done()
+
+
+def _done() -> None:
+    """In the console script, a signal after the command ended changes nothing: its outputs are complete (or were
+    never written) and its exit code stands. Ignored, it cannot kill the interpreter's exit by SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    from .. import CONSOLE
+
+    if CONSOLE and threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 class _Tolerant:

@@ -53,6 +53,16 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
     talk.add_argument("-q", "--quiet", action="store_true", help="log only warnings and errors on stderr (no notes)")
 
 
+FILE_FORCE_HELP = ("accepted by every command that writes, so one spelling works everywhere: an existing output "
+                   "FILE is replaced (atomically) with or without it, an output FOLDER (build, triton) only with it; "
+                   "an input is never overwritten or deleted, with or without it")
+
+
+def add_file_force(parser: argparse.ArgumentParser) -> None:
+    """``--force`` on a command whose outputs are files (see ``FILE_FORCE_HELP``)."""
+    parser.add_argument("--force", action="store_true", help=FILE_FORCE_HELP)
+
+
 def fail(message: str) -> NoReturn:
     raise InputError(message)
 

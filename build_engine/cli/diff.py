@@ -12,7 +12,7 @@ from __future__ import annotations
 from argparse import Namespace
 from collections.abc import Sequence
 
-from ._common import ArgumentParser, make_parser, run_command, stdout_console
+from ._common import ArgumentParser, add_file_force, make_parser, run_command, stdout_console
 
 
 def build_parser() -> ArgumentParser:
@@ -36,9 +36,11 @@ def build_parser() -> ArgumentParser:
                    help="fill an input with one constant, e.g. lora_slot_ids=-1 (repeatable)")
     p.add_argument("--extra-inputs", action="store_true",
                    help="allow inputs only one model has (generated for that model alone), e.g. LoRA pools")
-    p.add_argument("--save", metavar="R.json", help="save Polygraphy RunResults JSON (plus R.accuracy.json and "
-                                                    "R.summary.json beside it); standard JSON, where an infinite or "
-                                                    "NaN number is the string \"inf\", \"-inf\" or \"nan\"")
+    p.add_argument("--save", "--report", metavar="R.json", dest="save",
+                   help="save Polygraphy RunResults JSON (plus R.accuracy.json and R.summary.json beside it); "
+                        "standard JSON, where an infinite or NaN number is the string \"inf\", \"-inf\" or "
+                        "\"nan\"; --report is the same option, as fold, precision and quantize spell it")
+    add_file_force(p)
     p.add_argument("--ort-optimize", action="store_true",
                    help="let onnxruntime optimize the graphs and prepack weights (off by default: then every op runs "
                         "as written, so equivalent graphs give bitwise equal outputs; onnxruntime 1.32's CPU "

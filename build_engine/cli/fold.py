@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import ArgumentParser, make_parser, run_command, stdout_console
+from ._common import ArgumentParser, add_file_force, make_parser, run_command, stdout_console
 from ._outputs import check_outputs
 
 
@@ -34,6 +34,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("input", help="input .onnx model")
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--report", help="write the fold report (JSON) here")
+    add_file_force(p)
     p.add_argument("--check", action="store_true",
                    help="run both models on the same seeded inputs (typical values, then every value class of each "
                         "dtype: +-0, +-inf, NaN, extremes, subnormals, precision edges; Loop bodies run, If "
@@ -114,7 +115,7 @@ def _run(args: Any) -> int:
             report["check"] = chk.as_dict()
             passed = chk.passed
             if passed:
-                with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+                with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
                     onnx_save.promote_model(staged, args.output)
     else:
         if args.check:
@@ -122,11 +123,11 @@ def _run(args: Any) -> int:
             report["check"] = chk.as_dict()
             passed = chk.passed
         if passed:
-            with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+            with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
                 onnx_save.save_model(folded, args.output, external_data=external or None, source_dir=source_dir,
                                      external_tensors=kept)
-    if args.report and not passed:  # the report says why no model was written
-        fsutil.write_json(args.report, report)
+    if args.report and not passed:  # the report says why no model was written (and that none was)
+        fsutil.write_json(args.report, {**report, "output_sha256": None, "output_bytes": None})
     _summary(report, args.output, passed)
     return 0 if passed else 1
 

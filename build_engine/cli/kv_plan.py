@@ -6,7 +6,7 @@ import json
 from argparse import Namespace
 from collections.abc import Sequence
 
-from ._common import ArgumentParser, make_parser, run_command
+from ._common import ArgumentParser, add_file_force, make_parser, run_command
 
 
 def build_parser() -> ArgumentParser:
@@ -24,7 +24,9 @@ def build_parser() -> ArgumentParser:
                         "model's context if shorter; more than the context is refused)")
     p.add_argument("--max-num-tokens", type=int, default=8192,
                    help="tokens in the largest forward (sizes the activation reserve; default 8192)")
-    p.add_argument("--json", metavar="OUT", default=None, help="also write the plan as JSON")
+    p.add_argument("--json", "--report", metavar="OUT", dest="json", default=None,
+                   help="also write the plan as JSON (--report: the same option, as fold and precision spell it)")
+    add_file_force(p)
     return p
 
 

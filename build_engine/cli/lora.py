@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core import steps
 from ..core.errors import InputError
-from ._common import ArgumentParser, add_debug, make_parser, run_command
+from ._common import ArgumentParser, add_debug, add_file_force, make_parser, run_command
 
 #: ``lora pack --dtype`` in the spelling of precision --to / diff --precision / kv-plan --kv-dtype -> the pool's.
 _POOL_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
@@ -24,6 +24,7 @@ def build_parser() -> ArgumentParser:
     add_debug(inj)
     inj.add_argument("input", type=Path, help="ONNX model")
     inj.add_argument("-o", "--output", type=Path, required=True, help="output ONNX model")
+    add_file_force(inj)
     inj.add_argument("--targets", required=True, help="comma-separated module names, e.g. q_proj,v_proj")
     inj.add_argument("--max-rank", type=int, default=16, help="pool rank R (max adapter rank), 1..64 (default 16)")
     inj.add_argument("--slots", type=int, default=8, help="adapter slots N (default 8)")
@@ -37,11 +38,13 @@ def build_parser() -> ArgumentParser:
     add_debug(dec)
     dec.add_argument("input", type=Path)
     dec.add_argument("-o", "--output", type=Path, required=True)
+    add_file_force(dec)
 
     pk = sub.add_parser("pack", help="PEFT adapter folders -> slot-pool safetensors (adapter i -> slot i)")
     add_debug(pk)
     pk.add_argument("adapters", type=Path, nargs="+", help="PEFT adapter folders")
     pk.add_argument("-o", "--output", type=Path, required=True, help="POOL.safetensors")
+    add_file_force(pk)
     pk.add_argument("--max-rank", type=int, default=None, help="pool rank (default: the model's, else the max r)")
     pk.add_argument("--slots", type=int, default=None, help="slots (default: the model's, else one per adapter)")
     src = pk.add_mutually_exclusive_group()

@@ -6,7 +6,7 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import make_parser, run_command
+from ._common import add_file_force, make_parser, run_command
 from ._outputs import check_outputs
 
 
@@ -20,6 +20,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output .onnx model (written atomically)")
     p.add_argument("--to", required=True, choices=["fp16", "bf16"], help="target precision")
     p.add_argument("--report", help="write the conversion report (JSON) here")
+    add_file_force(p)
     p.add_argument("--no-fold", action="store_true", help="skip the fold pipeline after converting")
     return p
 
@@ -37,7 +38,8 @@ def _run(args: Any) -> int:
     result = convert_precision(loaded.model, args.to, fold=not args.no_fold, data_dir=source_dir)
     external, kept = loaded.external_data, loaded.external_tensors
     del loaded
-    with fsutil.staged_json(args.report, result.report.to_json() if args.report else None):  # both or neither
+    with fsutil.staged_json(args.report, result.report.to_json() if args.report else None,  # both or neither
+                           describes=args.output):
         onnx_save.save_model(result.model, args.output, external_data=external or None, source_dir=source_dir,
                              external_tensors=kept)
     from ..core import steps

@@ -10,7 +10,7 @@ from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import make_parser, run_command
+from ._common import add_file_force, make_parser, run_command
 from ._outputs import check_outputs
 
 
@@ -54,6 +54,7 @@ def build_parser() -> ArgumentParser:
                    help="int4 scales: awq (activation-aware search) or rtn (round-to-nearest) (default awq)")
     p.add_argument("--quantize-lm-head", action="store_true", help="quantize the LM head too")
     p.add_argument("--report", help="write the quantization report (JSON) here")
+    add_file_force(p)
     return p
 
 
@@ -93,7 +94,7 @@ def _run(args: Any) -> int:
              else generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
     result = quantize(loaded.model, cfg, calib)
     report = {**result.report.to_json(), "input": str(args.input), "output": str(args.output)}
-    with fsutil.staged_json(args.report, report):  # model and report are both written, or neither
+    with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
         onnx_save.save_like(result.model, args.output, loaded)
     r = result.report
     print(f"{args.output}: {r.mode}, {len(r.nodes)} projections quantized, {len(r.excluded)} kept in float, "

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from ._common import ArgumentParser, make_parser, run_command
+from ._common import ArgumentParser, add_file_force, make_parser, run_command
 from ._outputs import check_outputs
 
 # the choices are plain data, repeated here so `--help` does not import the scheduler
@@ -60,8 +60,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and of --adapters (default 0)")
     p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8", "int8"), default=None,
                    help="KV cache dtype (default: the profile's precision); as trtforge kv-plan --kv-dtype")
-    p.add_argument("--json", metavar="OUT", default=None, help="write the metrics JSON here")
+    p.add_argument("--json", "--report", metavar="OUT", dest="json", default=None,
+                   help="write the metrics JSON here (--report: the same option, as fold and precision spell it)")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="write KV utilization / queue / TTFT plot")
+    add_file_force(p)
     p.add_argument("--response-cache", metavar="TIERS", choices=("l1", "l1,l2", "l1,l2,l3"), default=None,
                    help="put the response cache in front (l1 | l1,l2 | l1,l2,l3): a repeat of an answered prompt "
                         "within the TTL is served by the tier holding it at that tier's lookup time, measured on "

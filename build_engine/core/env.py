@@ -52,9 +52,17 @@ TRITON_INTERPRET = Knob("TRITON_INTERPRET", "0", "1: Triton runs kernels in its 
                         "Triton kernel's decoration; Triton reads it when it is imported and decorates)",
                         owner="Triton")
 
+RAY_HEAD_GRACE_S = Knob("TRTFORGE_RAY_HEAD_GRACE_S", "10",
+                        "build-matrix --executor ray: seconds the Ray head may not answer before the unfinished cells "
+                        "are reported failed (build_engine/matrix/ray_watch.py)", kind="int")
+RAY_RECONNECT = Knob("RAY_gcs_rpc_server_reconnect_timeout_s", "",
+                     "how long Ray's core worker waits for a lost head before ending the process; build-matrix's "
+                     "driver sets it high for itself unless it is set (TRTFORGE_RAY_HEAD_GRACE_S decides)",
+                     owner="Ray")
+
 KNOBS: tuple[Knob, ...] = (LORA_ALIAS, LORA_SIMPLE_MAX_TOKENS, TEST_KILL_ONCE_DIR, TEST_KILL_AT, TEST_NO_EXCHANGE,
                            DIRECT_WRITE, POLYGRAPHY_USE_TENSORRT_RTX, XDG_CACHE_HOME, CUDA_HOME, CUDA_PATH,
-                           TRITON_INTERPRET)
+                           TRITON_INTERPRET, RAY_HEAD_GRACE_S, RAY_RECONNECT)
 
 
 def get(knob: Knob) -> str:

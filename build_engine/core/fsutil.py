@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import interrupt, staging
+from . import interrupt, pairing, staging
 from .errors import InputError
 
 
@@ -78,21 +78,31 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def staged_json(path: str | os.PathLike[str] | None, obj: Any) -> Iterator[None]:
+def staged_json(path: str | os.PathLike[str] | None, obj: Any,
+                describes: str | os.PathLike[str] | None = None) -> Iterator[None]:
     """Write ``obj`` as JSON (a report beside a command's main output) into ``path``'s staging now, and rename it
     into place when the block, which writes the other output, ends without error: a write that fails (a full disk)
     leaves neither, where writing one after the other left the model without its report. ``None``: no report.
 
     Another run writing the same report meanwhile waits (``staging.group_lock``): two runs interleaving their
-    renames left one run's model beside the other's report."""
+    renames left one run's model beside the other's report.
+
+    ``describes``: the model file the report is about. Just before that model's commit (``model_commit``) the
+    report is rewritten with ``output_sha256`` (the sha256 of the model file's bytes as committed) and
+    ``output_bytes``. The two renames are separate steps, so a ``kill -9`` between them leaves the new model beside
+    the old report; the sha256 tells a reader so (``core.pairing.report_matches``)."""
     if path is None:
         yield
         return
     from .jsonout import dumps
 
+    def write(extra: dict[str, Any]) -> None:
+        tmp.write_bytes((dumps({**obj, **extra}, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
     with staging.group_lock(check_output_file(path)), atomic_path(path) as tmp:
-        tmp.write_bytes((dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
-        yield
+        write({})
+        with pairing.sealed_by(describes, lambda staged: write(pairing.file_identity(staged))):
+            yield
 
 
 @contextlib.contextmanager

@@ -115,16 +115,20 @@ def check() -> None:
 
 
 @contextlib.contextmanager
-def early() -> Iterator[None]:
+def early(held: list[int] | None = None) -> Iterator[None]:
     """For the console entry, before a command's ``handling()``: SIGINT/SIGTERM raise ``Interrupted`` (Python's
     default printed a KeyboardInterrupt traceback while the command module was imported or its parser built, and a
-    SIGTERM killed the process without a word); main thread only, restored after."""
+    SIGTERM killed the process without a word); main thread only, restored after. ``held``: signals recorded before
+    this point (the package's own import in the console script), raised at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _state["signum"] = None
     old = {s: signal.signal(s, _handler) for s in EXIT_CODES}
     try:
+        if held:
+            _state["signum"] = held[0]
+            raise Interrupted(held.pop(0))
         yield
     finally:
         _stop_retry()

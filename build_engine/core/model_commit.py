@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import interrupt, staging
+from . import interrupt, pairing, staging
 from .errors import InputError
 
 _CLAIM = staging.CLAIM
@@ -119,6 +119,7 @@ def commit_model(staged: Path, dest: Path, data_name: str | None) -> None:
     data = staged.with_name(data_name) if data_name else None
     if data is not None and data.exists():
         os.chmod(data, os.stat(staged).st_mode & 0o7777)  # the same permissions as the model file that needs it
+    pairing.seal_report(staged, dest)  # a report staged for it records this model's sha256
     staging.fault_point("model:staged")
     interrupt.check()  # a signal while saving: commit nothing
     with interrupt.deferred():

@@ -29,7 +29,7 @@ from ..core import fsutil, interrupt, staging
 from ..core.errors import InputError, TrtforgeError
 from ..engine.manifest import Manifest
 from .cells import Cell, check_sources, describe, plan_cells, profile_file, trtforge_version
-from .executors import Submission, run_local, run_ray, start_ray
+from .executors import Submission, run_local, run_on_ray
 from .spec import MatrixSpec
 from .worker import CellJob, CellResult
 
@@ -377,14 +377,12 @@ def _execute(spec: MatrixSpec, root: Path, need: list[CellStatus], executor: str
             progress(st)
 
     if executor == "ray":
-        import ray
-
-        started = start_ray(address, jobs)
-        try:
-            run_ray(subs, sources, retries, on_event)
-        finally:
-            if started:
-                ray.shutdown()
+        lost = run_on_ray(subs, sources, address, jobs, retries, on_event)  # the cluster went away: why, or None
+        for st in need if lost else ():
+            if st.status in ("pending", "running", "retry"):  # the finished cells stay as they are
+                st.status, st.reason = "failed", lost or ""
+                if progress is not None:
+                    progress(st)
     else:
         run_local(subs, jobs, retries, on_event)
 

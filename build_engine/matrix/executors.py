@@ -209,7 +209,10 @@ def start_ray(address: str, jobs: int) -> bool:
     if env.get_flag(env.LORA_ALIAS):  # part of LoRA cells' keys: the workers build what the driver keyed
         env_vars[env.LORA_ALIAS.name] = "1"
     runtime_env = {"env_vars": env_vars} if env_vars else None
-    with _sigterm_kept():
+    from .ray_watch import reconnect_timeout
+
+    # Read by Ray's core worker as ray.init creates it: the head watch (ray_watch), not Ray, ends a lost run.
+    with _sigterm_kept(), env.override(env.RAY_RECONNECT, reconnect_timeout()):
         if address == "local":
             ray.init(num_cpus=jobs, resources=node_resources(), include_dashboard=False, log_to_driver=False,
                      configure_logging=False, runtime_env=runtime_env)
@@ -239,19 +242,19 @@ def _sigterm_kept() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _ray_wait(refs: list[Any]) -> list[Any]:
-    """``ray.wait`` for one result. Ray turns the exception a signal handler raises (core.interrupt's Interrupted,
-    which carries SIGTERM's 143) into a plain KeyboardInterrupt; the signal is raised again as it came."""
-    import ray
+def _ray_wait(refs: list[Any], watch: Any) -> list[Any]:
+    """``ray.wait`` for one result, watching the head (``ray_watch``). Ray turns the exception a signal handler
+    raises (core.interrupt's Interrupted, which carries SIGTERM's 143) into a plain KeyboardInterrupt; the signal is
+    raised again as it came."""
+    from .ray_watch import wait_one
 
     try:
-        done, _ = ray.wait(refs, num_returns=1)
+        return wait_one(refs, watch)
     except KeyboardInterrupt as exc:
         signum = interrupt.pending()
         if isinstance(exc, interrupt.Interrupted) or signum is None:
             raise
         raise interrupt.Interrupted(signum) from None
-    return list(done)
 
 
 def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | None], retries: int,
@@ -259,6 +262,9 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
     """Run every submission as a Ray task on the connected cluster (see module docstring)."""
     import ray
 
+    from .ray_watch import HeadWatch
+
+    watch = HeadWatch.of_connected()
     available = ray.cluster_resources()
     remote = ray.remote(_ray_cell)
     refs: dict[str, Any] = {key: (ray.put(files) if files is not None else None) for key, files in sources.items()}
@@ -276,7 +282,7 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
         waiting[remote.options(**options).remote(sub.job, refs[sub.source_key])] = sub
         on_event(sub.index, "running", 1, None)
     while waiting:
-        for ref in _ray_wait(list(waiting)):
+        for ref in _ray_wait(list(waiting), watch):
             sub = waiting.pop(ref)
             try:
                 results[sub.index] = ray.get(ref)
@@ -290,3 +296,35 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
                     + ("" if lost else ", or raise --retries")))
             on_event(sub.index, "done", results[sub.index].attempts, results[sub.index])
     return results
+
+
+def run_on_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | None], address: str, jobs: int,
+               retries: int, on_event: Event) -> str | None:
+    """``start_ray`` then ``run_ray``. A cluster lost during the run (its head stopped answering: ``ray_watch``; Ray
+    failing to answer) or one Ray cannot start is no crash of the driver: the reason comes back, for every cell not
+    finished, and the finished ones have had their events. None when the run ended normally. Bad input (an
+    ``--address`` that cannot be joined) stays an InputError; the driver's own errors (its disk) propagate."""
+    import ray
+
+    from .ray_watch import ClusterLost
+
+    def why(exc: BaseException, when: str) -> str:
+        text = " ".join(str(exc).split())[:200]
+        return (f"not finished: Ray {when} ({type(exc).__name__}: {text}); check the cluster (ray status) and run "
+                "build-matrix again (finished cells are cached)")
+
+    try:
+        started = start_ray(address, jobs)
+    except (ray.exceptions.RayError, ConnectionError, RuntimeError, OSError) as exc:  # e.g. a socket path too long
+        return why(exc, "could not start")
+    try:
+        run_ray(subs, sources, retries, on_event)
+        return None
+    except ClusterLost as exc:
+        return str(exc)
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        return why(exc, "failed during the run")
+    finally:
+        if started:
+            with contextlib.suppress(Exception):
+                ray.shutdown()

@@ -92,7 +92,8 @@ def test_every_knob_is_documented() -> None:
     declared = {v.name for v in vars(env).values() if isinstance(v, env.Knob)}
     assert declared == set(names), f"knobs missing from KNOBS: {declared - set(names)}"
     for knob in env.KNOBS:
-        assert knob.meaning.strip() and knob.name.isupper(), knob
+        # Another tool's variable is spelled as that tool reads it (Ray's RAY_<config name> is lower case).
+        assert knob.meaning.strip() and (knob.name.isupper() or knob.owner != "trtforge"), knob
 
 
 def _skips_on_trtforge_import(tree: ast.AST) -> list[int]:
