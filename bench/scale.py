@@ -9,6 +9,9 @@ the weights' size (the target in issue 18 is 1.5x), and each time is the command
 imports, load, work, save), next to its CPU time
 (user + system, all threads), which does not depend on how busy the machine is.
 
+``quantize`` runs once per mode (generated calibration: 16 samples of 32 tokens); ``--quantize-lm-head`` puts the
+1 GiB LM head through int8 (the largest single weight conversion).
+
 Anchors measured in the same run: ``onnxslim`` (what ``fold`` does; python API in a subprocess, saving with external
 data) and ``polygraphy convert`` with TensorRT-RTX (what ``build`` does; same shape ranges as the a100 profile's).
 
@@ -75,6 +78,10 @@ def commands(w: Path, exe: str) -> list[tuple[str, list[str], dict[str, str] | N
                                                   "-o", str(w / "poly.plan"), *shapes], poly_env),
         ("triton", [exe, "triton", str(w / "eng"), "--repo", str(w / "repo"), "--name", "big", "--force"], None),
         ("kv-plan", [exe, "kv-plan", "--profile", "a100", "--model", str(w / "config.json")], None),
+        *[(f"quantize {' '.join(flags)}", [exe, "quantize", str(big), "-o", str(w / f"q{i}.onnx"), *flags], None)
+          for i, flags in enumerate((["--mode", "int8"], ["--mode", "int8", "--calibrator", "percentile"],
+                                     ["--mode", "int4-wo"], ["--mode", "fp8"],
+                                     ["--mode", "int8", "--quantize-lm-head"]))],
     ]
 
 

@@ -89,13 +89,18 @@ def _run(args: Any) -> int:
                       int4_method=args.int4_method, calib_size=args.calib_size, seq_len=args.calib_seq,
                       exclude=tuple(p.strip() for p in args.exclude.split(",")) if args.exclude else (),
                       quantize_lm_head=args.quantize_lm_head, seed=args.seed)
-    loaded = onnx_io.load(args.input)
+    # Big external weights stay on disk: quantize reads each projection's weight when it needs it, calibration runs
+    # the model by path, and the weights left float are copied file to file into the output's data.
+    loaded = onnx_io.load(args.input, lazy=True)
+    source_dir = loaded.path.parent
     calib = (load_npz(args.calib, loaded.model) if args.calib
              else generate(loaded.model, cfg.calib_size, cfg.seq_len, cfg.seed))
-    result = quantize(loaded.model, cfg, calib)
+    result = quantize(loaded.model, cfg, calib, data_dir=source_dir)
     report = {**result.report.to_json(), "input": str(args.input), "output": str(args.output)}
     with fsutil.staged_json(args.report, report, describes=args.output):  # both written, or neither
-        onnx_save.save_like(result.model, args.output, loaded)
+        # ``save_like``'s layout, and the weights still on disk (left float) copied from the source's data file
+        onnx_save.save_model(result.model, args.output, external_data=loaded.external_data or None,
+                             source_dir=source_dir, external_tensors=loaded.external_tensors)
     r = result.report
     print(f"{args.output}: {r.mode}, {len(r.nodes)} projections quantized, {len(r.excluded)} kept in float, "
           f"{r.seconds:.2f} s; calibration: {r.calibration}")

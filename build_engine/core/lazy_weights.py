@@ -36,7 +36,9 @@ def on_disk(tensor: TensorProto) -> bool:
 
 
 def span(tensor: TensorProto, base_dir: Path) -> tuple[Path, int, int]:
-    """(file, offset, length) of an external tensor's bytes (``load`` has checked them against the file)."""
+    """(file, offset, length) of an external tensor's bytes (``load`` has checked them against the file). An absolute
+    ``location`` (``load`` refuses one in a model file) is a temporary file of this process: ``quantize.stored.spill``
+    points the weights it writes there, so they are read and copied as a lazy load's are."""
     info = entries(tensor)
     path = base_dir / info["location"]
     offset = int(info.get("offset") or 0)
@@ -88,3 +90,19 @@ def copy_tensor(tensor: TensorProto, base_dir: Path, dst: BinaryIO, pos: int, al
     dst.write(b"\0" * gap)
     copy_span(path, offset, length, dst)
     return pos + gap, length
+
+
+def to_array(tensor: TensorProto, base_dir: Path | None) -> np.ndarray:
+    """The tensor's values as numpy, read from its file when it is still on disk (a lazy load of a model in
+    ``base_dir``): one tensor at a time, so code that needs a few weights' values never holds the others."""
+    if not on_disk(tensor) or base_dir is None:
+        return onnx.numpy_helper.to_array(tensor)
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    path, offset, length = span(tensor, base_dir)
+    count = length // np_type.itemsize
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        flat = np.fromfile(fh, dtype=np_type.newbyteorder("<"), count=count)
+    if flat.size != count:
+        raise OSError(f"{path}: short read of {tensor.name!r}")
+    return flat.astype(np_type, copy=False).reshape(tuple(tensor.dims))

@@ -89,12 +89,25 @@ def written_error(rows: np.ndarray, weights: Sequence[np.ndarray], stored: Seque
     """``||X W - (X / s) Q(s W)|| / ||X W||`` over a group's projections on the calibration rows, with ``Q`` the
     written quantization (``stored`` = s * W, each with its clip ratios): the report's "calibration rel. error".
     ``search``'s own ``error`` is before the clipping search, which moves it (usually down, by ~10%)."""
-    x = rows.astype(np.float32)
-    xs = x if s is None else x / s
     num = den = 0.0
     for w, ws, clip in zip(weights, stored, clips, strict=True):
-        ref = x @ w
-        out = xs @ fake_quant_weight(ws, "int4-wo", block, 1.0 if clip is None else clip)
-        num += float(np.sum((out - ref) ** 2))
-        den += float(np.sum(ref ** 2))
+        n, d = written_terms(rows, w, ws, clip, s, block)
+        num += n
+        den += d
+    return written_ratio(num, den)
+
+
+def written_terms(rows: np.ndarray, w: np.ndarray, ws: np.ndarray, clip: np.ndarray | None, s: np.ndarray | None,
+                  block: int) -> tuple[float, float]:
+    """One projection's share of ``written_error``: (sum of squared output errors, sum of squared outputs). Summed
+    over a group in node order they give its error (``written_ratio``), so each weight can be dropped once its
+    terms are known."""
+    x = rows.astype(np.float32)
+    xs = x if s is None else x / s
+    ref = x @ w
+    out = xs @ fake_quant_weight(ws, "int4-wo", block, 1.0 if clip is None else clip)
+    return float(np.sum((out - ref) ** 2)), float(np.sum(ref ** 2))
+
+
+def written_ratio(num: float, den: float) -> float:
     return float(np.sqrt(num / max(den, 1e-30)))

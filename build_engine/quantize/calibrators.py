@@ -60,26 +60,35 @@ def _weight_bytes(model: ModelProto) -> int:
     return tensor_bytes(model)
 
 
-def _save_external(model: ModelProto, path: Path) -> None:
+def _by_path(model: ModelProto, data_dir: Path | None) -> bool:
+    """Whether onnxruntime must run ``model`` from a file: some weights are still on disk (a lazy load: written
+    tensor by tensor, those copied file to file, so no weight is held by this process twice), or its weights near
+    protobuf's 2 GiB limit (onnxruntime serialises a model given in memory, which fails for every model over 2 GiB:
+    any 1B-parameter fp32 LLM)."""
+    from ..core.lazy_weights import has_lazy
+
+    return (data_dir is not None and has_lazy(model)) or _weight_bytes(model) >= PROTO_LIMIT
+
+
+def _save_external(model: ModelProto, path: Path, data_dir: Path | None = None) -> None:
     """``model`` at ``path`` with every tensor of 1 KiB or more in its data file, bodies' and Constants' too: the
-    temporary copy must fit protobuf's 2 GiB wherever its weights are."""
+    temporary copy must fit protobuf's 2 GiB wherever its weights are. Weights still on disk (in ``data_dir``) are
+    copied file to file."""
     from ..core.onnx_save import save_model
     from ..core.onnx_tensors import body_fingerprints
 
-    save_model(model, path, external_data=True, external_tensors=body_fingerprints(model))
+    save_model(model, path, external_data=True, source_dir=data_dir, external_tensors=body_fingerprints(model))
 
 
 @contextlib.contextmanager
-def _runnable(model: ModelProto) -> Iterator[ModelProto | str]:
-    """``model`` itself, or, when its weights near protobuf's 2 GiB limit, the path of a temporary copy with external
-    data: onnxruntime serialises a model given in memory, which fails for every model over 2 GiB (any 1B-parameter
-    fp32 LLM), and so did quantize's calibration."""
-    if _weight_bytes(model) < PROTO_LIMIT:
+def _runnable(model: ModelProto, data_dir: Path | None = None) -> Iterator[ModelProto | str]:
+    """``model`` itself, or (``_by_path``) the path of a temporary copy with external data."""
+    if not _by_path(model, data_dir):
         yield model
         return
     with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
         path = Path(tmp) / "model.onnx"
-        _save_external(model, path)
+        _save_external(model, path, data_dir)
         yield str(path)
 
 
@@ -97,9 +106,10 @@ def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
 
 
 def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], keep_rows: bool,
-            seed: int = 0) -> dict[str, ActStats]:
+            seed: int = 0, data_dir: Path | None = None) -> dict[str, ActStats]:
+    """``data_dir``: where the weights of a lazily loaded ``model`` still on disk are (onnxruntime reads them)."""
     tensors = list(dict.fromkeys(tensors))
-    with _runnable(_with_outputs(model, tensors)) as source:
+    with _runnable(_with_outputs(model, tensors), data_dir) as source:
         return _collect(_session(source), tensors, samples, keep_rows, seed)
 
 
@@ -136,59 +146,75 @@ def _collect(sess: Any, tensors: list[str], samples: Sequence[Sample], keep_rows
                         np.concatenate(rows[t]) if keep_rows else None) for t in tensors}
 
 
-class _Reader:
-    """onnxruntime.quantization's CalibrationDataReader protocol over our samples."""
-
-    def __init__(self, samples: Sequence[Sample]) -> None:
-        self._it: Iterator[Sample] = iter(samples)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        nxt = next(self._it, None)
-        return None if nxt is None else dict(nxt)
+#: onnxruntime.quantization's PercentileCalibrater / EntropyCalibrater as trtforge configured them (symmetric;
+#: num_quantized_bins, percentile: the HistogramCalibrater defaults those calibrators pass on where not given)
+_HISTOGRAM: dict[str, dict[str, Any]] = {
+    "percentile": {"num_bins": 2048, "num_quantized_bins": 2048, "percentile": 99.99},
+    "entropy": {"num_bins": 2048, "num_quantized_bins": 128, "percentile": 99.999},
+}
 
 
-def _calibrator_class(method: str) -> tuple[type, dict[str, Any]]:
-    from onnxruntime.quantization import calibrate as c
+def _calibratable(model: ModelProto, tensors: Sequence[str]) -> list[str]:
+    """The ``tensors`` onnxruntime's calibrators would calibrate (``select_tensors_to_calibrate``): a node's input or
+    output, typed float32/float16 by shape inference (of the weight-free skeleton), not an initializer."""
+    from ..core.shape_inference import infer_shapes
+
+    m = decompose(model)
+    try:
+        inferred = infer_shapes(m)
+    except Exception:  # noqa: BLE001 -- inference's own errors: every tensor is typed by the session instead
+        return list(tensors)
+    g = inferred.graph
+    types = {vi.name: vi for vi in [*g.value_info, *g.output, *g.input]}
+    inits = {t.name for t in m.graph.initializer}
+    used = {name for n in m.graph.node for name in (*n.input, *n.output)}
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    return [t for t in tensors if t in used and t not in inits and t in types
+            and types[t].type.HasField("tensor_type") and types[t].type.tensor_type.elem_type in floats]
+
+
+def _histogram_session(source: ModelProto | str) -> Any:
+    """The session onnxruntime's calibrators create (``create_inference_session``): optimizations off, the rest
+    onnxruntime's defaults (weight pre-packing on), so the activations are theirs bit for bit."""
+    import onnxruntime as ort
 
     from ..verify.sessions import quiet_onnxruntime
 
-    quiet_onnxruntime()  # the calibrators create their own sessions
+    quiet_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 4
+    data = source if isinstance(source, str) else source.SerializeToString()
+    return ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
 
-    if method == "max":
-        return c.MinMaxCalibrater, {"symmetric": True}
-    if method == "percentile":
-        return c.PercentileCalibrater, {"symmetric": True, "num_bins": 2048, "percentile": 99.99}
-    return c.EntropyCalibrater, {"symmetric": True, "num_bins": 2048, "num_quantized_bins": 128}
 
+def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], method: str,
+           data_dir: Path | None = None) -> dict[str, float]:
+    """Per-tensor |x| bound of each activation in ``tensors`` by onnxruntime.quantization's histogram calibration
+    (``method``: percentile or entropy; its ``HistogramCollector``, fed what its calibrators feed it, so the ranges
+    are theirs). Not through the calibrator classes: they load the whole model with its weights (``onnx.load`` after
+    shape inference) and save an augmented copy for their session, which loads the weights once more, and they keep
+    every output of every sample; here the model runs as ``collect`` runs it (by path when ``data_dir`` holds weights
+    still on disk) and only the wanted activations are kept."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, HistogramCollector, TensorsData
 
-def ranges(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample], method: str) -> dict[str, float]:
-    """Per-tensor |x| bound of each activation in ``tensors`` by the named onnxruntime calibrator."""
-    from ..core.onnx_save import save_model
-
-    base, kwargs = _calibrator_class(method)
-    wanted = set(tensors)
-
-    class Selected(base):  # type: ignore[misc,valid-type]
-        def select_tensors_to_calibrate(self, m: ModelProto) -> tuple[set[str], dict[str, Any]]:
-            found, infos = super().select_tensors_to_calibrate(m)
-            return found & wanted, infos
-
-    with tempfile.TemporaryDirectory(prefix="trtforge-calib-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        big = _weight_bytes(model) >= PROTO_LIMIT  # onnx.save / the augmented model: external data past 2 GiB
-        if big:
-            _save_external(decompose(model), path)
-        else:
-            save_model(decompose(model), path, external_data=False)
-        cal = Selected(path, op_types_to_calibrate=None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                       use_external_data_format=big, **kwargs)
-        cal.augment_graph()
-        cal.create_inference_session()
-        # onnxruntime's calibrators print progress on stdout ("Collecting tensor data and making histogram ...");
-        # stdout is the command's own summary
-        with contextlib.redirect_stdout(io.StringIO()):
-            cal.collect_data(_Reader(samples))
-            data = cal.compute_data()
+    tensors = list(dict.fromkeys(tensors))
+    found = _calibratable(model, tensors)
+    values: dict[str, list[np.ndarray]] = {t: [] for t in found}
+    with _runnable(_with_outputs(model, found), data_dir) as source:
+        sess = _histogram_session(source)
+        for sample in samples:
+            for name, value in zip(found, _run(sess, sample, found), strict=True):
+                values[name].append(value)
+        del sess
+    collector = HistogramCollector(method=method, symmetric=True, scenario="same", **_HISTOGRAM[method])
+    kind = CalibrationMethod.Percentile if method == "percentile" else CalibrationMethod.Entropy
+    # onnxruntime's collector prints progress on stdout ("Collecting tensor data and making histogram ..."); stdout
+    # is the command's own summary
+    with contextlib.redirect_stdout(io.StringIO()):
+        if values:
+            collector.collect(values)
+        data = TensorsData(kind, collector.compute_collection_result()) if values else {}
     out: dict[str, float] = {}
     for name in tensors:
         if name not in data:

@@ -19,11 +19,13 @@ quantizes; a Gemm that stays float is never touched. ``B`` is removed when no no
 from __future__ import annotations
 
 from collections.abc import Collection
+from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from ..core.graph import Namer, all_graphs
+from ..core.lazy_weights import to_array
 from .targets import GEMM_BIAS_DOC, node_label
 
 _ATTRS = frozenset({"alpha", "beta", "transA", "transB"})
@@ -62,8 +64,9 @@ def candidates(model: ModelProto) -> dict[str, str | None]:
             if n.op_type == "Gemm" and n.domain in ("", "ai.onnx")}
 
 
-def lower(model: ModelProto, labels: Collection[str]) -> ModelProto:
-    """A copy of ``model`` with the Gemms labelled ``labels`` (each one ``candidates`` accepts) lowered."""
+def lower(model: ModelProto, labels: Collection[str], data_dir: Path | None = None) -> ModelProto:
+    """A copy of ``model`` with the Gemms labelled ``labels`` (each one ``candidates`` accepts) lowered;
+    ``data_dir``: where a lazily loaded model's weights still on disk are (a transposed B is read from there)."""
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -81,7 +84,7 @@ def lower(model: ModelProto, labels: Collection[str]) -> ModelProto:
         if trans_b:
             if w not in transposed:
                 transposed[w] = fresh(f"{w}_transposed")
-                t = np.ascontiguousarray(numpy_helper.to_array(inits[w]).T)
+                t = np.ascontiguousarray(to_array(inits[w], data_dir).T)
                 g.initializer.append(numpy_helper.from_array(t, transposed[w]))
             w = transposed[w]
         has_c = len(node.input) > 2 and node.input[2] != ""

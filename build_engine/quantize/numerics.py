@@ -48,26 +48,49 @@ def _block_amax(w: np.ndarray, block: int) -> np.ndarray:
     return padded.reshape(nb, block, n).max(1)
 
 
+#: Elements of one weight converted at a time: the temporaries of ``quantize_weight`` (w / scale, its rounding) are
+#: those of a slice of columns, not of the whole weight (three float copies of a 1 GiB LM head otherwise).
+_CHUNK = 1 << 22
+
+
+def _column_slices(w: np.ndarray) -> list[slice]:
+    cols = max(1, _CHUNK // max(1, w.shape[0]))
+    return [slice(j, j + cols) for j in range(0, w.shape[1], cols)]
+
+
 def quantize_weight(w: np.ndarray, mode: str, block: int = 128,
                     clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(stored values, float32 scales) for an ``[in, out]`` float32 weight. ``clip`` (int4, ``[blocks, out]``,
-    in (0, 1]) shrinks each block's range (AWQ's clipping: outliers saturate, the rest get finer steps)."""
-    w = w.astype(np.float32)
+    in (0, 1]) shrinks each block's range (AWQ's clipping: outliers saturate, the rest get finer steps). Computed a
+    slice of output channels at a time (every step is per channel or elementwise: the same values)."""
+    if mode not in ("int4-wo", "int8", "fp8"):
+        raise ValueError(f"unknown mode {mode!r}")
+    w = w.astype(np.float32, copy=False)
+    parts = _column_slices(w)
     if mode == "int4-wo":
         import ml_dtypes
 
-        amax = _block_amax(w, block) * (1.0 if clip is None else clip)
+        amax = np.concatenate([_block_amax(w[:, c], block) for c in parts], axis=1) * (1.0 if clip is None else clip)
         scale = (np.maximum(amax, _TINY) / INT4_MAX).astype(np.float32)
-        full = np.repeat(scale, block, axis=0)[: w.shape[0]]
-        return np.clip(np.rint(w / full), -8, 7).astype(ml_dtypes.int4), scale
-    amax = np.abs(w).max(0)
+        q = np.empty(w.shape, ml_dtypes.int4)
+        for c in parts:
+            full = np.repeat(scale[:, c], block, axis=0)[: w.shape[0]]
+            q[:, c] = np.clip(np.rint(w[:, c] / full), -8, 7).astype(ml_dtypes.int4)
+        return q, scale
+    amax = np.concatenate([np.abs(w[:, c]).max(0) for c in parts])
     if mode == "int8":
         scale = (np.maximum(amax, _TINY) / INT8_MAX).astype(np.float32)
-        return np.clip(np.rint(w / scale), -INT8_MAX, INT8_MAX).astype(np.int8), scale
-    if mode == "fp8":
-        scale = (np.maximum(amax, _TINY) / FP8_MAX).astype(np.float32)
-        return _fp8(w / scale), scale
-    raise ValueError(f"unknown mode {mode!r}")
+        q = np.empty(w.shape, np.int8)
+        for c in parts:
+            q[:, c] = np.clip(np.rint(w[:, c] / scale[c]), -INT8_MAX, INT8_MAX).astype(np.int8)
+        return q, scale
+    import ml_dtypes
+
+    scale = (np.maximum(amax, _TINY) / FP8_MAX).astype(np.float32)
+    q = np.empty(w.shape, ml_dtypes.float8_e4m3fn)
+    for c in parts:
+        q[:, c] = _fp8(w[:, c] / scale[c])
+    return q, scale
 
 
 def dequantize_weight(q: np.ndarray, scale: np.ndarray, mode: str, block: int = 128) -> np.ndarray:

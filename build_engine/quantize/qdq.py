@@ -22,7 +22,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from ..core.graph import Namer, all_graphs
 from ..core.onnx_io import MIGRATION_DOC
 from .config import MIN_IR, MIN_OPSET
-from .numerics import act_scale, quantize_weight
+from .numerics import act_scale
 from .targets import Target
 
 
@@ -37,11 +37,17 @@ class EdgePlan:
 
 
 @dataclass(frozen=True)
-class WeightPlan:
+class StoredWeight:
+    """One projection's weight as written: its stored values and float32 scales (``numerics.quantize_weight`` of the
+    migrated weight), and ``key``, the digest of what was quantized (migrated values, block, clip ratios): readers of
+    one source weight with equal keys share one stored form. The float weight is not kept: the quantizer quantizes
+    each weight as soon as its plan is known and drops it, so the float weights are never all in memory at once."""
+
     target: Target
-    weight: np.ndarray  # float32 [in, out], migration already applied
-    block: int = 0      # int4: rows per block (divides in_features: TensorRT builds whole blocks only)
-    clip: np.ndarray | None = None  # int4: [blocks, out] range ratios from AWQ's clipping search
+    q: np.ndarray       # int8 / fp8 / int4 [in, out]
+    scale: np.ndarray   # float32 scales (per output channel; int4: [blocks, out])
+    block: int          # int4: rows per block (divides in_features: TensorRT builds whole blocks only); else 0
+    key: bytes
 
 
 def _zero_point(mode: str, name: str) -> TensorProto:
@@ -75,9 +81,8 @@ def _edge_nodes(edge: EdgePlan, mode: str, new: Namer, inits: list[TensorProto])
     return nodes, cur
 
 
-def _weight_node(plan: WeightPlan, mode: str, new: Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
-    t, block = plan.target, plan.block
-    q, scale = quantize_weight(plan.weight, mode, block, plan.clip)
+def _weight_node(stored: StoredWeight, mode: str, new: Namer, inits: list[TensorProto]) -> tuple[NodeProto, str]:
+    t, block, q, scale = stored.target, stored.block, stored.q, stored.scale
     attrs: dict[str, Any] = {"axis": 0, "block_size": block} if mode == "int4-wo" else {"axis": 1}
     if mode == "int4-wo" and scale.size == 1:
         # one block of one output channel ([block, 1]: a value head): TensorRT refuses a one-element block scale
@@ -92,12 +97,6 @@ def _weight_node(plan: WeightPlan, mode: str, new: Namer, inits: list[TensorProt
     return node, out
 
 
-def _same_storage(a: WeightPlan, b: WeightPlan) -> bool:
-    if a.block != b.block or (a.clip is None) != (b.clip is None) or not np.array_equal(a.weight, b.weight):
-        return False
-    return a.clip is None or b.clip is None or np.array_equal(a.clip, b.clip)
-
-
 def _bump_opset(model: ModelProto, mode: str) -> None:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx") and imp.version < MIN_OPSET[mode]:
@@ -105,7 +104,8 @@ def _bump_opset(model: ModelProto, mode: str) -> None:
     model.ir_version = max(model.ir_version, MIN_IR[mode])
 
 
-def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan], weights: Sequence[WeightPlan]) -> ModelProto:
+def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan],
+            weights: Sequence[StoredWeight]) -> ModelProto:
     """A new model with the edges and weights quantized (``model`` is not mutated)."""
     out = ModelProto()
     out.CopyFrom(model)
@@ -119,16 +119,16 @@ def rewrite(model: ModelProto, mode: str, edges: Mapping[str, EdgePlan], weights
         before.setdefault(min(edge.consumers), []).extend(nodes)
         for i in edge.consumers:
             g.node[i].input[0] = edge_out[x]
-    made: dict[str, list[tuple[WeightPlan, str]]] = {}  # source weight -> the plans written for it, their outputs
+    made: dict[str, dict[bytes, str]] = {}  # source weight -> the stored forms written for it (key -> output)
     for plan in weights:
         # a weight shared by projections is stored once per distinct stored form (same migrated values, block and
         # clip: fp8, rtn, or one SmoothQuant/AWQ group), not once per reader; ``weights`` are in node order, so the
         # DequantizeLinear sits before its first reader
-        w_out = next((out for done, out in made.get(plan.target.weight, []) if _same_storage(done, plan)), None)
+        w_out = made.get(plan.target.weight, {}).get(plan.key)
         if w_out is None:
             node, w_out = _weight_node(plan, mode, new, inits)
             before.setdefault(plan.target.index, []).append(node)
-            made.setdefault(plan.target.weight, []).append((plan, w_out))
+            made.setdefault(plan.target.weight, {})[plan.key] = w_out
         g.node[plan.target.index].input[1] = w_out
     nodes = []
     for i, node in enumerate(g.node):

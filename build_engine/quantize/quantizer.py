@@ -6,13 +6,20 @@
 4. Activation ranges (int8, fp8) of the migrated activations: the max calibrator reads them from step 2's
    statistics (max|x_j / s_j| is exact); percentile and entropy run onnxruntime's calibrators on the migrated model.
 5. ``qdq.rewrite`` then the exact fold pipeline (Q/DQ are not Casts: no fold rule matches them).
+
+Memory: on a lazily loaded model (``data_dir``) the weights are never all in this process. Calibration runs the
+model by path; each projection's weight is read from its file when a step needs it and dropped after
+(``stored``): its group's migration scales, then its written form, quantized at once; the weights left float stay
+references into the source's data file, which the save copies file to file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto, helper, numpy_helper
@@ -21,10 +28,10 @@ from ..core.errors import InputError
 from ..core.graph import Namer
 from ..passes import fold
 from ..precision.opset import at_opset
-from . import awq, calibrators, gemm, smoothquant
+from . import awq, calibrators, gemm, smoothquant, stored
 from .calib_data import CalibSet
 from .config import METADATA_KEY, MIN_BLOCK, MIN_IR, MIN_OPSET, QuantConfig
-from .qdq import EdgePlan, WeightPlan, rewrite
+from .qdq import EdgePlan, rewrite
 from .report import NodeReport, QuantReport
 from .targets import Excluded, Selection, Target, select, source_labels
 
@@ -45,38 +52,45 @@ def _check_source(model: ModelProto) -> None:
 Migration = tuple[dict[str, np.ndarray], dict[str, str], dict[str, calibrators.ActStats]]
 
 
-def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Target]],
-                weights: dict[str, np.ndarray], blocks: dict[str, int], calib: CalibSet) -> Migration:
-    """Per activation: s (weights rows * s, x / s), a description, and the float model's statistics."""
+def _migrations(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Target]], read: stored.WeightReader,
+                blocks: dict[str, int], calib: CalibSet, data_dir: Path | None) -> Migration:
+    """Per activation: s (weights rows * s, x / s), a description, and the float model's statistics. The weights
+    are read one group (the projections of one activation) at a time."""
     keep_rows = cfg.mode == "int4-wo" and cfg.int4_method == "awq"
-    stats = calibrators.collect(model, list(groups), calib.samples, keep_rows, cfg.seed)
+    stats = calibrators.collect(model, list(groups), calib.samples, keep_rows, cfg.seed, data_dir)
     scales: dict[str, np.ndarray] = {}
     notes: dict[str, str] = {}
     for x, ts in groups.items():
-        ws = [weights[t.weight] for t in ts]
+        if cfg.mode != "int8" and not keep_rows:  # fp8, int4 rtn: no migration
+            notes[x] = "none"
+            continue
+        ws = [read(t.weight) for t in ts]
         if cfg.mode == "int8":
             scales[x] = smoothquant.smooth_scales(stats[x], ws, cfg.alpha)
             notes[x] = f"smoothquant alpha={cfg.alpha}"
-        elif keep_rows:
+        else:
             choice = awq.search(stats[x], ws, blocks[x])
             if choice.alpha > 0:
                 scales[x] = choice.scales
-            # the error of the written weights (after the clipping search) is filled in by ``_awq_notes``
+            # the error of the written weights (after the clipping search) is filled in by ``stored.written``
             notes[x] = (f"awq alpha={choice.alpha:.2f} (calibration rel. error {{error:.3g}}, "
                         f"rtn {choice.error_rtn:.3g})")
-        else:
-            notes[x] = "none"
+        del ws
     return scales, notes, stats
 
 
-def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResult:
+def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet, data_dir: Path | None = None) -> QuantResult:
+    """``data_dir``: the folder of the source model when it was loaded lazily (``onnx_io.load(..., lazy=True)``):
+    weights still on disk are read from their file one at a time, calibration runs the model by path (onnxruntime
+    reads the weights itself), and the result's untouched weights stay on disk (save it with
+    ``save_model(..., source_dir=data_dir)``)."""
     start = time.perf_counter()
     _check_source(model)
     with source_labels(model):  # the report's and --exclude's labels are the source's (module targets)
         model = _at_opset(model, cfg.mode)
         model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
     model = _lift_weight_constants(model)
-    model, sel = _select(model, cfg)
+    model, sel = _select(model, cfg, data_dir)
     if cfg.mode == "int4-wo":
         sel = _whole_blocks(sel, cfg.block_size)
     if not sel.targets:
@@ -85,20 +99,18 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet) -> QuantResul
     groups: dict[str, list[Target]] = defaultdict(list)
     for t in sel.targets:
         groups[t.x].append(t)
-    inits = {i.name: i for i in model.graph.initializer}
-    weights = {t.weight: numpy_helper.to_array(inits[t.weight]).astype(np.float32) for t in sel.targets}
-    _check_finite(sel.targets, weights)
+    read = stored.reader(model, data_dir)
+    stored.check_finite(sel.targets, read)
     blocks = {x: block_for(ts[0].in_features, cfg.block_size) for x, ts in groups.items()}
-    scales, notes, stats = _migrations(model, cfg, groups, weights, blocks, calib)
-    amax = _act_ranges(model, cfg, groups, scales, stats, calib)
+    scales, notes, stats = _migrations(model, cfg, groups, read, blocks, calib, data_dir)
+    amax = _act_ranges(model, cfg, groups, scales, stats, calib, read, data_dir)
     edges = {x: EdgePlan(x, tuple(t.index for t in ts), (1.0 / scales[x]).astype(np.float32) if x in scales
                          else None, amax.get(x)) for x, ts in groups.items()}
-    plans = [_weight_plan(t, weights[t.weight], scales.get(t.x), blocks[t.x], stats.get(t.x), cfg)
-             for t in sel.targets]
-    if cfg.mode == "int4-wo" and cfg.int4_method == "awq":
-        notes = _awq_notes(notes, groups, plans, weights, scales, stats, blocks)
-    quantized = rewrite(model, cfg.mode, edges, plans)
-    folded = fold(quantized)
+    weights, errors = stored.written(sel.targets, read, scales, stats, blocks, cfg)
+    notes = {x: note.format(error=errors[x]) if x in errors else note for x, note in notes.items()}
+    quantized = rewrite(model, cfg.mode, edges, weights)
+    del weights  # the rewrite holds the stored values now (as initializers)
+    folded = fold(quantized, inplace=True)  # a new model: folded without a copy
     report = QuantReport(
         mode=cfg.mode, calibration=calib.source,
         calibrator=None if cfg.mode == "int4-wo" else cfg.calibrator,
@@ -146,7 +158,7 @@ def _lift_weight_constants(model: ModelProto) -> ModelProto:
     return out
 
 
-def _select(model: ModelProto, cfg: QuantConfig) -> tuple[ModelProto, Selection]:
+def _select(model: ModelProto, cfg: QuantConfig, data_dir: Path | None) -> tuple[ModelProto, Selection]:
     """The model with the Gemms to quantize lowered to MatMul (+ Add), and its selection. Every Gemm that can be
     lowered is, on trial; those the selection then leaves float are kept as Gemms (``gemm``: a lowered pair is not
     bit-identical to the Gemm) and listed as excluded with the selection's reason, as is every Gemm that cannot be."""
@@ -154,52 +166,13 @@ def _select(model: ModelProto, cfg: QuantConfig) -> tuple[ModelProto, Selection]
     if not found:
         return model, select(model, cfg.exclude, cfg.quantize_lm_head)
     lowerable = {label for label, why in found.items() if why is None}
-    trial = select(gemm.lower(model, lowerable), cfg.exclude, cfg.quantize_lm_head)
+    trial = select(gemm.lower(model, lowerable, data_dir), cfg.exclude, cfg.quantize_lm_head)
     wanted = {t.name for t in trial.targets} & lowerable
     reasons = {label: why for label, why in found.items() if why is not None}
     reasons.update({e.name: e.reason for e in trial.excluded if e.name in lowerable - wanted})
-    final = gemm.lower(model, wanted)
+    final = gemm.lower(model, wanted, data_dir)
     sel = select(final, cfg.exclude, cfg.quantize_lm_head)
     return final, Selection(sel.targets, sel.excluded + tuple(Excluded(k, v) for k, v in reasons.items()))
-
-
-def _check_finite(targets: tuple[Target, ...], weights: dict[str, np.ndarray], what: str = "") -> None:
-    """Refuse NaN / infinite weights (exit 2): a scale computed from them is NaN or inf, and the stored values would
-    silently turn every output non-finite (or, for inf under int8's clipping, wrong)."""
-    for t in targets:
-        w = weights[t.weight]
-        if not np.all(np.isfinite(w)):
-            bad = int(np.count_nonzero(~np.isfinite(w)))
-            raise InputError(f"{t.name}: weight {t.weight!r} {what}holds {bad} NaN or infinite values; quantization "
-                             f"needs finite weights (fix the source model, or keep it float with --exclude {t.name})")
-
-
-def _weight_plan(t: Target, w: np.ndarray, s: np.ndarray | None, block: int, stats: calibrators.ActStats | None,
-                 cfg: QuantConfig) -> WeightPlan:
-    """The weight to store (rows * s when migrated) and, for AWQ, its clipping ratios on the migrated rows."""
-    w = w * s[:, None] if s is not None else w
-    _check_finite((t,), {t.weight: w}, "times the migration scales ")
-    clip = None
-    if cfg.mode == "int4-wo" and cfg.int4_method == "awq" and stats is not None and stats.rows is not None:
-        rows = stats.rows / s if s is not None else stats.rows
-        clip = awq.clip_search(rows, w, block)
-    return WeightPlan(t, w, block, clip)
-
-
-def _awq_notes(notes: dict[str, str], groups: dict[str, list[Target]], plans: list[WeightPlan],
-               weights: dict[str, np.ndarray], scales: dict[str, np.ndarray],
-               stats: dict[str, calibrators.ActStats], blocks: dict[str, int]) -> dict[str, str]:
-    """Each AWQ note with the calibration error of the weights as written (scales and clipping both applied)."""
-    out = dict(notes)
-    for x, ts in groups.items():
-        rows = stats[x].rows
-        mine = [p for p in plans if p.target.x == x]
-        if rows is None or not mine:
-            continue
-        err = awq.written_error(rows, [weights[t.weight] for t in ts], [p.weight for p in mine],
-                                [p.clip for p in mine], scales.get(x), blocks[x])
-        out[x] = notes[x].format(error=err)
-    return out
 
 
 def block_for(in_features: int, wanted: int) -> int:
@@ -220,7 +193,8 @@ def _whole_blocks(sel: Selection, wanted: int) -> Selection:
 
 
 def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Target]], scales: dict[str, np.ndarray],
-                stats: dict[str, calibrators.ActStats], calib: CalibSet) -> dict[str, float]:
+                stats: dict[str, calibrators.ActStats], calib: CalibSet, read: stored.WeightReader,
+                data_dir: Path | None) -> dict[str, float]:
     if cfg.mode == "int4-wo":
         return {}
     if cfg.calibrator == "max":
@@ -228,25 +202,26 @@ def _act_ranges(model: ModelProto, cfg: QuantConfig, groups: dict[str, list[Targ
         return _finite_ranges(found)
     # Percentile / entropy: onnxruntime's calibrators on the migrated, still float model (x / s and s * W, so every
     # later activation is the float model's).
-    migrated = model
-    if scales:
-        migrated = ModelProto()
-        migrated.CopyFrom(model)
-        # each projection gets its own s * W: one weight read from two activations has two scales (scaling the
-        # shared initializer in place gave one of them the other's, so every later range came from a wrong model)
-        inits = {i.name: i for i in model.graph.initializer}
-        fresh = Namer(migrated)
-        for x, s in scales.items():
-            for t in groups[x]:
-                name = fresh(f"{t.weight}_migrated")
-                w = numpy_helper.to_array(inits[t.weight]).astype(np.float32) * s[:, None]
-                migrated.graph.initializer.append(numpy_helper.from_array(w, name))
-                migrated.graph.node[t.index].input[1] = name
-        edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
-                 for x, s in scales.items()}
-        migrated = rewrite(migrated, cfg.mode, edges, [])
-    names = {x: _migrated_name(migrated, x) for x in groups}
-    found = calibrators.ranges(migrated, list(names.values()), calib.samples, cfg.calibrator)
+    # A lazily loaded model's s * W go to a temporary file one at a time (``stored.spill``), never all in memory.
+    with contextlib.ExitStack() as stack:
+        put = stack.enter_context(stored.spill()) if data_dir is not None else numpy_helper.from_array
+        migrated = model
+        if scales:
+            migrated = ModelProto()
+            migrated.CopyFrom(model)
+            # each projection gets its own s * W: one weight read from two activations has two scales (scaling the
+            # shared initializer in place gave one of them the other's, so every later range came from a wrong model)
+            fresh = Namer(migrated)
+            for x, s in scales.items():
+                for t in groups[x]:
+                    name = fresh(f"{t.weight}_migrated")
+                    migrated.graph.initializer.append(put(read(t.weight) * s[:, None], name))
+                    migrated.graph.node[t.index].input[1] = name
+            edges = {x: EdgePlan(x, tuple(t.index for t in groups[x]), (1.0 / s).astype(np.float32), None)
+                     for x, s in scales.items()}
+            migrated = rewrite(migrated, cfg.mode, edges, [])
+        names = {x: _migrated_name(migrated, x) for x in groups}
+        found = calibrators.ranges(migrated, list(names.values()), calib.samples, cfg.calibrator, data_dir)
     return _finite_ranges({x: found[names[x]] for x in groups})
 
 

@@ -124,3 +124,20 @@ def test_build_triton_and_kv_plan(big: BigModel, tmp_path: Path) -> None:
     shutil.rmtree(eng)
     config = write_hf_config(tmp_path / "config.json", big.config)
     _run("kv-plan", "--profile", "a100", "--model", config)
+
+
+def test_quantize_int8_with_the_lm_head(big: BigModel) -> None:
+    # The 1 GiB LM head quantized too: calibration runs the model by path, each weight is read from its file, and
+    # the embedding (left float) is copied file to file into the output's data.
+    out, report = big.path.with_name("int8.onnx"), big.path.with_name("int8.json")
+    _run("quantize", big.path, "-o", out, "--mode", "int8", "--quantize-lm-head", "--calib-size", "2",
+         "--report", report)
+    rep = json.loads(report.read_text())
+    assert {n["weight"] for n in rep["nodes"]} >= {"lm_head.weight"}
+    g = _graph(out).graph
+    head = next(t for t in g.initializer if t.name.startswith("lm_head.weight") and t.data_type == T.INT8)
+    assert list(head.dims) == [big.config.hidden, big.config.vocab]
+    assert _data_files(out) == {"int8.onnx.data"}
+    assert out.with_name("int8.onnx.data").stat().st_size >= big.weight_bytes / 2 + big.weight_bytes / 8
+    for p in (out, out.with_name("int8.onnx.data"), report):
+        p.unlink()
