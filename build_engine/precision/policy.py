@@ -187,6 +187,9 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             continue
         if is_plugin_node(node):
             out[idx] = _plugin_decision(node, types, low)
+            if out[idx].mode is Mode.LOW and any(n in captured and types.get(n) == FLOAT for n in node.output):
+                out[idx] = NodeDecision(Mode.KEEP, reason="output read inside a subgraph (not converted)")  # rule 7
+                _mark(node, types, fp32_origin, "norm")
             continue
         why = _forced_fp32(node, types, captured, wide_values, tiny_values)
         if why:
