@@ -15,6 +15,7 @@ from ._outputs import check_outputs
 POLICY_NAMES = ("trtllm-1.2-no-evict", "trtllm-main-no-evict", "max-utilization", "vllm-v1", "cache-aware",
                 "fcfs-no-evict")
 ROUTER_NAMES = ("round-robin", "prefix-affinity", "cache-aware")
+_REDIS_POOL = 32  # the L2 client's smallest pool (scheduler/cache/entry.py refuses fewer)
 
 
 def build_parser() -> ArgumentParser:
@@ -72,7 +73,8 @@ def build_parser() -> ArgumentParser:
                         "(reported as an upper bound). See README")
     p.add_argument("--redis-url", default=None, help="the L2 Redis for --response-cache l1,l2[,l3] "
                                                      "(redis://host:port/db; must answer at start-up)")
-    p.add_argument("--redis-pool-size", type=int, default=32, help="L2 connection pool size (>= 32)")
+    p.add_argument("--redis-pool-size", type=int, default=None,
+                   help=f"L2 connection pool size (>= {_REDIS_POOL}; default {_REDIS_POOL})")
     return p
 
 
@@ -129,10 +131,25 @@ def _check(args: Namespace) -> None:
             raise InputError(f"{flag} must be a finite number of seconds > 0, got {v}")
     if args.lora_slots < 0:
         raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
+    _check_redis(args)
     # plain ASCII digits: str.isdigit() also holds for '\u00b2' (int() raised ValueError: exit 3) and '\u0663'
     if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isascii() and args.max_tokens.isdigit()
                                                              and int(args.max_tokens)):
         raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
+
+
+def _check_redis(args: Namespace) -> None:
+    """``--redis-url`` / ``--redis-pool-size`` configure the L2 tier: without it they did nothing, silently."""
+    from ..core.errors import InputError
+
+    given = [f for f, v in (("--redis-url", args.redis_url), ("--redis-pool-size", args.redis_pool_size))
+             if v is not None]
+    if given and not (args.response_cache and "l2" in args.response_cache.split(",")):
+        verb = "configure" if len(given) > 1 else "configures"
+        raise InputError(f"{' and '.join(given)} {verb} the L2 tier, which this run does not use: add "
+                         f"--response-cache l1,l2 (or l1,l2,l3), or drop {'them' if len(given) > 1 else 'it'}")
+    if args.redis_pool_size is not None and args.redis_pool_size < _REDIS_POOL:
+        raise InputError(f"--redis-pool-size {args.redis_pool_size}: use at least {_REDIS_POOL} connections")
 
 
 def _check_span(reqs: Any, args: Namespace) -> None:
@@ -214,7 +231,8 @@ def _replay(args: Namespace, reqs: Any, run: Callable[..., Any]) -> tuple[Any, d
     from trtforge.scheduler.sim.response_cache import parse_tiers, replay
 
     tiers = parse_tiers(args.response_cache)
-    costs = measure(tiers, redis_url=args.redis_url, pool_size=args.redis_pool_size)
+    pool = _REDIS_POOL if args.redis_pool_size is None else args.redis_pool_size
+    costs = measure(tiers, redis_url=args.redis_url, pool_size=pool)
     return replay(reqs, lambda front: run(front=front), tiers, costs)
 
 
