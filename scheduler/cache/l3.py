@@ -8,13 +8,13 @@ default, ``ngram_embedding``, is dependency-free character 3- and 4-gram hashing
 (typos, punctuation, word order changes nearby) but not paraphrases with other words; plug a sentence encoder for
 those.
 
-A candidate whose numbers (digit runs, in order) differ from the query's is never served, however similar: texts
-differing only in an id, an amount or a date are near-duplicates to an n-gram embedding (customer 1043 and 1044:
-0.95) but not the same question. Likewise a candidate whose negations differ (``not``, ``no``, ``never``,
-``without``, ``n't``..., in order): "drinks with alcohol" and "drinks without alcohol" are 0.9 apart by n-grams and
-opposite questions. Similarities are float32 inner products: one within ``SIM_TOLERANCE`` (1e-5) below
-the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of another size than
-``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the tier is created.
+A candidate whose numbers (digit runs and number words, in order) differ from the query's is never served, however
+similar: texts differing only in an id, an amount, a date or a count are near-duplicates to an n-gram embedding
+(customer 1043 and 1044: 0.95) but not the same question. Likewise a candidate whose negations differ (``not``,
+``no``, ``never``, ``without``, ``n't``..., in order): "drinks with alcohol" and "drinks without alcohol" are 0.9
+apart by n-grams and opposite questions. Similarities are float32 inner products: one within ``SIM_TOLERANCE``
+(1e-5) below the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of
+another size than ``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the tier is created.
 One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are swept out of the
 index as entries are added (amortised: after max(1024, half the entries) adds) and every other version's on an
 invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
@@ -51,13 +51,25 @@ from .entry import CacheConfig, Entry
 SIM_TOLERANCE = 1e-5
 
 Embedding = Callable[[str], np.ndarray]
-_NUMBER = re.compile(r"\d+(?:[.,:/-]\d+)*")
+_NUMBER_OR_WORD = re.compile(r"\d+(?:[.,:/-]\d+)*|[^\W\d_]+")
+#: English number words (cardinals, ordinals, multiples), compared like digit runs: "two spiders" and "three
+#: spiders" are near-duplicates to n-grams (0.93) and another question.
+NUMBER_WORDS = frozenset({
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty",
+    "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion", "trillion",
+    "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth", "eleventh",
+    "twelfth", "twentieth", "hundredth", "thousandth", "once", "twice", "thrice", "half", "halves", "quarter",
+    "quarters", "dozen", "dozens", "single", "double", "triple", "quadruple"
+})
 
 
 def _numbers(text: str) -> list[str]:
-    """The numbers of a text, in order: a near-duplicate that differs in one (an id, an amount, a date, a count) asks
-    something else (n-gram similarity of "orders over $100" and "... $1000" is 0.98), so it is never served."""
-    return _NUMBER.findall(text)
+    """The numbers of a text, in order: digit runs and number words (``NUMBER_WORDS``, lower-cased). A near-duplicate
+    that differs in one (an id, an amount, a date, a count) asks something else (n-gram similarity of "orders over
+    $100" and "... $1000" is 0.98), so it is never served; "2" and "two" count as different (a miss, never a wrong
+    answer)."""
+    return [t for t in _NUMBER_OR_WORD.findall(text.lower()) if t[0].isdigit() or t in NUMBER_WORDS]
 
 
 _WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?")

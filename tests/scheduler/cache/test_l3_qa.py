@@ -60,14 +60,15 @@ def test_hnsw_index_prunes_and_keeps_serving() -> None:
 
 
 def test_threshold_is_at_least_in_float32() -> None:
-    cosine = {"base": 1.0, "seventy": 0.70, "sixty-nine": 0.69, "ninety": 0.90, "eighty-nine": 0.89}
+    # labels without digits or number words (the number guard would refuse those before the threshold is asked)
+    cosine = {"base": 1.0, "alpha": 0.70, "beta": 0.69, "gamma": 0.90, "delta": 0.89}
 
     def axis(text: str) -> np.ndarray:  # a word's vector has exactly its cosine against "base"
         c = cosine.get(text, 0.0)
         return np.array([c, math.sqrt(1 - c * c)], dtype=np.float32)
 
-    for threshold, probe, hit in [(0.7, "seventy", True), (0.7, "sixty-nine", False), (1.0, "base", True),
-                                  (0.9, "ninety", True), (0.9, "eighty-nine", False)]:
+    for threshold, probe, hit in [(0.7, "alpha", True), (0.7, "beta", False), (1.0, "base", True),
+                                  (0.9, "gamma", True), (0.9, "delta", False)]:
         cache = _cache(l3_dim=2, l3_threshold=threshold, embed=axis)
         cache.store(cache.lookup(_req("base")).key, "a")
         cache.l1.clear()
@@ -180,3 +181,20 @@ def test_l3_json_that_save_does_not_write_is_an_input_error_and_loads_nothing(tm
     other_dim.l3.load(tmp_path)  # type: ignore[union-attr]
     assert other_dim.lookup(_req("How many vacation days do hires of team 1 get?")).value == "v1"
     assert other_dim.lookup(_req("the chart as png")).value == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("text", "other"), [
+    ("How many legs do two spiders have in total?", "How many legs do three spiders have in total?"),
+    ("Book a table for four people on Friday evening.", "Book a table for five people on Friday evening."),
+    ("What was the second largest city in the empire?", "What was the third largest city in the empire?"),
+    ("Cut the recipe in half for twenty-one guests.", "Cut the recipe in half for twenty-two guests."),
+])
+def test_near_duplicate_with_other_number_words_is_never_served(text: str, other: str) -> None:
+    """Numbers written as words: the guard compared digit runs only, so "two spiders" (0.93 to "three spiders" by
+    n-grams) was served the other count's answer. A typo elsewhere is still served."""
+    cache = _cache()
+    cache.store(cache.lookup(_req(text)).key, "answer")
+    assert not cache.lookup(_req(other)).hit, other
+    typo = text.replace("total", "totl").replace("evening", "evenng").replace("empire", "empre") \
+        .replace("guests", "guets")
+    assert cache.lookup(_req(typo)).value == "answer", typo
