@@ -186,10 +186,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
             _mark(node, types, fp32_origin, "norm")
             continue
         if is_plugin_node(node):
-            out[idx] = _plugin_decision(node, types, low)
-            if out[idx].mode is Mode.LOW and any(n in captured and types.get(n) == FLOAT for n in node.output):
-                out[idx] = NodeDecision(Mode.KEEP, reason="output read inside a subgraph (not converted)")  # rule 7
-                _mark(node, types, fp32_origin, "norm")
+            out[idx] = _plugin_or_captured(node, types, low, captured, fp32_origin)
             continue
         why = _forced_fp32(node, types, captured, wide_values, tiny_values)
         if why:
@@ -279,6 +276,17 @@ def _is_square(node: NodeProto, keep_ops: frozenset[str]) -> bool:
     """``Mul(x, x)`` is ``Pow(x, 2)`` (rule 1): an RMSNorm exported as ``x * x -> ReduceMean`` squared in fp16 gave
     inf for |x| > 256, so the norm returned 0."""
     return node.op_type == "Mul" and "Pow" in keep_ops and len(node.input) == 2 and node.input[0] == node.input[1]
+
+
+def _plugin_or_captured(node: NodeProto, types: Mapping[str, int], low: int, captured: set[str],
+                        fp32_origin: dict[str, str]) -> NodeDecision:
+    """Rule 6, unless rule 7 holds: a plugin node whose float32 output a subgraph reads stays float32 (the body is
+    not converted: it would read a 16-bit value as float32)."""
+    decision = _plugin_decision(node, types, low)
+    if decision.mode is Mode.LOW and any(n in captured and types.get(n) == FLOAT for n in node.output):
+        _mark(node, types, fp32_origin, "norm")
+        return NodeDecision(Mode.KEEP, reason="output read inside a subgraph (not converted)")
+    return decision
 
 
 def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> NodeDecision:

@@ -14,10 +14,10 @@ similar: texts differing only in an id, an amount, a date or a count are near-du
 ``no``, ``never``, ``without``, ``n't``..., in order): "drinks with alcohol" and "drinks without alcohol" are 0.9
 apart by n-grams and opposite questions. Similarities are float32 inner products: one within ``SIM_TOLERANCE``
 (1e-5) below the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of
-another size than ``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the tier is created.
-One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are swept out of the
-index as entries are added (amortised: after max(1024, half the entries) adds) and every other version's on an
-invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
+another size than ``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the
+tier is created. One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are
+swept out of the index as entries are added (amortised: after max(1024, half the entries) adds) and every other
+version's on an invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
 
 The index and its version live beside the cache: ``save(folder)`` writes ``l3.json`` atomically (a kill -9 leaves
 the old file or the new one), ``load(folder)`` adds its entries and takes its version, all or nothing: a file that is
