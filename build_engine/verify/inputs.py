@@ -3,10 +3,10 @@
 Planning (``plan_feeds``, pure): which dtype, shape and value range each graph input gets. Dynamic dims take small
 sizes (first dim 2, others 4; dims sharing a ``dim_param`` share the size, across all models planned together)
 unless ``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather`` (through
-Cast/Reshape/Squeeze/Unsqueeze/Flatten/Identity) lie in ``[0, data.shape[axis])`` (token ids below the vocabulary
-size of an embedding), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other integers lie in ``[0, 7]``, and below
-the smallest embedding table's size when the model has one. Floats lie in ``[-1, 1]``. ``values`` pins an input
-to one constant.
+Cast/CastLike/Reshape/Squeeze/Unsqueeze/Flatten/Identity, as their first input) lie in ``[0, data.shape[axis])``
+(token ids below the vocabulary size of an embedding), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other
+integers lie in ``[0, 7]``, and below the smallest embedding table's size when the model has one. Floats lie in
+``[-1, 1]``. ``values`` pins an input to one constant.
 
 Drawing (``draw``, one function for every dtype): values of a ``FeedSpec`` from a seeded NumPy generator. ``fold
 --check`` draws with it; ``diff`` hands the same plan to Polygraphy's seeded ``DataLoader``, so its inputs are the
@@ -28,7 +28,7 @@ from trtforge.plugins.lora import spec as lora_spec
 from ..core.errors import InputError
 from ..core.graph import tensor_dims
 
-_PASSTHROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+_PASSTHROUGH = {"Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 _DEFAULT_INT_RANGE = (0, 7)
 
 
