@@ -36,6 +36,26 @@ def test_gather_indices_behind_a_cast_like_are_drawn_in_range(cli, tmp_path: Pat
     assert "bit-identical" in res.out and out.exists()
 
 
+@pytest.mark.parametrize("op", ["Cast", "CastLike"])
+def test_ids_index_a_table_behind_a_cast_in_range(cli, tmp_path: Path, op: str) -> None:
+    # the planner read a Gather's table shape off an initializer, Constant or graph input only: a float16 table
+    # widened by a Cast (or a CastLike to the activations' type) before the Gather had no known rows, the ids were
+    # drawn in [0, 7] for a table of 3 rows, and fold --check refused the model (exit 2, 'index 3 is out of bounds')
+    table = nh.from_array(np.arange(15, dtype=np.float16).reshape(3, 5), "table")
+    widen = (h.make_node("CastLike", ["table", "x"], ["wide"]) if op == "CastLike"
+             else h.make_node("Cast", ["table"], ["wide"], to=T.FLOAT))
+    nodes = [widen, h.make_node("Identity", ["wide"], ["rows"]), h.make_node("Gather", ["rows", "ids"], ["g"]),
+             h.make_node("Add", ["g", "x"], ["y"])]
+    m = graph_model(nodes, [("x", T.FLOAT, [6, 5]), ("ids", T.INT64, [6])], [("y", T.FLOAT, [6, 5])], [table],
+                    opsets=(("", 21),))
+    onnx.checker.check_model(m, full_check=True)
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--check")
+    assert res.code == 0, res.err
+    assert "bit-identical" in res.out and out.exists()
+
+
 def _cast_like_loop(mid: int) -> onnx.ModelProto:
     """``y = Loop(CastLike(n, int64), "", x)`` whose body is ``v -> float(Cast(v, mid))``; ``If(CastLike(f, bool))``
     picks between it and ``x``. ``n`` and ``f`` are float graph inputs."""
