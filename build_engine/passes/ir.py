@@ -227,14 +227,16 @@ class GraphCtx:
     def constant_tensor(self, name: str) -> TensorProto | None:
         """The value of a constant this graph defines: an initializer that is not also a graph input (those can be
         overridden at run time), or a Constant node's tensor. Not a tensor whose data is still on disk (a lazy
-        load): its bytes are not here, and reading them relative to the working folder would be wrong."""
+        load, or a model read without its external data: an initializer or a Constant's value anywhere): its bytes
+        are not here, and ``numpy_helper.to_array`` would read a file of that name in the working folder."""
         if name in self.initializers and name not in self.inputs:
             t = self.initializers[name]
             return None if t.data_location == TensorProto.EXTERNAL or name in self.shadowed else t
         n = self.producer.get(name)
         if n is None or n.op != "Constant" or not n.onnx_op:
             return None
-        return constant_node_tensor(n.proto)
+        value = constant_node_tensor(n.proto)
+        return None if value is None or value.data_location == TensorProto.EXTERNAL else value
 
     # ----------------------------------------------------------------- mutations
     def set_input(self, node: Node, k: int, new: str) -> None:

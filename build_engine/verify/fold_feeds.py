@@ -23,7 +23,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from ..core.graph import all_graphs, free_names, subgraphs
 
-_PASS = {"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"}
+_PASS = {"Identity", "Cast", "CastLike", "Squeeze", "Unsqueeze", "Reshape"}  # CastLike: its first input
 
 
 #: Values at a narrower float's precision edge: a float16 rounding tie, the same tie plus 2**-40 (rounded to a tie by
@@ -153,8 +153,8 @@ def _scope(graph: GraphProto) -> _Scope:
 
 def _main_sources(scopes: list[_Scope], name: str) -> Iterator[str]:
     """The main-graph values that ``name``, read in the innermost of ``scopes`` (main graph first), is computed from
-    through Identity/Cast/(Un)Squeeze/Reshape, ``name`` included; each name resolved lexically (a body's own input
-    or value shadows the main graph's)."""
+    through Identity/Cast/CastLike/(Un)Squeeze/Reshape (their first input), ``name`` included; each name resolved
+    lexically (a body's own input or value shadows the main graph's)."""
     level, cur = len(scopes) - 1, name
     for _ in range(16):
         while level > 0 and cur not in scopes[level][1]:

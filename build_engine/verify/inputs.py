@@ -3,10 +3,11 @@
 Planning (``plan_feeds``, pure): which dtype, shape and value range each graph input gets. Dynamic dims take small
 sizes (first dim 2, others 4; dims sharing a ``dim_param`` share the size, across all models planned together)
 unless ``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather`` (through
-Cast/Reshape/Squeeze/Unsqueeze/Flatten/Identity) lie in ``[0, data.shape[axis])`` (token ids below the vocabulary
-size of an embedding), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other integers lie in ``[0, 7]``, and below
-the smallest embedding table's size when the model has one. Floats lie in ``[-1, 1]``. ``values`` pins an input
-to one constant.
+Cast/CastLike/Reshape/Squeeze/Unsqueeze/Flatten/Identity, as their first input) lie in ``[0, data.shape[axis])``
+(token ids below the vocabulary size of an embedding, its table read directly or through a Cast/CastLike/Identity:
+``Gather(Cast(w_fp16), ids)``), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other integers lie in ``[0, 7]``,
+and below the smallest embedding table's size when the model has one. Floats lie in ``[-1, 1]``. ``values`` pins an
+input to one constant.
 
 Drawing (``draw``, one function for every dtype): values of a ``FeedSpec`` from a seeded NumPy generator. ``fold
 --check`` draws with it; ``diff`` hands the same plan to Polygraphy's seeded ``DataLoader``, so its inputs are the
@@ -28,7 +29,7 @@ from trtforge.plugins.lora import spec as lora_spec
 from ..core.errors import InputError
 from ..core.graph import tensor_dims
 
-_PASSTHROUGH = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+_PASSTHROUGH = {"Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
 _DEFAULT_INT_RANGE = (0, 7)
 
 
@@ -86,21 +87,30 @@ def graph_inputs(model: Any) -> list[Any]:
     return [vi for vi in model.graph.input if vi.name not in inits]
 
 
+# ops whose output has their first input's shape: a table behind them (``Gather(Cast(w_fp16), ids)``) has its rows
+_SAME_SHAPE = {"Cast", "CastLike", "Identity"}
+
+
 def _static_shape(model: Any, name: str) -> tuple[int, ...] | None:
-    for init in model.graph.initializer:
-        if init.name == name:
-            return tuple(init.dims)
-    for vi in model.graph.input:
-        if vi.name == name:
-            dims = vi.type.tensor_type.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
-                return tuple(d.dim_value for d in dims)
+    """The static shape of main-graph value ``name``: an initializer, a fully static graph input, a Constant, or
+    one of those behind Cast / CastLike / Identity nodes (at most 16)."""
     from ..passes.protos import constant_node_tensor
 
-    for node in model.graph.node:
-        if node.op_type == "Constant" and name in node.output:  # value, value_int(s), value_float(s)
+    for _ in range(17):
+        for init in model.graph.initializer:
+            if init.name == name:
+                return tuple(init.dims)
+        for vi in model.graph.input:
+            if vi.name == name:
+                dims = vi.type.tensor_type.shape.dim
+                return tuple(d.dim_value for d in dims) if all(d.HasField("dim_value") for d in dims) else None
+        node = next((n for n in model.graph.node if name in n.output), None)
+        if node is not None and node.op_type == "Constant":  # value, value_int(s), value_float(s)
             t = constant_node_tensor(node)
             return None if t is None else tuple(t.dims)
+        if node is None or node.op_type not in _SAME_SHAPE or not node.input or not node.input[0]:
+            return None
+        name = node.input[0]
     return None
 
 
