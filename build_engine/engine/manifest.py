@@ -226,7 +226,7 @@ class Manifest:
         if not path.is_file():
             raise InputError(f"{path}: missing; pass an engine folder written by 'trtforge build'")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a leading BOM (Windows) skipped
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{path}: not valid JSON ({exc}); {_REBUILD}") from exc
         return cls.from_json(data, str(path))
