@@ -220,9 +220,15 @@ def _read_config(cfg_path: Path) -> tuple[str, bool]:
     own line numbers), and whether it had one: tritonserver's text-format parser does not skip it."""
     try:
         data = cfg_path.read_bytes()
+    except OSError as exc:
+        raise CheckFailed(f"{cfg_path}: unreadable ({exc.strerror or exc}); make it readable") from exc
+    try:
         return data.decode("utf-8-sig"), data.startswith(codecs.BOM_UTF8)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckFailed(f"{cfg_path}: unreadable ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        what = ("UTF-16 text (a Windows editor's 'Unicode')" if data.startswith((codecs.BOM_UTF16_LE,
+                codecs.BOM_UTF16_BE)) else f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        raise CheckFailed(f"{cfg_path}: {what}; tritonserver reads it as UTF-8: save it as UTF-8, or rewrite the entry "
+                          "with 'trtforge triton ENGINE --repo REPO --name NAME --force'") from exc
 
 
 def _served_manifests(mdir: Path, text: str, versions: list[int], problems: list[str]) -> dict[int, Manifest]:

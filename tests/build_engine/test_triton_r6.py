@@ -212,3 +212,38 @@ def test_read_only_repository_is_one_line(engines: dict[str, Path], tmp_path: Pa
             assert_one_line_error(res, 2, f"--repo {repo}: cannot write there")
         assert cli("triton", "--check", repo / "m").code == 0
     assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before
+
+
+def test_problem_of_a_tensor_with_an_escaped_name_is_at_its_line(tmp_path: Path, cli) -> None:
+    """A tensor name holding '"' or '\\' is escaped in config.pbtxt, and a problem with that tensor was reported at
+    the first input's line (the name was searched for unescaped)."""
+    pytest.importorskip("tensorrt_rtx")
+    name = 'q"uo\\te'
+    scale = numpy_helper.from_array(seeded_rng("test_triton_r6.escaped").uniform(0.5, 2, (8,)).astype(np.float32), "s")
+    graph = helper.make_graph([helper.make_node("Mul", [name, "s"], ["y"])], "esc",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT32, ["batch", "seq"]),
+                               helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+                               helper.make_tensor_value_info("ids_out", TensorProto.INT32, ["batch", "seq"])], [scale])
+    graph.node.append(helper.make_node("Neg", ["ids"], ["ids_out"]))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert cli("build", tmp_path / "m.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress").code == 0
+    assert cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "m", "--no-warmup").code == 0
+    cfg = tmp_path / "repo" / "m" / "config.pbtxt"
+    lines = cfg.read_text().splitlines()
+    at = lines.index('  name: "q\\"uo\\\\te"') + 1
+    assert lines[at + 1] == "  dims: 8", lines
+    lines[at + 1] = "  dims: 9"
+    cfg.write_text("\n".join(lines) + "\n")
+    assert_one_line_error(cli("triton", "--check", cfg.parent), 1, f"{cfg}:{at + 2}: input {name!r}: dims [9]")
+
+
+@pytest.mark.parametrize(("encoding", "needle"), [("utf-16", "UTF-16 text"), ("cp1252", "not UTF-8 text")])
+def test_config_in_another_encoding_names_the_fix(engines: dict[str, Path], tmp_path: Path, cli, encoding: str,
+                                                  needle: str) -> None:
+    """A config.pbtxt saved as UTF-16 or cp1252 was 'unreadable ('utf-8' codec can't decode ...)', naming no fix."""
+    repo = tmp_path / "repo"
+    assert cli("triton", engines["a10"], "--repo", repo, "--name", "m").code == 0
+    cfg = repo / "m" / "config.pbtxt"
+    cfg.write_bytes(cfg.read_text().replace("# Written", "# \u00e9crit: Written").encode(encoding))
+    assert_one_line_error(cli("triton", "--check", repo), 1, f"{cfg}: {needle}", "save it as UTF-8")
