@@ -247,3 +247,47 @@ def test_config_in_another_encoding_names_the_fix(engines: dict[str, Path], tmp_
     cfg = repo / "m" / "config.pbtxt"
     cfg.write_bytes(cfg.read_text().replace("# Written", "# \u00e9crit: Written").encode(encoding))
     assert_one_line_error(cli("triton", "--check", repo), 1, f"{cfg}: {needle}", "save it as UTF-8")
+
+
+@pytest.mark.parametrize("dims", [["seq", "batch", 8], ["tokens", 8]])
+def test_sequence_first_input_is_not_batched(tmp_path: Path, cli, dims: list[object]) -> None:
+    """A sequence-first input ([seq, batch, H]) or a packed one ([tokens, H]) got max_batch_size 16 (its first dim's
+    smallest profile maximum): Triton would batch requests along the sequence and refuse sequences over 16 the
+    engine admits (1024). The build now records what each dim is (manifest 'axes'), and the first dim must be the
+    batch; --check refuses the old config."""
+    pytest.importorskip("tensorrt_rtx")
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    w = numpy_helper.from_array(seeded_rng("test_triton_r6.seqfirst").standard_normal((8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "seqfirst",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert cli("build", tmp_path / "m.onnx", "--profile", "a100", "-o", tmp_path / "e", "--no-progress").code == 0
+    assert json.loads((tmp_path / "e" / "manifest.json").read_text())["inputs"][0]["axes"][0] == "sequence"
+    assert cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "m").code == 0
+    cfg_path = tmp_path / "repo" / "m" / "config.pbtxt"
+    cfg = text_format.Parse(cfg_path.read_text(), model_config_pb2.ModelConfig())
+    assert cfg.max_batch_size == 0 and [list(t.dims) for t in cfg.input] == [[-1 if d != 8 else 8 for d in dims]]
+    assert cli("triton", "--check", cfg_path.parent).code == 0
+    res = cli("triton", tmp_path / "e", "--repo", tmp_path / "repo2", "--name", "m", "--max-batch", "4")
+    assert_one_line_error(res, 2, "--max-batch 4", "not a dynamic batch dimension")
+    cfg.max_batch_size = 16  # what the old code wrote
+    del cfg.model_warmup[:]
+    for t in [*cfg.input, *cfg.output]:
+        del t.dims[0]
+    cfg_path.write_text(text_format.MessageToString(cfg))
+    assert_one_line_error(cli("triton", "--check", cfg_path.parent), 1, "max_batch_size 16",
+                          "not a dynamic batch dimension")
+
+
+def test_manifest_axes_must_name_every_dim(engines: dict[str, Path], tmp_path: Path, cli) -> None:
+    """A manifest whose 'axes' do not give one name per dim is refused, naming the key."""
+    eng = tmp_path / "eng"
+    shutil.copytree(engines["a10"], eng)
+    data = json.loads((eng / "manifest.json").read_text())
+    data["inputs"][0]["axes"] = ["batch"]
+    (eng / "manifest.json").write_text(json.dumps(data))
+    res = cli("triton", eng, "--repo", tmp_path / "repo", "--name", "m")
+    assert_one_line_error(res, 2, "inputs[0] (ids).axes: expected one name per dim")
