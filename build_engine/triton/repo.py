@@ -297,11 +297,13 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     plan_name: str = (proto.default_model_filename if proto is not None and proto.default_model_filename
                       else _OTHER_FILES.get(proto.platform or proto.backend, "") if other else "model.plan")
     problems += _policy_and_steps(proto, cfg_path, versions, other) if proto is not None else []
-    for v in versions if plan_name else []:  # an ensemble (or an unknown backend) has no model file to look for
+    # Only the versions tritonserver loads: it never looks into another version folder (an older one being removed)
+    served = sorted(_served(proto, versions)) if plan_name else []  # an ensemble has no model file to look for
+    for v in served:
         plan = mdir / str(v) / plan_name
         if not (plan.is_file() or (other and plan.is_dir())):  # a SavedModel is a folder
             problems.append(f"{plan}: missing; Triton cannot load version {v}")
-        elif v in manifests and sha256_file(plan) != manifests[v].plan_sha256:  # every version tritonserver loads
+        elif v in manifests and sha256_file(plan) != manifests[v].plan_sha256:
             problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
     if problems:
         raise CheckFailed("; ".join(problems))

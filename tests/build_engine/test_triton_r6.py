@@ -291,3 +291,21 @@ def test_manifest_axes_must_name_every_dim(engines: dict[str, Path], tmp_path: P
     (eng / "manifest.json").write_text(json.dumps(data))
     res = cli("triton", eng, "--repo", tmp_path / "repo", "--name", "m")
     assert_one_line_error(res, 2, "inputs[0] (ids).axes: expected one name per dim")
+
+
+@pytest.mark.parametrize(("policy", "ok"), [("", True), ("version_policy { specific { versions: [2] } }\n", True),
+                                            ("version_policy { all { } }\n", False)])
+def test_version_folder_left_out_needs_no_model_file(engines: dict[str, Path], tmp_path: Path, cli, policy: str,
+                                                     ok: bool) -> None:
+    """An empty version folder the policy does not serve (version 1 beside the latest, 2, being removed) failed
+    --check with 'REPO/m/1/model.plan: missing', though tritonserver loads version 2 only and never looks there."""
+    repo = tmp_path / "repo"
+    assert cli("triton", engines["a10"], "--repo", repo, "--name", "m", "--version", "2").code == 0
+    (repo / "m" / "1").mkdir()
+    with open(repo / "m" / "config.pbtxt", "a", encoding="utf-8") as fh:
+        fh.write(policy)
+    res = cli("triton", "--check", repo)
+    if ok:
+        assert res.code == 0 and "versions [1, 2]" in res.out, res.err
+    else:
+        assert_one_line_error(res, 1, f"{repo / 'm' / '1' / 'model.plan'}: missing")
