@@ -56,5 +56,5 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 def report_matches(report: str | os.PathLike[str], model: str | os.PathLike[str]) -> bool:
     """Whether the report describes the model file now at ``model``: False after a kill between the model's and
     the report's renames (or for a report another run wrote, or one without ``output_sha256``)."""
-    recorded = json.loads(Path(report).read_text(encoding="utf-8")).get("output_sha256")
+    recorded = json.loads(Path(report).read_text(encoding="utf-8-sig")).get("output_sha256")
     return recorded is not None and recorded == file_identity(model)["output_sha256"]

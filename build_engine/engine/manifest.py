@@ -47,12 +47,16 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class ManifestTensor:
-    """An engine input or output; ``profiles`` (inputs only): its range in each optimization profile."""
+    """An engine input or output; ``profiles`` (inputs only): its range in each optimization profile; ``axes``
+    (inputs only, optional: older manifests have none): what each dim is, as ``shapes.InputPlan.axes`` ("batch",
+    "sequence", "static", "tokens", "dim:NAME"), so that a reader (Triton's max_batch_size) can tell a batch dim from
+    a sequence-first one."""
 
     name: str
     dtype: str  # numpy name: float32, float16, bfloat16, int64, ...
     shape: tuple[int, ...]  # -1 marks a dynamic dim
     profiles: tuple[ShapeRange, ...] = ()
+    axes: tuple[str, ...] = ()
 
     @property
     def envelope(self) -> ShapeRange | None:
@@ -69,6 +73,8 @@ class ManifestTensor:
         if env is not None:
             out.update(env.to_json())
             out["profiles"] = [p.to_json() for p in self.profiles]
+        if self.axes:
+            out["axes"] = list(self.axes)
         return out
 
 
@@ -152,7 +158,8 @@ class Manifest:
         ins = []
         for t in inputs:
             plan = plans.get(t.name)
-            ins.append(ManifestTensor(t.name, t.dtype, tuple(t.shape), tuple(plan.ranges) if plan else ()))
+            ins.append(ManifestTensor(t.name, t.dtype, tuple(t.shape), tuple(plan.ranges) if plan else (),
+                                      plan.axes if plan and len(plan.axes) == len(t.shape) else ()))
         return cls(format=FORMAT, plan=PLAN_NAME, backend=BackendInfo(backend_name, backend_version),
                    profile=profile, precision=precision, compute_capabilities=tuple(compute_capabilities),
                    inputs=tuple(ins), outputs=tuple(ManifestTensor(t.name, t.dtype, tuple(t.shape)) for t in outputs),
@@ -226,7 +233,7 @@ class Manifest:
         if not path.is_file():
             raise InputError(f"{path}: missing; pass an engine folder written by 'trtforge build'")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a leading BOM (Windows) skipped
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{path}: not valid JSON ({exc}); {_REBUILD}") from exc
         return cls.from_json(data, str(path))
@@ -331,7 +338,12 @@ class _Reader:
         if not isinstance(t.get("dtype"), str) or not t["dtype"]:
             raise self.fail(key, f"dtype {t.get('dtype')!r} is not a type name; {_REBUILD}")
         shape = self.shape(t.get("shape"), f"{key}.shape")
-        return ManifestTensor(t["name"], t["dtype"], shape, self.profiles(t, key) if is_input else ())
+        axes = t.get("axes", [])
+        if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes) or len(axes) not in (0, len(shape)):
+            raise self.fail(f"{key}.axes", f"expected one name per dim of shape {list(shape)}, got {axes!r}; "
+                                           f"{_REBUILD}")
+        return ManifestTensor(t["name"], t["dtype"], shape, self.profiles(t, key) if is_input else (),
+                              tuple(axes) if is_input else ())
 
     def profiles(self, t: Mapping[str, Any], key: str) -> tuple[ShapeRange, ...]:
         """``profiles``; a file with only the top-level ``min/opt/max`` range reads as one profile."""

@@ -130,10 +130,13 @@ def serving_notes(manifest: Manifest) -> list[str]:
 
 
 def engine_max_batch(manifest: Manifest) -> int:
-    """The largest batch every optimization profile admits, or 0 if the first dim is not a dynamic batch dim: also when
+    """The largest batch every optimization profile admits, or 0 if the first dim is not a dynamic batch dim (the
+    build says which dims are batch in the manifest's ``axes``: a sequence-first input is not batched): also when
     the inputs' first dims have different ranges in some profile (a ``build --dim`` dimension such as a count of
     adapters, not the batch: Triton would make every request send as many rows of it as of the batch)."""
     if any(not t.shape or t.shape[0] != -1 for t in manifest.inputs + manifest.outputs):
+        return 0
+    if any(t.axes and t.axes[0] != "batch" for t in manifest.inputs):  # e.g. [seq, batch, H] or packed [tokens, H]
         return 0
     firsts = {tuple((p.min[0], p.opt[0], p.max[0]) for p in t.profiles) for t in manifest.inputs}
     if len(firsts) > 1:

@@ -37,20 +37,34 @@ def warn_leftovers(repo: Path) -> None:
                         "repository while it is there: rm -rf %s", p, shlex.quote(str(p)))
 
 
-def warn_mount_point(repo: Path) -> None:
-    """For writers: a repository that is a mount point (a container's volume) has no folder of its filesystem beside
-    it, so the entry is staged inside it (``REPO/.trtforge-staging``, as ``fsutil.atomic_dir`` falls back to), where a
-    tritonserver starting or polling meanwhile, or after a kill -9, fails on it; said once, with the fix."""
+def staging_root(repo: Path) -> Path:
+    """Where a writer stages its entry: beside the repository (its parent, where tritonserver never looks), unless
+    the repository is a mount point (a container's volume: no folder of its filesystem beside it) or its parent is not
+    writable (a user's repository under a root-owned or read-only folder). Then it is staged inside it
+    (``REPO/.trtforge-staging``, as ``fsutil.atomic_dir`` falls back to), where a tritonserver starting or polling
+    meanwhile, or after a kill -9, fails on it; said once, with the fix."""
     import logging
     import os
 
-    parent = repo.resolve().parent
-    if parent != repo.resolve() and os.stat(parent).st_dev == os.stat(repo).st_dev:
-        return
+    here, parent = repo.resolve(), repo.resolve().parent
+    if not os.access(here, os.W_OK | os.X_OK):
+        from ..core.errors import InputError
+
+        raise InputError(f"--repo {repo}: cannot write there (a read-only filesystem or no write permission); "
+                         "choose a repository folder you can write to")
+    if parent == here:
+        return here
+    if os.stat(parent).st_dev != os.stat(here).st_dev:
+        why, fix = "is a mount point", "mount the repository's parent folder instead"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        why, fix = f"is in a folder trtforge cannot write to ({parent})", "make that folder writable"
+    else:
+        return parent
     logging.getLogger("trtforge.triton.layout").warning(
-        "%s is a mount point: the entry is staged inside it (%s) while it is written, and a tritonserver that "
-        "loads the repository meanwhile, or after this run is killed, fails on that folder (the next trtforge "
-        "triton run removes it); mount the repository's parent folder instead", repo, repo / staging.STAGING)
+        "%s %s: the entry is staged inside it (%s) while it is written, and a tritonserver that loads the repository "
+        "meanwhile, or after this run is killed, fails on that folder (the next trtforge triton run removes it); %s",
+        repo, why, repo / staging.STAGING, fix)
+    return here
 
 
 def warn_siblings(repo: Path, name: str) -> None:
@@ -105,7 +119,7 @@ def is_repository(path: Path) -> bool:
     it has folders and none is a version folder (an entry that lost its config keeps those; a repository holding
     only folders tritonserver cannot load, such as an engine folder copied in, is checked as a repository). An empty
     folder is an entry missing its config."""
-    if not path.is_dir() or (path / "config.pbtxt").exists():
+    if not path.is_dir() or (path / "config.pbtxt").is_file():  # a model may be named config.pbtxt
         return False
     folders = [c for c in path.iterdir() if c.is_dir()]
     return (any((c / "config.pbtxt").is_file() for c in folders)

@@ -11,6 +11,7 @@ The engine's ``manifest.json`` is copied beside the plan (``N/manifest.json``; T
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import shutil
@@ -26,12 +27,12 @@ from .layout import (
     is_repository,
     recover_repository,
     repository_problems,
+    staging_root,
     version_number,
     warn_leftovers,
-    warn_mount_point,
     warn_siblings,
 )
-from .validate import Problem, is_other_backend, validate_text
+from .validate import Problem, is_other_backend, parse_config, validate_text
 from .warmup import check_files as check_warmup_files
 from .warmup import plan_warmup
 from .warmup import write_files as write_warmup_files
@@ -93,8 +94,7 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
     try:
         recover_repository(repo_path)  # leftovers of killed runs, an interrupted --force swap
         warn_leftovers(repo_path)
-        warn_mount_point(repo_path)
-        with fsutil.atomic_dir(dest, force=force, staging_root=repo_path.resolve().parent) as tmp:
+        with fsutil.atomic_dir(dest, force=force, staging_root=staging_root(repo_path)) as tmp:
             (tmp / "config.pbtxt").write_text(text, encoding="utf-8")
             write_warmup_files(tmp, warmup_files)
             bad = check_warmup_files(proto, tmp)  # a trtforge bug too: never publish files tritonserver refuses
@@ -215,6 +215,49 @@ def _refuse_version_folder(mdir: Path, entry: Path, given: str) -> None:
                          f"REPO/NAME ({entry.parent}) or REPO")
 
 
+def _read_config(cfg_path: Path) -> tuple[str, bool]:
+    """The text of ``config.pbtxt`` without a leading UTF-8 BOM (so that every other rule is judged, at the file's
+    own line numbers), and whether it had one: tritonserver's text-format parser does not skip it."""
+    try:
+        data = cfg_path.read_bytes()
+    except OSError as exc:
+        raise CheckFailed(f"{cfg_path}: unreadable ({exc.strerror or exc}); make it readable") from exc
+    try:
+        return data.decode("utf-8-sig"), data.startswith(codecs.BOM_UTF8)
+    except UnicodeDecodeError as exc:
+        what = ("UTF-16 text (a Windows editor's 'Unicode')" if data.startswith((codecs.BOM_UTF16_LE,
+                codecs.BOM_UTF16_BE)) else f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        raise CheckFailed(f"{cfg_path}: {what}; tritonserver reads it as UTF-8: save it as UTF-8, or rewrite the entry "
+                          "with 'trtforge triton ENGINE --repo REPO --name NAME --force'") from exc
+
+
+def _served_manifests(mdir: Path, text: str, versions: list[int], problems: list[str]) -> dict[int, Manifest]:
+    """The engine manifest of each version ``version_policy`` makes tritonserver load (``_served``; the latest
+    version when it serves none), where the version has one: the config must fit each of those engines, and only
+    those (a version the policy leaves out may be another engine). A broken manifest is a problem."""
+    proto, _ = parse_config(text)
+    served = sorted(_served(proto, versions)) or versions[-1:]
+    found = {v: _version_manifest(mdir / str(v), problems) for v in served}
+    return {v: m for v, m in found.items() if m is not None}
+
+
+def _older_engine_problems(text: str, cfg_path: Path, manifests: dict[int, Manifest],
+                           found: list[Problem]) -> list[str]:
+    """What the config gets wrong for a served version other than the latest (tritonserver loads each version with
+    the one config), each named with that version's manifest."""
+    latest = max(manifests) if manifests else None
+    seen = {p.reason for p in found}
+    out: list[str] = []
+    for v, man in manifests.items():
+        if v == latest:
+            continue
+        _, more = validate_text(text, man)
+        out += [f"{p.format(str(cfg_path))} (for version {v}, per {v}/manifest.json; tritonserver loads it with this "
+                "config: rewrite that version from its engine or leave it out of version_policy)"
+                for p in more if p.reason not in seen]
+    return out
+
+
 def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     """Validate an existing ``REPO/NAME`` (and, with ``siblings``, that nothing else in ``REPO`` stops tritonserver
     from loading the repository). Raises InputError if it is not a model folder, CheckFailed if broken."""
@@ -232,42 +275,36 @@ def check_entry(model_dir: str | Path, *, siblings: bool = True) -> EntryReport:
     cfg_path = mdir / "config.pbtxt"
     if not cfg_path.is_file():
         raise CheckFailed(f"{cfg_path}: missing; write it with 'trtforge triton ENGINE --repo REPO --name NAME'")
-    try:
-        text = cfg_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckFailed(f"{cfg_path}: unreadable ({exc})") from exc
+    text, bom = _read_config(cfg_path)
     from .config import MAX_VERSION
 
     versions = _versions(mdir)
     problems: list[str] = repository_problems(repo, skip=entry.name) if siblings else []
+    problems += [f"{cfg_path}:1: starts with a UTF-8 byte-order mark (as Windows editors save), which tritonserver "
+                 "refuses ('Interpreting non ascii codepoint 239'); save it as UTF-8 without a BOM"] if bom else []
     problems += [f"{mdir}/{v}: version {v} is above int64 ({MAX_VERSION}); tritonserver refuses it"
                  for v in versions if v > MAX_VERSION]
-    manifest: Manifest | None = None
     if not versions:
         problems.append(f"{mdir}: no numeric version folder (e.g. {mdir}/1/model.plan); Triton will load nothing")
-    else:
-        man_path = mdir / str(versions[-1]) / "manifest.json"
-        if man_path.is_file():
-            try:
-                manifest = load_for_triton(man_path.parent)
-            except InputError as exc:
-                problems.append(str(exc))
+    manifests = _served_manifests(mdir, text, versions, problems)
+    manifest = manifests[max(manifests)] if manifests else None
     # Without an engine manifest, another backend's entry (an ensemble, a Python model) gets the generic rules only.
     proto, found = validate_text(text, manifest, expected_name=entry.name, other_backends=manifest is None)
     problems += [p.format(str(cfg_path)) for p in found]
+    problems += _older_engine_problems(text, cfg_path, manifests, found)
     problems += check_warmup_files(proto, mdir) if proto is not None else []
     other = manifest is None and proto is not None and is_other_backend(proto)
     plan_name: str = (proto.default_model_filename if proto is not None and proto.default_model_filename
                       else _OTHER_FILES.get(proto.platform or proto.backend, "") if other else "model.plan")
     problems += _policy_and_steps(proto, cfg_path, versions, other) if proto is not None else []
-    for v in versions if plan_name else []:  # an ensemble (or an unknown backend) has no model file to look for
+    # Only the versions tritonserver loads: it never looks into another version folder (an older one being removed)
+    served = sorted(_served(proto, versions)) if plan_name else []  # an ensemble has no model file to look for
+    for v in served:
         plan = mdir / str(v) / plan_name
         if not (plan.is_file() or (other and plan.is_dir())):  # a SavedModel is a folder
             problems.append(f"{plan}: missing; Triton cannot load version {v}")
-        elif manifest is not None and v in _served(proto, versions):  # every version tritonserver loads
-            man = manifest if v == versions[-1] else _version_manifest(mdir / str(v), problems)
-            if man is not None and sha256_file(plan) != man.plan_sha256:
-                problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
+        elif v in manifests and sha256_file(plan) != manifests[v].plan_sha256:
+            problems.append(f"{plan}: sha256 differs from {v}/manifest.json; rewrite the entry from its engine")
     if problems:
         raise CheckFailed("; ".join(problems))
     from .config import config_from_proto

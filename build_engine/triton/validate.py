@@ -75,8 +75,12 @@ def _offset_of_line(text: str, line: int) -> int:
 
 def _tensor_line(text: str, kind: str, name: str) -> int:
     """Line of ``name: "<name>"`` inside the first ``input``/``output`` section that holds it."""
+    from google.protobuf import text_encoding  # lazy
+
     start = _line_of(text, rf"^\s*{kind}\b")
-    quoted = re.escape(name)
+    # as written (a name with '"' or '\\' is escaped in the file: protobuf's text format, as_utf8) or as typed
+    quoted = "|".join(dict.fromkeys(re.escape(n) for n in (text_encoding.CEscape(name, as_utf8=True), name)))
+    quoted = f"(?:{quoted})"
     line = _line_of(text, rf"\bname\s*:\s*[\"']{quoted}[\"']", _offset_of_line(text, start))
     return line or start
 

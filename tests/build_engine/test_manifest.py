@@ -61,7 +61,9 @@ def test_make_matches_the_format() -> None:
                         input_plans=[plan, slot], outputs=[TensorInfo("logits", "float32", (-1, -1, 1024))],
                         plugins=[PluginInfo("LoRAOpPluginDynamic", "trtforge", "1", "python")],
                         onnx_sha256="a" * 64, plan_sha256="b" * 64, build_seconds=1.23449)
-    assert man.to_json() == FORMAT_1  # envelope derived from the profiles, build_seconds rounded to ms
+    want = copy.deepcopy(FORMAT_1)  # plus what each input dim is (format 1 readers ignore the key)
+    want["inputs"][0]["axes"], want["inputs"][1]["axes"] = ["batch", "sequence"], ["batch"]
+    assert man.to_json() == want  # envelope derived from the profiles, build_seconds rounded to ms
     assert Manifest.from_json(man.to_json()) == man
 
 

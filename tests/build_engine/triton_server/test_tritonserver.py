@@ -63,6 +63,8 @@ _SERVER_REJECTS = {
     "bad_format": lambda t: t.replace("data_type: TYPE_INT64", "data_type: TYPE_INT64\n  format: FORMAT_NCHW", 1),
     "bad_reshape": lambda t: t.replace("dims: -1\n  dims: 1024",
                                        "dims: -1\n  dims: 1024\n  reshape { shape: [ -1, 1000 ] }"),
+    # saved by a Windows editor: "Interpreting non ascii codepoint 239" (--check reads the rest, and says so)
+    "bad_bom": lambda t: "\ufeff" + t,
 }
 # Hand-edited configs the server accepts (it loads version 1; the priority default is in range): so does --check.
 _SERVER_ACCEPTS = {
