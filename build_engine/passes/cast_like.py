@@ -23,7 +23,7 @@ from onnx import AttributeProto, NodeProto, TensorProto, helper
 
 from .base import GraphPass
 from .ir import GraphCtx
-from .schema import accepts, type_str
+from .schema import accepts, output_holds
 
 
 @lru_cache(maxsize=64)
@@ -33,18 +33,6 @@ def _cast_attributes(opset: int) -> frozenset[str] | None:
         return frozenset(onnx.defs.get_schema("Cast", opset, "").attributes)
     except Exception:
         return None
-
-
-@lru_cache(maxsize=256)
-def _cast_outputs(opset: int, t: int) -> bool:
-    """Cast's schema at ``opset`` allows output element type ``t``."""
-    try:
-        s = onnx.defs.get_schema("Cast", opset, "")
-    except Exception:
-        return False
-    out = s.outputs[0].type_str
-    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in s.type_constraints}
-    return type_str(t) in allowed.get(out, frozenset())
 
 
 def _kept_attributes(p: NodeProto, to: int) -> list[AttributeProto] | None:
@@ -86,7 +74,7 @@ class CastLikeToCast(GraphPass):
                 continue
             to = ctx.type_of(n.inputs[1])
             src = ctx.type_of(n.inputs[0])
-            if not to or not _cast_outputs(ctx.opset, to) or not accepts("Cast", "", ctx.opset, [src]):
+            if not to or not output_holds("Cast", to, ctx.opset) or not accepts("Cast", "", ctx.opset, [src]):
                 continue
             p = n.proto
             kept = _kept_attributes(p, to)

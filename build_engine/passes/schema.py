@@ -33,18 +33,24 @@ def _formal(op: str, domain: str, opset: int) -> tuple[tuple[tuple[str, bool], .
     return formals, constraints
 
 
-@lru_cache(maxsize=256)
-def constant_holds(t: int, opset: int) -> bool:
-    """A ``Constant`` node at ``opset`` may hold a tensor of element type ``t``: Constant-1 (opsets 1-8) holds only
-    float16, float and double, bfloat16 comes at 13, float8 at 19. A rewrite that writes a folded value as a node
-    asks this first."""
+@lru_cache(maxsize=512)
+def output_holds(op: str, t: int, opset: int) -> bool:
+    """The default-domain ``op``'s schema at ``opset`` allows element type ``t`` for its first output (False when
+    there is no such op at that opset)."""
     try:
-        s = onnx.defs.get_schema("Constant", opset, "")
+        s = onnx.defs.get_schema(op, opset, "")
     except Exception:
         return False
     out = s.outputs[0].type_str
     allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in s.type_constraints}
     return type_str(t) in allowed.get(out, frozenset({out}))
+
+
+def constant_holds(t: int, opset: int) -> bool:
+    """A ``Constant`` node at ``opset`` may hold a tensor of element type ``t``: Constant-1 (opsets 1-8) holds only
+    float16, float and double, bfloat16 comes at 13, float8 at 19. A rewrite that writes a folded value as a node
+    asks this first."""
+    return output_holds("Constant", t, opset)
 
 
 def accepts(op: str, domain: str, opset: int, types: Sequence[int]) -> bool:

@@ -18,6 +18,16 @@ from trtforge.build_engine.verify.fold_feeds import control_pins
 from trtforge_testing import graph_model
 
 
+def _assert_checked_bit_identical(cli, tmp_path: Path, m: onnx.ModelProto) -> None:
+    """A valid ``m`` (full check) that ``fold --check`` folds and proves bit-identical (exit 0, output written)."""
+    onnx.checker.check_model(m, full_check=True)
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(m, src)
+    res = cli("fold", src, "-o", out, "--check")
+    assert res.code == 0, res.err
+    assert "bit-identical" in res.out and out.exists()
+
+
 @pytest.mark.parametrize("op", ["Cast", "CastLike"])
 def test_gather_indices_behind_a_cast_like_are_drawn_in_range(cli, tmp_path: Path, op: str) -> None:
     # the planner followed Cast but not CastLike to the Gather: ids in [0, 7] indexed a table of 3 rows, so neither
@@ -28,12 +38,7 @@ def test_gather_indices_behind_a_cast_like_are_drawn_in_range(cli, tmp_path: Pat
              h.make_node("Cast", ["g64"], ["y"], to=T.FLOAT)]
     m = graph_model(nodes, [("data", T.FLOAT, [3, 5]), ("idx", T.INT32, [6])], [("y", T.FLOAT, [6, 5])],
                     [nh.from_array(np.array(0, np.int64), "i64")], opsets=(("", 21),))
-    onnx.checker.check_model(m, full_check=True)
-    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
-    onnx.save_model(m, src)
-    res = cli("fold", src, "-o", out, "--check")
-    assert res.code == 0, res.err
-    assert "bit-identical" in res.out and out.exists()
+    _assert_checked_bit_identical(cli, tmp_path, m)
 
 
 @pytest.mark.parametrize("op", ["Cast", "CastLike"])
@@ -48,12 +53,7 @@ def test_ids_index_a_table_behind_a_cast_in_range(cli, tmp_path: Path, op: str) 
              h.make_node("Add", ["g", "x"], ["y"])]
     m = graph_model(nodes, [("x", T.FLOAT, [6, 5]), ("ids", T.INT64, [6])], [("y", T.FLOAT, [6, 5])], [table],
                     opsets=(("", 21),))
-    onnx.checker.check_model(m, full_check=True)
-    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
-    onnx.save_model(m, src)
-    res = cli("fold", src, "-o", out, "--check")
-    assert res.code == 0, res.err
-    assert "bit-identical" in res.out and out.exists()
+    _assert_checked_bit_identical(cli, tmp_path, m)
 
 
 def _cast_like_loop(mid: int) -> onnx.ModelProto:
