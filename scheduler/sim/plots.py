@@ -40,7 +40,7 @@ def plot_results(results: Sequence[tuple[str, object]], out: str | Path) -> None
     for ax in (ax_kv, ax_q):
         ax.set_xlabel("time (s)")
         ax.legend(loc="upper right", fontsize=8)
-    ax_cdf.set_xlabel("time to first token (s, completed requests)")
+    ax_cdf.set_xlabel("time to first token (s, first tokens inside the window)")
     ax_cdf.set_ylabel("CDF")
     if any(res.ttfts for _, res in results):  # type: ignore[attr-defined]
         ax_cdf.set_xscale("log")

@@ -48,3 +48,15 @@ def test_summary_percentiles_and_rates_from_the_per_request_times() -> None:
     assert sm.req_per_s == pytest.approx(40 / window)
     assert sm.throughput_tok_s == pytest.approx(sum(r.max_new_tokens for r in reqs) / window)
     assert 0.0 < sm.ttft_p50_s < 1.0 and 0.005 < sm.tpot_p50_s < 0.05  # seconds: ms-scale steps on an H100
+
+
+def test_plot_ttfts_are_the_first_tokens_inside_the_window() -> None:
+    """The plot's TTFT CDF (``SimResult.ttfts``) held every first token, also one the window's last step produced
+    after the window ended, which the summary counts as unserved: with no horizon the window ends at the last
+    arrival (10 s), and the prefill step of a prompt that arrived 5 ms earlier (about 15 ms long) ends after it."""
+    prefill = MODEL.prefill_seconds(0, 500, CFG.token_budget)
+    reqs = [Request("early", 0.0, 500, 5), Request("straddles", 10.0 - prefill / 3, 500, 5),
+            Request("last", 10.0, 500, 5)]
+    res = simulate(reqs, partial(Scheduler, CFG), MODEL, max_tokens="oracle", horizon_s=0.0)
+    assert res.summary.unserved >= 1  # "straddles" has no first token inside the window
+    assert res.ttfts == [pytest.approx(prefill, rel=1e-9)]  # "early" only
