@@ -19,6 +19,18 @@ def tied(cfg: dict[str, Any]) -> bool:
     return bool(given) if given is not None else cfg.get("model_type") in TIED_BY_DEFAULT
 
 
+def sliding_note(cfg: dict[str, Any]) -> str:
+    """The plan's word on a ``sliding_window`` shorter than the context ("" when none is in use): every layer is
+    planned as full attention, so the requests that fit are a lower bound (``kv_plan`` module docstring)."""
+    window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool):
+        return ""
+    if window <= 0 or (isinstance(context, int) and window >= context):
+        return ""
+    return (f"sliding_window {window}: every layer is planned as full attention (a request's blocks grow with all "
+            "its tokens), so the requests that fit are a lower bound")
+
+
 def decoder_config(cfg: dict[str, Any], source: str) -> tuple[dict[str, Any], str, str]:
     """The decoder's keys, the source to name in errors, and what is left unmodelled ("" when nothing).
 

@@ -12,7 +12,7 @@ loaded and a peak-sized forward pass has run, the KV cache takes ``fraction`` of
 parallelism each GPU holds ``ceil(kv_heads / tp)`` heads (heads are replicated when ``tp > kv_heads``), so every
 GPU holds the same number of blocks and the token capacity is per model replica. A config's ``sliding_window`` is not
 used: every layer is planned as full attention (a request's blocks grow with all its tokens), so for sliding-window
-models the capacity is a lower bound.
+models the capacity is a lower bound (kv-plan warns).
 
 TensorRT-LLM *measures* the activation peak with a dummy forward; we estimate it (documented in
 ``activation_bytes``), so the result is a plan, not a promise: expect a few percent of difference.
@@ -30,7 +30,7 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
 
-from .hf_config import decoder_config, tied
+from .hf_config import decoder_config, sliding_note, tied
 from .kv_fit import no_fit
 from .kv_weights import (
     DTYPE_BYTES,
@@ -160,7 +160,8 @@ class ModelSpec:
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
                        max_position_embeddings=given("max_position_embeddings", 131072),
                        num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source),
-                       quantization=quant[0], weight_quant=quant[1], unmodeled=unmodeled)
+                       quantization=quant[0], weight_quant=quant[1],
+                       unmodeled="; ".join(filter(None, (unmodeled, sliding_note(cfg)))))
         except InputError as exc:  # name the file once, and the config's key, not ours
             text = exc.message.removeprefix(f"model {name}: ")
             for ours, key in _HF_KEYS.items():

@@ -110,3 +110,20 @@ def test_azure_2024_timestamps_with_a_utc_offset(tmp_path: Path) -> None:
                                     f"{'+01:00' if k % 2 else '+00:00'},{c},{g}\n"
                                     for k, (s, f, c, g) in enumerate(rows)))
     assert read_azure_csv(zoned) == read_azure_csv(plain)
+
+
+@pytest.mark.parametrize(("extra", "warned"), [({"sliding_window": 4096}, True),
+                                               ({"sliding_window": 4096, "use_sliding_window": False}, False),
+                                               ({"sliding_window": None}, False),
+                                               ({"sliding_window": 1 << 20}, False)])
+def test_a_sliding_window_planned_as_full_attention_is_said(tmp_path: Path, cli, extra: dict[str, Any],
+                                                            warned: bool) -> None:
+    """A Mistral-v0.1 / Gemma-2 sliding window is planned as full attention (a conservative plan): kv-plan said
+    nothing of it; it now warns, and only when the window is in use and shorter than the context."""
+    cfg = {**_decoder(seeded_rng("sliding")), "max_position_embeddings": 32768, **extra}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    res = cli("kv-plan", "--profile", "h100", "--model", p)
+    assert res.code == 0
+    assert f"{ModelSpec.from_dict(cfg).kv_bytes_per_token('bf16')} bytes" in res.out
+    assert ("sliding_window 4096" in res.err and "full attention" in res.err) is warned
