@@ -177,7 +177,8 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
                 raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
             t = float(ts) / 1000.0
-            hashes = obj.get("hash_ids", [])
+            hashes = obj.get("hash_ids")
+            hashes = [] if hashes is None else hashes  # null, as absent: no prefix blocks (as adapter: null)
             if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                        for h in hashes):
                 raise InputError(f"{p}:{line_no}: hash_ids must be a list of integers")

@@ -11,7 +11,7 @@ import pytest
 
 from trtforge.build_engine.core.errors import InputError
 from trtforge.scheduler.kv_plan import ModelSpec
-from trtforge.scheduler.sim.traces import read_azure_csv
+from trtforge.scheduler.sim.traces import read_azure_csv, read_mooncake_jsonl
 from trtforge_testing import assert_one_line_error, seeded_rng
 
 
@@ -127,3 +127,15 @@ def test_a_sliding_window_planned_as_full_attention_is_said(tmp_path: Path, cli,
     assert res.code == 0
     assert f"{ModelSpec.from_dict(cfg).kv_bytes_per_token('bf16')} bytes" in res.out
     assert ("sliding_window 4096" in res.err and "full attention" in res.err) is warned
+
+
+def test_mooncake_null_hash_ids_read_as_absent(tmp_path: Path) -> None:
+    """An optional field written as null (as exporters write a missing value) is the field left out: hash_ids null
+    exited 2 ('must be a list of integers') though adapter null and a row without hash_ids were both read."""
+    rng = seeded_rng("mooncake-null")
+    rows = [{"timestamp": k * int(rng.integers(1, 900)), "input_length": int(rng.integers(1, 5000)),
+             "output_length": int(rng.integers(0, 400))} for k in range(5)]
+    bare, nulls = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    bare.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    nulls.write_text("".join(json.dumps({**r, "hash_ids": None, "adapter": None}) + "\n" for r in rows))
+    assert read_mooncake_jsonl(nulls) == read_mooncake_jsonl(bare)
