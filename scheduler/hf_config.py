@@ -36,18 +36,26 @@ def decoder_config(cfg: dict[str, Any], source: str) -> tuple[dict[str, Any], st
 
     A config without ``num_hidden_layers`` whose ``text_config`` is an object is multimodal: its decoder is planned
     from ``text_config`` (with the top level's ``quantization_config`` and ``tie_word_embeddings`` where the nested
-    one has none); the vision tower's weights (``vision_config``) are not counted, so the plan is an upper bound."""
+    one has none); the vision tower's weights (``vision_config``, nested or beside a top-level decoder as in
+    Qwen2-VL) are not counted, so the plan is an upper bound."""
     text = cfg.get("text_config")
-    if "num_hidden_layers" in cfg or not isinstance(text, dict):
-        return cfg, source, ""
+    if "num_hidden_layers" in cfg or not isinstance(text, dict):  # Qwen2-VL: the decoder at the top, a tower beside
+        _refuse_cross_attention(cfg, f"{source}: ")
+        beside = isinstance(cfg.get("vision_config"), dict)
+        return cfg, source, ("the vision_config tower's weights are not counted, so the KV capacity is an upper "
+                             "bound") * beside
     inner = dict(text)
     for key in ("quantization_config", "tie_word_embeddings", "_name_or_path"):
         if inner.get(key) is None and cfg.get(key) is not None:
             inner[key] = cfg[key]
-    if inner.get("cross_attention_layers"):
-        raise InputError(f"{source}: text_config.cross_attention_layers {inner['cross_attention_layers']!r}: "
-                         "cross-attention layers (Mllama) cache the image's K/V, not the text tokens', and are not "
-                         "modeled; plan it with its serving engine's own estimator")
+    _refuse_cross_attention(inner, f"{source}: text_config.")
     tower = " (the vision_config tower, the projector)" if "vision_config" in cfg else ""
     return inner, f"{source} text_config", (f"the decoder is read from text_config; the weights outside it{tower} "
                                             "are not counted, so the KV capacity is an upper bound")
+
+
+def _refuse_cross_attention(cfg: dict[str, Any], where: str) -> None:
+    if cfg.get("cross_attention_layers"):
+        raise InputError(f"{where}cross_attention_layers {cfg['cross_attention_layers']!r}: cross-attention layers "
+                         "(Mllama) cache the image's K/V, not the text tokens', and are not modeled; plan it with "
+                         "its serving engine's own estimator")

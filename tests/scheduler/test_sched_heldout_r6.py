@@ -75,6 +75,8 @@ def test_mllama_cross_attention_layers_are_refused_naming_the_field(tmp_path: Pa
     with pytest.raises(InputError, match="cross_attention_layers"):
         ModelSpec.from_hf_config(p)
     assert_one_line_error(cli("kv-plan", "--profile", "h100", "--model", p), 2, "cross_attention_layers")
+    p.write_text(json.dumps({"model_type": "mllama_text_model", **text}))  # the text model's own config
+    assert_one_line_error(cli("kv-plan", "--profile", "h100", "--model", p), 2, "cross_attention_layers")
 
 
 def _azure_rows(label: str, n: int = 6) -> list[tuple[int, int, int, int]]:
@@ -139,3 +141,16 @@ def test_mooncake_null_hash_ids_read_as_absent(tmp_path: Path) -> None:
     bare.write_text("".join(json.dumps(r) + "\n" for r in rows))
     nulls.write_text("".join(json.dumps({**r, "hash_ids": None, "adapter": None}) + "\n" for r in rows))
     assert read_mooncake_jsonl(nulls) == read_mooncake_jsonl(bare)
+
+
+def test_a_vision_tower_beside_a_top_level_decoder_is_said(tmp_path: Path, cli) -> None:
+    """Qwen2-VL writes the decoder's keys at the top level and the vision tower under vision_config: the plan
+    left the tower's weights out without a word; it now warns, and the decoder's numbers are unchanged."""
+    text = _decoder(seeded_rng("qwen2-vl"))
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "qwen2_vl", **text, "vision_config": {"depth": 32, "embed_dim": 1280}}))
+    spec = ModelSpec.from_hf_config(p)
+    assert spec.num_params == ModelSpec.from_dict(text).num_params and "vision_config" in spec.unmodeled
+    res = cli("kv-plan", "--profile", "h100", "--model", p)
+    assert res.code == 0 and "vision_config" in res.err and "upper bound" in res.err
+    assert ModelSpec.from_dict(text).unmodeled == ""
