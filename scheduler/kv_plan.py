@@ -12,7 +12,7 @@ loaded and a peak-sized forward pass has run, the KV cache takes ``fraction`` of
 parallelism each GPU holds ``ceil(kv_heads / tp)`` heads (heads are replicated when ``tp > kv_heads``), so every
 GPU holds the same number of blocks and the token capacity is per model replica. A config's ``sliding_window`` is not
 used: every layer is planned as full attention (a request's blocks grow with all its tokens), so for sliding-window
-models the capacity is a lower bound.
+models the capacity is a lower bound (kv-plan warns).
 
 TensorRT-LLM *measures* the activation peak with a dummy forward; we estimate it (documented in
 ``activation_bytes``), so the result is a plan, not a promise: expect a few percent of difference.
@@ -30,6 +30,7 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
 
+from .hf_config import decoder_config, sliding_note, tied
 from .kv_fit import no_fit
 from .kv_weights import (
     DTYPE_BYTES,
@@ -66,6 +67,8 @@ class ModelSpec:
     quantization: str = ""
     #: its model (``kv_weights``): the projections' bytes per weight; None (not modelled, or none): the plan's dtype
     weight_quant: WeightQuant | None = None
+    #: what of the config is not planned, in words ("" when nothing): kv-plan warns with it
+    unmodeled: str = ""
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
@@ -138,6 +141,7 @@ class ModelSpec:
                 raise InputError(f"{source}: missing key {key!r}; an HF decoder config.json has it")
             return cfg[key]
 
+        cfg, source, unmodeled = decoder_config(cfg, source)
         _refuse_unmodeled(cfg, source)
         quant = WeightQuant.from_config(cfg.get("quantization_config"))
         heads = need("num_attention_heads")
@@ -152,11 +156,12 @@ class ModelSpec:
             return cls(name=name, num_layers=need("num_hidden_layers"),
                        num_heads=heads, num_kv_heads=given("num_key_value_heads", heads), head_dim=head_dim,
                        hidden_size=hidden, intermediate_size=need("intermediate_size"),
-                       vocab_size=need("vocab_size"), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                       vocab_size=need("vocab_size"), tie_word_embeddings=tied(cfg),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
                        max_position_embeddings=given("max_position_embeddings", 131072),
                        num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source),
-                       quantization=quant[0], weight_quant=quant[1])
+                       quantization=quant[0], weight_quant=quant[1],
+                       unmodeled="; ".join(filter(None, (unmodeled, sliding_note(cfg)))))
         except InputError as exc:  # name the file once, and the config's key, not ours
             text = exc.message.removeprefix(f"model {name}: ")
             for ours, key in _HF_KEYS.items():

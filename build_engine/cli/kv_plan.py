@@ -57,9 +57,11 @@ def _run(args: Namespace) -> int:
     print(f"  blocks         {plan.num_blocks}  ->  max tokens {plan.max_tokens}")
     print(f"  requests of {plan.request_tokens} tokens that fit at once: {plan.requests_that_fit} (context "
           f"{plan.max_seq_len} tokens)")
-    if spec.quantization and spec.weight_quant is None:
-        from ..core.log import logger
+    from ..core.log import logger
 
+    if spec.unmodeled:
+        logger("kv_plan").warning(f"{args.model}: {spec.unmodeled}")
+    if spec.quantization and spec.weight_quant is None:
         logger("kv_plan").warning(f"{args.model} has a quantization_config ({spec.quantization}) that kv-plan does "
                                   f"not model: the weights are sized as {plan.weights_dtype}, so the KV capacity "
                                   "above is a lower bound")

@@ -1,7 +1,9 @@
 """Request traces: Azure LLM inference CSV, Mooncake JSONL, and a synthetic generator with Mooncake's shape.
 
 - Azure 2023 (Patel et al., Splitwise, ISCA 2024; CC-BY 4.0): ``TIMESTAMP,ContextTokens,GeneratedTokens`` with
-  timestamps like ``2023-11-16 18:15:46.6805900``; no prompt content, so no prefix sharing.
+  timestamps like ``2023-11-16 18:15:46.6805900`` (Azure 2024: ``2024-05-10 00:00:00.009930+00:00``, the UTC
+  offset applied); columns found by name, in any order, extra columns ignored; no prompt content, so no prefix
+  sharing.
 - Mooncake (Qin et al., FAST 2025; Apache-2.0): JSON lines ``{"timestamp": ms, "input_length", "output_length",
   "hash_ids": [...]}``, one hash id per 512-token prompt block; equal ids mean equal prefix blocks.
 - ``synthetic_trace``: Poisson arrivals, lognormal prompt and output lengths, and conversations that extend a
@@ -59,16 +61,24 @@ def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> in
     return n
 
 
+#: A UTC offset after the time, as the Azure 2024 traces write it ("2024-05-10 00:00:00.009930+00:00"), or "Z"
+_ZONE = re.compile(r"(?:Z|([+-])([0-9]{2}):?([0-9]{2}))$")
+
+
 def _timestamp(text: str, path: Path, line: int) -> float:
     try:
-        head, _, frac = text.strip().partition(".")
+        zone = _ZONE.search(text.strip())
+        shift = 0.0 if zone is None or zone.group(1) is None else (
+            (1 if zone.group(1) == "-" else -1) * (int(zone.group(2)) * 3600 + int(zone.group(3)) * 60))
+        head, _, frac = text.strip()[:zone.start() if zone else None].partition(".")
         if frac and not _DIGITS.fullmatch(frac):  # float() would read '46.1e5' as 10,046 s, '46.1_5' as 46.15 s
             raise ValueError(frac)
         # read as UTC, never the machine's zone: a local zone's DST change would shift arrivals by an hour
         base = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
-        return base.timestamp() + (float("0." + frac) if frac else 0.0)
+        return base.timestamp() + shift + (float("0." + frac) if frac else 0.0)
     except ValueError as exc:
-        raise InputError(f"{path}:{line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]'") from exc
+        raise InputError(f"{path}:{line}: TIMESTAMP {text!r} is not 'YYYY-MM-DD HH:MM:SS[.fraction]' (then "
+                         "optionally a UTC offset, +HH:MM or Z)") from exc
 
 
 def _undecodable_line(path: Path) -> int | None:
@@ -120,19 +130,21 @@ def read_azure_csv(path: str | Path, max_requests: int | None = None) -> list[Re
         reader = csv.reader(fh)
         header = [h.strip() for h in next(reader, [])]
         need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
-        if header[:3] != need:
-            raise InputError(f"{p}:1: header must be {','.join(need)}, got {','.join(header) or 'nothing'}")
+        if not set(need) <= set(header):  # columns are found by name: any order, extra columns allowed
+            raise InputError(f"{p}:1: header must name the columns {','.join(need)} (any order), got "
+                             f"{','.join(header) or 'nothing'}")
+        at = [header.index(name) for name in need]
         col = header.index("adapter") if "adapter" in header else -1
         for row in reader:
             line = reader.line_num
             if not row or not "".join(row).strip():
                 continue
-            if len(row) < 3:
-                raise InputError(f"{p}:{line}: expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), "
+            if len(row) <= max(at):
+                raise InputError(f"{p}:{line}: expected at least {max(at) + 1} fields ({','.join(header)}), "
                                  f"got {len(row)}")
-            t = _timestamp(row[0], p, line)
-            prompt = _int(row[1].strip(), p, line, "ContextTokens", 1)
-            new = max(1, _int(row[2].strip(), p, line, "GeneratedTokens", 0))
+            t = _timestamp(row[at[0]], p, line)
+            prompt = _int(row[at[1]].strip(), p, line, "ContextTokens", 1)
+            new = max(1, _int(row[at[2]].strip(), p, line, "GeneratedTokens", 0))
             adapter = row[col].strip() or None if 0 <= col < len(row) else None
             out.append(Request(f"azure-{rows}", t, prompt, new, adapter=adapter))
             rows += 1
@@ -165,7 +177,8 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
                 raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
             t = float(ts) / 1000.0
-            hashes = obj.get("hash_ids", [])
+            hashes = obj.get("hash_ids")
+            hashes = [] if hashes is None else hashes  # null, as absent: no prefix blocks (as adapter: null)
             if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool)
                                                        for h in hashes):
                 raise InputError(f"{p}:{line_no}: hash_ids must be a list of integers")
