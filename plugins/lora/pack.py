@@ -248,8 +248,9 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
         out[spec.input_name("lora_scales", path)] = np.zeros((n,), np.float32)
     for slot, ad in enumerate(adapters):
         if ad.rank > r:
-            raise InputError(f"{ad.folder}: rank r={ad.rank} is above the max rank {r}; pass --max-rank {ad.rank} "
-                             "or larger (and inject with the same)")
+            worst = max(sorted(ad.ranks), key=ad.ranks.__getitem__)  # rank_pattern may raise one module's rank
+            raise InputError(f"{ad.folder}: module {worst!r} has rank r={ad.rank}, above the max rank {r}; pass "
+                             f"--max-rank {ad.rank} or larger (and inject with the same)")
         for path, a in ad.a.items():
             if path not in layout.modules:
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A.weight adapts module {path!r}, "

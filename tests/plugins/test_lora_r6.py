@@ -167,3 +167,14 @@ def test_pack_refuses_a_pattern_it_cannot_apply(cli, tmp_path: Path, rng: np.ran
     res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors")
     assert_one_line_error(res, 2, str(tmp_path / "a"), needle)
     assert not (tmp_path / "pool.safetensors").exists()
+
+
+@pytest.mark.parametrize(("pattern", "worst", "rank"), [({}, Q0, 8), ({"v_proj": 12}, V0, 12)])
+def test_pack_names_the_module_whose_rank_is_above_the_max(cli, tmp_path: Path, rng: np.random.Generator,
+                                                           pattern: dict, worst: str, rank: int) -> None:
+    # old: a rank_pattern adapter was refused outright; the message now names the module and its rank
+    ranks = {Q0: 8, V0: pattern.get("v_proj", 8)}
+    _peft_adapter(tmp_path / "a", rng, {"r": 8, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
+                                        "rank_pattern": pattern}, ranks, "BF16")
+    res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors", "--max-rank", "4")
+    assert_one_line_error(res, 2, f"module {worst!r} has rank r={rank}, above the max rank 4", f"--max-rank {rank}")
