@@ -16,13 +16,12 @@ float32 [N] per target (per target so PEFT ``alpha_pattern``/``rank_pattern`` ad
 shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``); a
 2-D x's token count that no graph input names is the dim ``lora_tokens`` (``trtforge build``: batch x sequence).
 
-Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a
-vector or a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a
-projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
-``slot_ids`` could not fit them all): different ranks, an unknown dim, or two different static sizes at one position
-(the batch position only with ``per_sequence``; dim_params are not compared, since shape inference names equal
-runtime dims differently). Only the main graph is adapted: a target that matches a projection inside an If/Loop/Scan
-body is refused, naming it (adapting only the main graph's matches would leave those modules without the adapter).
+Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a vector or
+a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a projection already followed by a
+plugin node; targets whose inputs would have different leading dims (one shared ``slot_ids`` could not fit them all):
+different ranks, an unknown dim, or two different static sizes at one position (the batch position only with
+``per_sequence``; dim_params are not compared, since shape inference names equal runtime dims differently); a target
+matching a projection inside an If/Loop/Scan body (only the main graph is adapted).
 
 One module applied twice (two MatMuls of one weight, a shared or tied projection) is one module path: both
 projections get a plugin node and share its ``lora_a/lora_b/lora_scales`` inputs (PEFT adapts the module, so every
@@ -136,6 +135,12 @@ def module_path(node: NodeProto, initializers: set[str], producer: dict[str, Nod
     return by_weight or weight
 
 
+def _short_name(path: str) -> str:
+    """A path's name from its last non-numeric part (``dense.1``, not ``1``: a target matching all of layer 1)."""
+    parts = path.split(".")
+    return ".".join(parts[max((i for i, p in enumerate(parts) if not p.isdigit()), default=0):])
+
+
 def _matches(path: str, target: str) -> bool:
     parts = path.split(".")
     return target in parts or path == target or path.endswith("." + target)
@@ -214,12 +219,10 @@ def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
                              "inject does not adapt (main graph only); export the model without control flow (one "
                              "graph per branch) or pass targets that name main-graph modules only")
         if not hits:
-            names = sorted({p.split(".")[-1] for _, _, p in found})
+            names = sorted({_short_name(p) for _, _, p in found})
             raise InputError(f"target {target!r} matches no MatMul/Gemm projection; projections found: "
                              f"{', '.join(names) or 'none'}")
-        for i, node, path in hits:
-            if any(s.node_index == i for s in sites):
-                continue
+        for i, node, path in (hit for hit in hits if all(s.node_index != hit[0] for s in sites)):
             sites.append(_site(i, node, path, types, inits, already, float_input(node.input[0], producer)))
     leads = {s.lead_dims for s in sites}
     if len({len(d) for d in leads}) > 1 or len(leads) > 1 and any(None in d for d in leads):

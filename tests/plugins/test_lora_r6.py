@@ -178,3 +178,23 @@ def test_pack_names_the_module_whose_rank_is_above_the_max(cli, tmp_path: Path, 
                                         "rank_pattern": pattern}, ranks, "BF16")
     res = cli("lora", "pack", tmp_path / "a", "-o", tmp_path / "pool.safetensors", "--max-rank", "4")
     assert_one_line_error(res, 2, f"module {worst!r} has rank r={rank}, above the max rank 4", f"--max-rank {rank}")
+
+
+def test_unmatched_target_lists_names_that_are_targets(cli, tmp_path: Path, rng: np.random.Generator) -> None:
+    # old: 'projections found: 1, q_proj' for modules model.dense.1 and ...q_proj; '1' as a target would match
+    # every module of layer 1, not dense.1; the list now names each module from its last non-numeric part
+    vi = helper.make_tensor_value_info
+    w1 = numpy_helper.from_array(rng.standard_normal((H, OUT_F)).astype(np.float32), "onnx::MatMul_42")
+    w2 = numpy_helper.from_array(rng.standard_normal((H, OUT_F)).astype(np.float32), "model.dense.1.weight")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", w1.name], ["a"], name="/model/layers.0/attn/q_proj/MatMul"),
+                           helper.make_node("MatMul", ["x", w2.name], ["b"], name="dense_mm")], "g",
+                          [vi("x", TensorProto.FLOAT, ["batch", H])],
+                          [vi("a", TensorProto.FLOAT, ["batch", OUT_F]), vi("b", TensorProto.FLOAT, ["batch", OUT_F])],
+                          [w1, w2])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx", "--targets", "k_proj")
+    assert_one_line_error(res, 2, "'k_proj'", "projections found: dense.1, q_proj")
+    for name in ("dense.1", "q_proj"):  # each listed name is a target that injects exactly its module
+        res = cli("lora", "inject", tmp_path / "m.onnx", "-o", tmp_path / f"{name}.onnx", "--targets", name)
+        assert res.code == 0, res.err
+        assert "1 LoRAOpPluginDynamic node(s)" in res.out
