@@ -16,12 +16,12 @@ float32 [N] per target (per target so PEFT ``alpha_pattern``/``rank_pattern`` ad
 shared ``lora_slot_ids`` int32 with the dims of ``x.shape[:-1]`` (per token) or ``[batch]`` (``per_sequence``); a
 2-D x's token count that no graph input names is the dim ``lora_tokens`` (``trtforge build``: batch x sequence).
 
-Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a
-vector or a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a
-projection already followed by a plugin node; targets whose inputs would have different leading dims (one shared
-``slot_ids`` could not fit them all): different ranks, an unknown dim, or two different static sizes at one position
-(the batch position only with ``per_sequence``; dim_params are not compared, since shape inference names equal
-runtime dims differently). Only the main graph is searched (not If/Loop bodies).
+Must not fire (refused with InputError): a Gemm with ``transA``; a MatMul whose constant weight is not 2-D (a vector or
+a batched weight is no Linear/Conv1D); a projection whose input is not 2-D or 3-D; a projection already followed by a
+plugin node; targets whose inputs would have different leading dims (one shared ``slot_ids`` could not fit them all):
+different ranks, an unknown dim, or two different static sizes at one position (the batch position only with
+``per_sequence``; dim_params are not compared, since shape inference names equal runtime dims differently); a target
+matching a projection inside an If/Loop/Scan body (only the main graph is adapted).
 
 One module applied twice (two MatMuls of one weight, a shared or tied projection) is one module path: both
 projections get a plugin node and share its ``lora_a/lora_b/lora_scales`` inputs (PEFT adapts the module, so every
@@ -135,6 +135,12 @@ def module_path(node: NodeProto, initializers: set[str], producer: dict[str, Nod
     return by_weight or weight
 
 
+def _short_name(path: str) -> str:
+    """A path's name from its last non-numeric part (``dense.1``, not ``1``: a target matching all of layer 1)."""
+    parts = path.split(".")
+    return ".".join(parts[max((i for i, p in enumerate(parts) if not p.isdigit()), default=0):])
+
+
 def _matches(path: str, target: str) -> bool:
     parts = path.split(".")
     return target in parts or path == target or path.endswith("." + target)
@@ -176,9 +182,22 @@ def projections(model: ModelProto) -> list[tuple[int, NodeProto, str]]:
     inits = {t.name for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
     tied = frozenset(n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input and n.input[0] in inits)
-    return [(i, n, module_path(n, inits, producer, tied)) for i, n in enumerate(model.graph.node)
+    return _projections_in(model.graph.node, inits, producer, tied)
+
+
+def _projections_in(nodes: Sequence[NodeProto], inits: set[str], producer: dict[str, NodeProto],
+                    tied: frozenset[str]) -> list[tuple[int, NodeProto, str]]:
+    return [(i, n, module_path(n, inits, producer, tied)) for i, n in enumerate(nodes)
             if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and len(n.input) > 1
             and _is_constant(n.input[1], inits, producer)]
+
+
+def nested_projection_paths(model: ModelProto) -> list[str]:
+    """Module paths of the projections inside If/Loop/Scan bodies (a weight may be a body's or an outer initializer)."""
+    bodies = list(all_graphs(model.graph))[1:]
+    inits = {t.name for g in (model.graph, *bodies) for t in g.initializer}
+    producer = {o: n for g in bodies for n in g.node for o in n.output}
+    return [p for g in bodies for _, _, p in _projections_in(g.node, inits, producer, frozenset())]
 
 
 def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
@@ -189,17 +208,21 @@ def plan(model: ModelProto, targets: Sequence[str]) -> list[Site]:
     inits = {t.name: t for t in model.graph.initializer}
     already = {n.input[1] for n in model.graph.node if spec.is_lora_node(n) and len(n.input) > 1}
     producer = {o: n for n in model.graph.node for o in n.output}
-    found = projections(model)
+    found, nested = projections(model), nested_projection_paths(model)
     sites: list[Site] = []
     for target in targets:
         hits = [(i, n, p) for i, n, p in found if _matches(p, target)]
+        inside = sorted({p for p in nested if _matches(p, target)})
+        if inside:  # adapting only the main graph's matches would leave these modules without the adapter
+            shown = ", ".join(inside[:4]) + (f" and {len(inside) - 4} more" if len(inside) > 4 else "")
+            raise InputError(f"target {target!r} matches projections inside If/Loop/Scan bodies ({shown}), which "
+                             "inject does not adapt (main graph only); export the model without control flow (one "
+                             "graph per branch) or pass targets that name main-graph modules only")
         if not hits:
-            names = sorted({p.split(".")[-1] for _, _, p in found})
+            names = sorted({_short_name(p) for _, _, p in found})
             raise InputError(f"target {target!r} matches no MatMul/Gemm projection; projections found: "
                              f"{', '.join(names) or 'none'}")
-        for i, node, path in hits:
-            if any(s.node_index == i for s in sites):
-                continue
+        for i, node, path in (hit for hit in hits if all(s.node_index != hit[0] for s in sites)):
             sites.append(_site(i, node, path, types, inits, already, float_input(node.input[0], producer)))
     leads = {s.lead_dims for s in sites}
     if len({len(d) for d in leads}) > 1 or len(leads) > 1 and any(None in d for d in leads):

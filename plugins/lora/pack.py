@@ -1,11 +1,12 @@
 """PEFT adapter folders -> slot-pool tensors named like the injected graph's inputs.
 
-An adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``, ``use_rslora``) and
+An adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``, ``use_rslora``,
+``rank_pattern`` / ``alpha_pattern``: per-module ranks and alphas, matched as PEFT does, see ``peft_config``) and
 ``adapter_model.safetensors`` with ``base_model.model.<module path>.lora_A.weight`` [r, H] and ``...lora_B.weight``
 [O, r]. Adapter ``i`` goes to slot ``i``. For each module path the pool holds ``lora_a.<path>`` [N, H, R] (A
 transposed), ``lora_b.<path>`` [N, R, O] (B transposed), zero-padded to R, and ``lora_scales.<path>`` float32 [N]
-with ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` for rsLoRA). Slots whose adapter does not adapt a module hold zeros
-and scale 0, which adds exactly nothing.
+with ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` for rsLoRA) of the module's own rank and alpha. Slots whose
+adapter does not adapt a module hold zeros and scale 0, which adds exactly nothing.
 
 ``target_modules`` follows PEFT: a list matches a module whose path equals a name or ends with ``.name``; a string
 is a regular expression the whole module path must match (``re.fullmatch``), ``"all-linear"`` every module. A
@@ -16,11 +17,11 @@ Refused (InputError, exit 2, naming the folder and tensor): a missing or malform
 weight whose dtype is not F16/BF16/F32/F64 or whose data does not match its header shape, two weights of one module
 (two adapter names in one file), a NaN/inf weight or one beyond the pool dtype's range (fp16: 65504), a rank
 above the max, A/B shapes that disagree with each other, the config or other adapters, tensors of modules that are
-not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), ``rank_pattern`` /
-``alpha_pattern`` configs (per-module ranks are not supported yet), and every adapter feature whose effect is more
-than ``scale * B @ A`` added to a projection: DoRA (``use_dora``), trained biases (``bias`` other than ``"none"``),
-``modules_to_save``, and any tensor in the weights file that is not a ``lora_A`` / ``lora_B`` weight (embedding
-LoRA, DoRA magnitudes, biases): dropping one silently would change the adapted model's outputs.
+not targeted (not in ``target_modules``, ``--targets`` or the model's LoRA inputs), and every adapter feature
+whose effect is more than ``scale * B @ A`` added to a projection: DoRA (``use_dora``), trained biases (``bias``
+other than ``"none"``), ``modules_to_save``, and any tensor in the weights file that is not a ``lora_A`` /
+``lora_B`` weight (embedding LoRA, DoRA magnitudes, biases): dropping one silently would change the adapted model's
+outputs.
 """
 
 from __future__ import annotations
@@ -38,21 +39,22 @@ import numpy as np
 from trtforge.build_engine.core.errors import InputError
 
 from . import spec
+from .peft_config import Targets, read_config
 
 _KEY = re.compile(r"^base_model\.model\.(?P<path>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
-Targets = tuple[str, ...] | str  # target_modules: names, or one regular expression (PEFT's two forms)
-_PEFT_DEFAULT_ALPHA = 8  # peft.LoraConfig.lora_alpha's default
 _ST_DTYPES: dict[str, Any] = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": "bfloat16"}
 
 
 @dataclass(frozen=True)
 class Adapter:
     folder: Path
-    rank: int
-    scale: float
+    rank: int  # the largest of the modules' ranks (``r``, or ``rank_pattern``'s)
+    scale: float  # the scale of a module no pattern matches
     targets: Targets
     a: Mapping[str, np.ndarray]  # module path -> [r, H]
     b: Mapping[str, np.ndarray]  # module path -> [O, r]
+    ranks: Mapping[str, int]  # module path -> its rank
+    scales: Mapping[str, float]  # module path -> its scale (alpha / r, or alpha / sqrt(r); the patterns applied)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,8 @@ def load_adapter(folder: Path) -> Adapter:
             what = "is not a regular file" if p.exists() else "is missing"
             raise InputError(f"{folder}: {p.name} {what}; an adapter folder holds adapter_config.json and "
                              "adapter_model.safetensors (PEFT save_pretrained)")
-    r, alpha, targets, rslora = _read_config(cfg_path)
-    scale = alpha / math.sqrt(r) if rslora else alpha / r
+    cfg = read_config(cfg_path)
+    targets = cfg.targets
     a: dict[str, np.ndarray] = {}
     b: dict[str, np.ndarray] = {}
     keys: dict[tuple[str, str], str] = {}  # (module path, "A" or "B") -> the key it came from
@@ -142,62 +144,14 @@ def load_adapter(folder: Path) -> Adapter:
         if path not in a or path not in b:
             half = "lora_B" if path not in b else "lora_A"
             raise InputError(f"{folder}: module {path!r} has no {half}.weight tensor")
+        r = cfg.rank_of(path)
         if a[path].ndim != 2 or b[path].ndim != 2 or a[path].shape[0] != r or b[path].shape[1] != r:
             raise InputError(f"{folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a[path].shape)} "
-                             f"and {list(b[path].shape)} do not match [r, H] and [O, r] with r = {r}")
-    return Adapter(folder, r, scale, targets, a, b)
-
-
-def _read_config(cfg_path: Path) -> tuple[int, float, Targets, bool]:
-    """r (a whole number, never truncated), lora_alpha (finite) and target_modules (a list of names, or a regular
-    expression); refuses the PEFT features ``pack`` cannot represent (module docstring)."""
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8-sig"))  # UTF-8, a leading BOM skipped
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"{cfg_path}: not a readable JSON file ({exc}); re-save the adapter") from exc
-    if not isinstance(cfg, dict):
-        raise InputError(f"{cfg_path}: the top level must be a JSON object (PEFT's adapter_config.json)")
-    raw = cfg.get("r")
-    whole = isinstance(raw, int) or (isinstance(raw, float) and math.isfinite(raw) and raw.is_integer())
-    if isinstance(raw, bool) or not whole:
-        raise InputError(f"{cfg_path}: 'r' is {raw!r}; it must be a whole number (the adapter's rank)")
-    r = int(raw)  # type: ignore[arg-type]
-    _refuse_features(cfg, cfg_path)
-    alpha = cfg.get("lora_alpha", _PEFT_DEFAULT_ALPHA)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-        raise InputError(f"{cfg_path}: 'lora_alpha' is {alpha!r}; it must be a finite number")
-    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
-        raise InputError(f"{cfg_path}: rank_pattern/alpha_pattern are not supported; use one r and lora_alpha")
-    if not 1 <= r <= spec.MAX_RANK:
-        raise InputError(f"{cfg_path}: 'r' is {r}; it must be from 1 to {spec.MAX_RANK}")
-    rslora = cfg.get("use_rslora", False)
-    if rslora is not None and not isinstance(rslora, bool):  # the string "false" would have meant rsLoRA's scale
-        raise InputError(f"{cfg_path}: 'use_rslora' is {rslora!r}; it must be true or false")
-    tm = cfg.get("target_modules") or []
-    if isinstance(tm, str):
-        try:
-            re.compile(tm)
-        except re.error as exc:
-            raise InputError(f"{cfg_path}: 'target_modules' {tm!r} is not a regular expression ({exc}); give a "
-                             "list of module names or a valid pattern") from exc
-        return r, float(alpha), tm, bool(rslora)
-    if not isinstance(tm, list) or not all(isinstance(t, str) for t in tm):
-        raise InputError(f"{cfg_path}: 'target_modules' is {tm!r}; it must be a list of module names or a regular "
-                         "expression")
-    return r, float(alpha), tuple(tm), bool(rslora)
-
-
-def _refuse_features(cfg: Mapping[str, Any], cfg_path: Path) -> None:
-    """The adapter features whose effect is more than ``scale * B @ A`` on a projection (module docstring)."""
-    if cfg.get("use_dora"):
-        raise InputError(f"{cfg_path}: DoRA adapters (use_dora) are not supported (their magnitude vectors rescale "
-                         "the whole weight); merge the adapter into the model or train a plain LoRA")
-    if cfg.get("bias") not in (None, "none"):
-        raise InputError(f"{cfg_path}: 'bias' is {cfg.get('bias')!r}; only adapters with bias 'none' are supported "
-                         "(trained biases are not part of a LoRA slot)")
-    if cfg.get("modules_to_save"):
-        raise InputError(f"{cfg_path}: 'modules_to_save' {cfg.get('modules_to_save')!r} holds fully trained modules, "
-                         "which a LoRA slot cannot carry; merge the adapter into the model instead")
+                             f"and {list(b[path].shape)} do not match [r, H] and [O, r] with r = {r}"
+                             + (" (from rank_pattern)" if r != cfg.r else ""))
+    ranks = {p: cfg.rank_of(p) for p in a}
+    default_scale = cfg.alpha / (math.sqrt(cfg.r) if cfg.rslora else cfg.r)
+    return Adapter(folder, max(ranks.values()), default_scale, targets, a, b, ranks, {p: cfg.scale_of(p) for p in a})
 
 
 def _peft_targeted(path: str, targets: Targets) -> bool:
@@ -294,20 +248,22 @@ def pack(adapters: Sequence[Adapter], layout: PoolLayout) -> dict[str, np.ndarra
         out[spec.input_name("lora_scales", path)] = np.zeros((n,), np.float32)
     for slot, ad in enumerate(adapters):
         if ad.rank > r:
-            raise InputError(f"{ad.folder}: rank r={ad.rank} is above the max rank {r}; pass --max-rank {ad.rank} "
-                             "or larger (and inject with the same)")
+            worst = max(sorted(ad.ranks), key=ad.ranks.__getitem__)  # rank_pattern may raise one module's rank
+            raise InputError(f"{ad.folder}: module {worst!r} has rank r={ad.rank}, above the max rank {r}; pass "
+                             f"--max-rank {ad.rank} or larger (and inject with the same)")
         for path, a in ad.a.items():
             if path not in layout.modules:
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A.weight adapts module {path!r}, "
                                  f"which the model has no LoRA inputs for; known: {', '.join(sorted(layout.modules))}")
             h, o = layout.modules[path]
             b = ad.b[path]
-            if a.shape != (ad.rank, h) or b.shape != (o, ad.rank):
+            rank = ad.ranks[path]
+            if a.shape != (rank, h) or b.shape != (o, rank):
                 raise InputError(f"{ad.folder}: tensor base_model.model.{path}.lora_A/B.weight shapes {list(a.shape)}/"
                                  f"{list(b.shape)} do not match the pool's [r, {h}] / [{o}, r]")
-            out[spec.input_name("lora_a", path)][slot, :, : ad.rank] = _finite(ad, path, "A", a.T, np_dtype(path))
-            out[spec.input_name("lora_b", path)][slot, : ad.rank, :] = _finite(ad, path, "B", b.T, np_dtype(path))
-            out[spec.input_name("lora_scales", path)][slot] = ad.scale
+            out[spec.input_name("lora_a", path)][slot, :, :rank] = _finite(ad, path, "A", a.T, np_dtype(path))
+            out[spec.input_name("lora_b", path)][slot, :rank, :] = _finite(ad, path, "B", b.T, np_dtype(path))
+            out[spec.input_name("lora_scales", path)][slot] = ad.scales[path]
     return out
 
 

@@ -132,11 +132,14 @@ _AD_KEYS = st.sampled_from(["r", "lora_alpha", "target_modules", "use_rslora", "
 @FUZZ
 @given(st.dictionaries(_AD_KEYS, JSON, max_size=4) | JSON)
 def test_adapter_config_parses_or_input_error(cfg: Any) -> None:
-    from trtforge.plugins.lora.pack import _read_config
+    from trtforge.plugins.lora.peft_config import read_config
 
     path = _file(json.dumps(cfg), "adapter_config.json")
     try:
-        r, alpha, targets, _ = _read_config(path)
+        ac = read_config(path)
     except InputError:
         return
+    r, alpha, targets = ac.r, ac.alpha, ac.targets
     assert isinstance(r, int) and r >= 1 and math.isfinite(alpha) and all(isinstance(t, str) for t in targets)
+    for path_ in ("model.layers.0.q_proj", "q_proj", ""):  # every module gets a whole rank and a finite scale
+        assert 1 <= ac.rank_of(path_) <= 64 and math.isfinite(ac.scale_of(path_))
