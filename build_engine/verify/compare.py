@@ -10,8 +10,9 @@ the elements, everything ``fold --check`` (bit equality) and ``diff`` (tolerance
 - Polygraphy's element-wise rule, as ``diff`` reports it: an element mismatches when ``|a-b| > atol`` AND
   ``|a-b|/|b| > rtol`` (NaN always mismatches; equal infinities are a difference of 0, as with Polygraphy's
   ``infinities_compare_equal``, so a model with inf outputs matches itself); ``max_abs`` and ``max_rel`` ignore
-  NaN; ``rel_to_scale`` is ``max_abs / max|b|`` (the largest finite ``|b|``: a -inf mask is no scale), the error
-  relative to the output's scale (element-wise ``max_rel`` explodes near zero).
+  NaN, and an infinite difference (a finite value against an infinite reference, or opposite infinities) is an
+  infinite relative error; ``rel_to_scale`` is ``max_abs / max|b|`` (the largest finite ``|b|``: a -inf mask is no
+  scale), the error relative to the output's scale (element-wise ``max_rel`` explodes near zero).
   Arrays of different dtypes (an fp16 model against its fp32 original) are compared as float64 values; integer
   arrays' differences are computed exactly first (two int64 values above 2**53 that float64 rounds alike differ).
 """
@@ -75,6 +76,8 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, atol: float = 0.0, rtol: float 
     bitwise, unequal = _bitwise(a, b, fa, fb, absd) if same_type else (False, _INF)
     with np.errstate(invalid="ignore", divide="ignore"):
         reld = absd / np.where(denom == 0, np.finfo(np.float64).eps, denom)
+    # a finite value against an infinite reference: inf / inf is NaN, which max_rel skips (it read 0); unbounded
+    reld = np.where(np.isinf(absd), _INF, reld)
     mism = ((absd > atol) | np.isnan(absd)) & ((reld > rtol) | np.isnan(reld))
     max_abs, max_rel = _nanmax(absd), _nanmax(reld)
     scale = _nanmax(np.where(np.isinf(denom), np.nan, denom))  # an inf in b (a -inf mask) is no scale: max|b| finite
