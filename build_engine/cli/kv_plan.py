@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from argparse import Namespace
 from collections.abc import Sequence
+from typing import Any
 
 from ._common import ArgumentParser, add_file_force, make_parser, run_command
 
@@ -28,6 +29,19 @@ def build_parser() -> ArgumentParser:
                    help="also write the plan as JSON (--report: the same option, as fold and precision spell it)")
     add_file_force(p)
     return p
+
+
+def warn_unmodeled(model: str, spec: Any, weights_dtype: str, capacity: str) -> None:
+    """What the KV plan of ``model`` leaves out (``spec.unmodeled``: a sliding window planned as full attention, a
+    vision tower not counted, ...; a quantization_config it does not model), as warnings; ``capacity`` names the
+    figure that is then a bound ("the KV capacity above", "the simulated KV capacity")."""
+    from ..core.log import logger
+
+    if spec.unmodeled:
+        logger("kv_plan").warning(f"{model}: {spec.unmodeled}")
+    if spec.quantization and spec.weight_quant is None:
+        logger("kv_plan").warning(f"{model} has a quantization_config ({spec.quantization}) that kv-plan does not "
+                                  f"model: the weights are sized as {weights_dtype}, so {capacity} is a lower bound")
 
 
 def _run(args: Namespace) -> int:
@@ -57,14 +71,7 @@ def _run(args: Namespace) -> int:
     print(f"  blocks         {plan.num_blocks}  ->  max tokens {plan.max_tokens}")
     print(f"  requests of {plan.request_tokens} tokens that fit at once: {plan.requests_that_fit} (context "
           f"{plan.max_seq_len} tokens)")
-    from ..core.log import logger
-
-    if spec.unmodeled:
-        logger("kv_plan").warning(f"{args.model}: {spec.unmodeled}")
-    if spec.quantization and spec.weight_quant is None:
-        logger("kv_plan").warning(f"{args.model} has a quantization_config ({spec.quantization}) that kv-plan does "
-                                  f"not model: the weights are sized as {plan.weights_dtype}, so the KV capacity "
-                                  "above is a lower bound")
+    warn_unmodeled(args.model, spec, plan.weights_dtype, "the KV capacity above")
     if args.json:
         print(json.dumps({"json": args.json}))
     return 0

@@ -187,6 +187,9 @@ def _run(args: Namespace) -> int:
     profile = load_profile(args.profile)
     spec = load_model_spec(args.model)
     kv = plan_kv(profile, spec, kv_dtype=args.kv_dtype, max_num_tokens=args.token_budget, max_batch=args.max_running)
+    from .kv_plan import warn_unmodeled
+
+    warn_unmodeled(args.model, spec, kv.weights_dtype, "the simulated KV capacity")
     reqs = load_trace(args.trace, args.max_requests, seed=args.seed)
     if args.time_scale != 1.0:
         reqs = [replace(r, arrival=r.arrival * args.time_scale) for r in reqs]

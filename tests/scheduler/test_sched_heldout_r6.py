@@ -154,3 +154,15 @@ def test_a_vision_tower_beside_a_top_level_decoder_is_said(tmp_path: Path, cli) 
     res = cli("kv-plan", "--profile", "h100", "--model", p)
     assert res.code == 0 and "vision_config" in res.err and "upper bound" in res.err
     assert ModelSpec.from_dict(text).unmodeled == ""
+
+
+@pytest.mark.parametrize(("extra", "warned"), [({"sliding_window": 4096}, True), ({"sliding_window": None}, False)])
+def test_simulate_says_what_its_kv_plan_leaves_out(tmp_path: Path, cli, extra: dict[str, Any], warned: bool) -> None:
+    """simulate plans its KV cache as kv-plan does but printed none of kv-plan's warnings: a sliding window planned
+    as full attention made the simulated capacity a bound without a word."""
+    cfg = {**_decoder(seeded_rng("sliding-sim")), "max_position_embeddings": 32768, **extra}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    res = cli("simulate", "--trace", "synthetic:5", "--profile", "h100", "--model", p, "--policy", "vllm-v1")
+    assert res.code == 0, res.err
+    assert ("sliding_window 4096" in res.err and "full attention" in res.err) is warned
