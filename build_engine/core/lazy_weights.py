@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
@@ -67,7 +67,7 @@ def has_lazy(model: ModelProto) -> bool:
     return any(on_disk(t) for t in model.graph.initializer)
 
 
-def read_chunks(tensor: TensorProto, base_dir: Path, dtype: str, chunk: int) -> Iterator[np.ndarray]:
+def read_chunks(tensor: TensorProto, base_dir: Path, dtype: str | np.dtype[Any], chunk: int) -> Iterator[np.ndarray]:
     """The tensor's elements as ``dtype`` (little-endian numpy dtype string), ``chunk`` elements at a time."""
     path, offset, length = span(tensor, base_dir)
     item = np.dtype(dtype).itemsize
@@ -98,11 +98,7 @@ def to_array(tensor: TensorProto, base_dir: Path | None) -> np.ndarray:
     if not on_disk(tensor) or base_dir is None:
         return onnx.numpy_helper.to_array(tensor)
     np_type = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    path, offset, length = span(tensor, base_dir)
-    count = length // np_type.itemsize
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        flat = np.fromfile(fh, dtype=np_type.newbyteorder("<"), count=count)
-    if flat.size != count:
-        raise OSError(f"{path}: short read of {tensor.name!r}")
+    count = max(1, span(tensor, base_dir)[2] // np_type.itemsize)
+    parts = list(read_chunks(tensor, base_dir, np_type.newbyteorder("<"), count))  # one chunk: the whole tensor
+    flat = parts[0] if parts else np.empty(0, np_type)
     return flat.astype(np_type, copy=False).reshape(tuple(tensor.dims))

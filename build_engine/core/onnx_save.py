@@ -47,9 +47,7 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
                 at, length = copy_tensor(t, source_dir, fh, pos, _ALIGN)
                 stub = out.graph.initializer.add()
                 _copy_fields(t, stub, "external_data")
-                for key, value in (("location", data_name), ("offset", str(at)), ("length", str(length))):
-                    e = stub.external_data.add()
-                    e.key, e.value = key, value
+                point_external(stub, data_name, at, length)
                 pos = at + length
                 continue
             if t.data_location == TensorProto.EXTERNAL or not t.HasField("raw_data"):
@@ -67,10 +65,7 @@ def _save_external(model: ModelProto, tmp_model: Path, data_name: str, size_thre
             pos += gap
             fh.write(data)
             del data
-            for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
-                e = stub.external_data.add()
-                e.key, e.value = key, value
-            stub.data_location = TensorProto.EXTERNAL
+            point_external(stub, data_name, pos, length)
             out.graph.initializer.append(stub)
             pos += length
         if external_tensors:
@@ -103,11 +98,16 @@ def _move_raw(t: TensorProto, fh: Any, pos: int, data_name: str) -> int:
     pos += gap
     length = fh.write(t.raw_data)
     t.ClearField("raw_data")
-    for key, value in (("location", data_name), ("offset", str(pos)), ("length", str(length))):
+    point_external(t, data_name, pos, length)
+    return pos + length
+
+
+def point_external(t: TensorProto, location: str, offset: int, length: int) -> None:
+    """Make ``t`` (with no data of its own) name ``length`` bytes at ``offset`` of the file ``location``."""
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         e = t.external_data.add()
         e.key, e.value = key, value
     t.data_location = TensorProto.EXTERNAL
-    return pos + length
 
 
 def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data: bool | None = None,

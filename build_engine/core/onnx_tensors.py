@@ -9,6 +9,10 @@ from collections.abc import Iterable, Iterator
 
 from onnx import GraphProto, ModelProto, NodeProto, SparseTensorProto, TensorProto
 
+# An external data entry is a StringStringEntryProto whose key is "location": field 1, length 8, then field 2. A
+# serialised model without these bytes has no tensor on disk (a byte search, at C speed, tells).
+LOCATION_KEY = b"\x0a\x08location\x12"
+
 
 def _sparse(items: Iterable[SparseTensorProto]) -> Iterator[TensorProto]:
     for s in items:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
+from .onnx_tensors import LOCATION_KEY
 
 #: Files listed under one input folder. An input folder bigger than this is compared as a folder only (an output
 #: inside it or equal to it is still caught, by its ancestry); stated so a huge tree cannot stall the check.
@@ -50,8 +51,6 @@ def _ident(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-# An external data entry is a StringStringEntryProto whose key is "location": field 1, length 8, then field 2.
-_LOCATION_KEY = b"\x0a\x08location\x12"
 
 
 def _names_external_data(model_path: Path) -> bool:
@@ -62,7 +61,7 @@ def _names_external_data(model_path: Path) -> bool:
         if os.fstat(fh.fileno()).st_size == 0:
             return False
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return mm.find(_LOCATION_KEY) >= 0
+            return mm.find(LOCATION_KEY) >= 0
 
 
 def external_data_files(model_path: Path) -> list[Path]:

@@ -19,6 +19,7 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 from ..core.errors import InputError
 from ..core.lazy_weights import LAZY_MIN_BYTES, to_array
+from ..core.onnx_save import point_external
 from . import awq
 from .calibrators import ActStats
 from .config import QuantConfig
@@ -126,10 +127,7 @@ def spill() -> Iterator[Callable[[np.ndarray, str], TensorProto]]:
                 fh.write(np.ascontiguousarray(w, dtype="<f4").data)
                 fh.flush()
                 t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=w.shape)
-                for key, value in (("location", str(path)), ("offset", str(pos)), ("length", str(w.nbytes))):
-                    e = t.external_data.add()
-                    e.key, e.value = key, value
-                t.data_location = TensorProto.EXTERNAL
+                point_external(t, str(path), pos, w.nbytes)
                 return t
 
             yield put
