@@ -25,6 +25,9 @@ class GraphPass:
     """Base class. Subclasses set ``name`` and implement ``rewrite``."""
 
     name: str = "pass"
+    # walks after the first visit only the Casts a rewrite touched since this pass's previous walk (``dirty``): set
+    # where every rule of the pass reads no more than ``dirty`` lists, and it walks ``ctx.casts()`` only
+    incremental: bool = False
 
     def rewrite(self, ctx: GraphCtx) -> int:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -28,6 +28,7 @@ class CollapseCastChain(GraphPass):
     """
 
     name = "cast_chain"
+    incremental = True
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0

@@ -87,7 +87,7 @@ class CastLikeToCast(GraphPass):
             out = n.outputs[0]
             ctx.replace_node(n, cast)
             if out and out not in ctx.types:
-                ctx.types[out] = to
+                ctx.set_type(out, to)
             ctx.rules[self.name] += 1
             count += 1
         return count

@@ -20,6 +20,7 @@ class CollapseCastRoundTrip(GraphPass):
     """
 
     name = "cast_round_trip"
+    incremental = True
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0

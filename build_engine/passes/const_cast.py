@@ -31,6 +31,7 @@ class FoldConstantCast(GraphPass):
     """
 
     name = "constant_cast"
+    incremental = True
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
@@ -60,7 +61,7 @@ class FoldConstantCast(GraphPass):
             else:
                 ctx.remove_node(n)
                 ctx.add_initializer(value)
-            ctx.types[y] = to
+            ctx.set_type(y, to)
             ctx.rules[self.name] += 1
             count += 1
         return count

@@ -82,7 +82,7 @@ class FoldConstantExpression(GraphPass):
             tensor = numpy_helper.from_array(value, name=src)
             tensor.data_type = t
             ctx.replace_node(p, helper.make_node("Constant", [], [src], value=tensor, name=p.proto.name))
-            ctx.types[src] = t
+            ctx.set_type(src, t)
             ctx.rules[self.name] += 1
             count += 1
         return count

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from . import dtypes as dt
 from .base import GraphPass
 from .ir import GraphCtx
-from .node import Node
+from .node import ALIVE, Node
 
 _INT_OR_BOOL = dt.INTS | {dt.B}
 
@@ -18,6 +20,16 @@ def _key(n: Node) -> tuple | None:
     if any(a.ref_attr_name for a in attrs):
         return None
     return (n.inputs[0], tuple(sorted((a.name, a.SerializeToString()) for a in attrs)))
+
+
+def _candidates(ctx: GraphCtx) -> Iterable[Node]:
+    """``ctx.casts()``, widened in an incremental walk (``ctx.since``) to every Cast reading the input of a touched
+    one, in node order: a group's first member decides, touched or not."""
+    casts = ctx.casts()
+    if not ctx.since:
+        return casts
+    group = {r for c in casts for r in ctx.consumers(c.inputs[0]) if r.is_cast}
+    return filter(ALIVE, sorted(group, key=ctx.position))  # a group member merged away on the walk is skipped
 
 
 class MergeDuplicateCasts(GraphPass):
@@ -36,11 +48,12 @@ class MergeDuplicateCasts(GraphPass):
     """
 
     name = "duplicate_cast"
+    incremental = True
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
         seen: dict[tuple, Node] = {}
-        for c in ctx.casts():  # node (topological) order: the first of a group dominates the others' readers
+        for c in _candidates(ctx):  # node (topological) order: the first of a group dominates the others' readers
             if c.to in _INT_OR_BOOL and not dt.cast_defined(ctx.type_of(c.inputs[0]), c.to or 0):
                 continue
             k = _key(c)

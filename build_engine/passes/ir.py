@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from onnx import GraphProto, NodeProto, TensorProto
 
 from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
+from .commit import commit
+from .dirty import touch, touch_readers, touch_up
+from .dtypes import DATA_MOVEMENT
 from .node import ALIVE, Node, NodeList, Uses, add_use, drop_use, make_node, readers
 from .protos import constant_node_tensor, defined_names
 from .type_facts import infer_local, needs_inference
@@ -86,6 +89,9 @@ class GraphCtx:
         self.maybe_dead: set[Node] | None = None
         self.pass_state: dict[str, object] = {}  # what a pass keeps between its calls on this view (it says why)
         self.changed = False
+        # the walk's clock and the pass's start mark (``dirty``): ``casts`` yields only Casts touched at or after
+        # ``since`` (0: every Cast)
+        self.clock, self.since = 0, 0
         self.untyped: list[Node] = []  # nodes left with an untyped output by ``_index``
         self.has_subgraphs = False  # a node of this graph carries a subgraph
         self._index(nodes)
@@ -200,7 +206,8 @@ class GraphCtx:
             self._casts = [n for n in self.nodes if n.to is not None and n.inputs and n.inputs[0]]
         else:  # a removed node never comes back (``replace_node`` makes a new one)
             self._casts = list(filter(ALIVE, self._casts))
-        return filter(ALIVE, self._casts)
+        since = self.since
+        return filter(ALIVE, [n for n in self._casts if n.touched >= since] if since else self._casts)
 
     def cast_pairs(self) -> Iterator[tuple[Node, Node]]:
         """``(outer, inner)``: each Cast whose input another Cast produces, in this graph or an enclosing one.
@@ -247,6 +254,7 @@ class GraphCtx:
         drop_use(self.uses, old, node)
         self._lost_reader(old)
         add_use(self.uses, new, node)
+        touch(self, node)
 
     def replace_uses(self, old: str, new: str) -> None:
         """Every read of ``old`` in this graph and its subgraphs now reads ``new``. ``old`` must not be an output."""
@@ -263,7 +271,7 @@ class GraphCtx:
             self.changed = True
         self._lost_reader(old)
         if old in self.types and new not in self.types:
-            self.types[new] = self.types[old]
+            self.set_type(new, self.types[old])
 
     def remove_node(self, node: Node) -> None:
         node.alive = False
@@ -272,10 +280,13 @@ class GraphCtx:
         uses, producer, maybe_dead = self.uses, self.producer, self.maybe_dead
         for i in node.inputs:
             drop_use(uses, i, node, every=True)
-            if maybe_dead is not None:  # ``_lost_reader`` inlined (every removal comes here)
-                p = producer.get(i)
-                if p is not None:
+            p = producer.get(i)  # ``_lost_reader`` inlined (every removal comes here)
+            if p is not None:
+                if maybe_dead is not None:
                     maybe_dead.add(p)
+                p.touched = self.clock  # ``dirty.touch_up`` inlined for a producer that is not data movement
+                if p.op in DATA_MOVEMENT:
+                    touch_up(self, p)
         for i in node.free:
             d = self.implicit.get(i)
             if d is not None:
@@ -308,6 +319,7 @@ class GraphCtx:
             prod.dirty = True
             del self.producer[src]
             self.producer[out] = prod
+            touch(self, prod)
             self.replace_uses(src, out)
         self.rules[rule] += 1
         return True
@@ -326,14 +338,22 @@ class GraphCtx:
             add_use(self.uses, i, new)
         if self.maybe_dead is not None:
             self.maybe_dead.add(new)
+        touch(self, new)
         return new
+
+    def set_type(self, name: str, t: int, *, retyped: bool = False) -> None:
+        """``name``'s element type is ``t`` now (``retyped``: it had another, which its value_info may declare)."""
+        self.types[name] = t
+        if retyped:
+            self.retyped.add(name)
+        touch_readers(self, name)
 
     def _lost_reader(self, name: str) -> None:
         """``name`` has one reader fewer: its producer may be dead now (the next dead-node sweep looks at it)."""
-        if self.maybe_dead is not None:
-            p = self.producer.get(name)
-            if p is not None:
-                self.maybe_dead.add(p)
+        p = self.producer.get(name)
+        if self.maybe_dead is not None and p is not None:
+            self.maybe_dead.add(p)
+        touch_up(self, p)
 
     def position(self, node: Node) -> int:
         """Index of ``node`` in the (topologically ordered) node list."""
@@ -344,6 +364,7 @@ class GraphCtx:
         self.initializers[tensor.name] = tensor
         self.types[tensor.name] = tensor.data_type
         self.changed = True
+        touch_readers(self, tensor.name)
 
     def drop_initializer(self, name: str) -> None:
         self.initializers.pop(name, None)
@@ -355,43 +376,9 @@ class GraphCtx:
 
     # ----------------------------------------------------------------- write back
     def commit(self, container: NodeList, *, last: bool = False) -> None:
-        """Write the result into ``container``, the node list this view was built from (the same protos in the same
-        order), as the view's last rewrite: each survivor's rewritten inputs/outputs go into its proto, a node the
-        view made (``replace_node``) is copied over the proto it took the place of, and the removed protos are cut
-        out without copying any survivor (a stable reorder of the list's message pointers, then a cut at the end).
-        Each survivor then reads its proto at its new position: a subgraph's view may still ask this one (its
-        parent) about its nodes. ``last``: none will (the graph has no subgraph), so the node list and the
-        producer/consumer maps are dropped before the reorder, which makes a wrapper for every proto."""
-        nodes = self.nodes
-        self._casts, self.maybe_dead = None, None
-        self.pass_state.clear()
-        total, kept = len(nodes), 0
-        if len(container) != total:
-            raise ValueError(f"commit: the view holds {total} nodes, the node list {len(container)}")
-        rank: list[int] = []
-        for k, n in enumerate(nodes):
-            if not n.alive:
-                rank.append(total + k)
-                continue
-            if n.own is not None:
-                container[k].CopyFrom(n.own)
-                n.own = None
-            if n.dirty:
-                p = container[k]
-                del p.input[:]
-                p.input.extend(n.inputs)
-                del p.output[:]
-                p.output.extend(n.outputs)
-                n.dirty = False
-            n.src, n.index = container, kept
-            rank.append(kept)
-            kept += 1
-        if last:
-            self.nodes, self.producer, self.uses, self.implicit = [], {}, {}, {}
-            nodes = self.nodes  # the removed and kept Node objects go now
-        if kept < total:
-            keys = iter(rank)
-            container.sort(key=lambda _: next(keys))  # CPython computes sort keys once each, in list order
-            del container[kept:]
-        if not last:
-            self.nodes = [n for n in self.nodes if n.alive]
+        """Write the result into ``container``, the node list this view was built from (``commit.commit``)."""
+        commit(self, container, last=last)
+
+    def drop_cast_list(self) -> None:
+        """Forget the list of Casts (``casts`` rebuilds it, in node order, when next asked for)."""
+        self._casts = None

@@ -46,6 +46,7 @@ class Node:
     subdefs: frozenset[str] | None = None  # names defined anywhere inside this node's subgraphs (lazy)
     onnx_op: bool = False  # default domain (set by ``make_node``: read in every pass's inner loop)
     index: int = -1  # position in the view's node list (``GraphCtx.position``)
+    touched: int = 0  # ``GraphCtx.clock`` when a rewrite last changed what a rule sees here (``dirty``)
 
     @property
     def proto(self) -> NodeProto:

@@ -6,8 +6,9 @@ that inference could type, ``passes/type_facts.py``; otherwise shape inference f
 passes over the main graph, If/Loop/Scan bodies and model-local functions until none fires, drops value_info of
 values that no longer exist, and re-runs ``onnx.checker`` and shape inference on the result. Graph input and output
 names are always kept. The cost is linear in the graph size: every pass walks the node list once per round with
-O(1) producer/consumer look-ups (``ir.GraphCtx``), and the rounds are few (a round trip exposed by one rule is
-usually taken by a later rule in the same round).
+O(1) producer/consumer look-ups (``ir.GraphCtx``), the rounds are few (a round trip exposed by one rule is
+usually taken by a later rule in the same round), and after the first round most passes walk only the Casts a
+rewrite touched since their previous walk (``dirty``).
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ class Pipeline:
 
     name = "fold_pipeline"
 
-    def __init__(self, passes: Sequence[GraphPass] | None = None, max_rounds: int = _MAX_ROUNDS) -> None:
+    def __init__(self, passes: Sequence[GraphPass] | None = None, max_rounds: int = _MAX_ROUNDS,
+                 incremental: bool = True) -> None:
         self.passes = tuple(passes) if passes is not None else default_passes()
         self.max_rounds = max_rounds
+        self.incremental = incremental  # ``walk.run_passes``'s
         self.stats = WalkStats()
 
     def call(self, model: ModelProto, types: dict[str, int] | None = None,
@@ -74,7 +77,7 @@ class Pipeline:
         if types is None:
             types = graph_types(model.graph)
         for _ in range(self.max_rounds):
-            s = run_passes(model, self.passes, types=types, infer=infer)
+            s = run_passes(model, self.passes, types=types, infer=infer, incremental=self.incremental)
             infer = None
             self.stats.rewrites += s.rewrites
             self.stats.rules.update(s.rules)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import dtypes as dt
 from .base import GraphPass
 from .ir import GraphCtx
+from .node import Node
 
 
 class RemoveSameTypeCast(GraphPass):
@@ -20,16 +21,18 @@ class RemoveSameTypeCast(GraphPass):
     """
 
     name = "same_type_cast"
+    incremental = True
 
     def rewrite(self, ctx: GraphCtx) -> int:
-        count = 0
-        for n in ctx.casts():
-            to = n.to
-            if to != ctx.type_of(n.inputs[0]):
-                continue
-            sat = n.attr("saturate")
-            if not dt.same_type_cast_is_identity(to, 1 if sat is None else n.int_attr("saturate")):
-                continue
-            if ctx.bypass(n, n.inputs[0], self.name):
-                count += 1
-        return count
+        return sum(remove_same_type_cast(ctx, n, self.name) for n in ctx.casts())
+
+
+def remove_same_type_cast(ctx: GraphCtx, n: Node, rule: str) -> bool:
+    """``RemoveSameTypeCast`` at the Cast ``n``: whether it removed it."""
+    to = n.to
+    if to != ctx.type_of(n.inputs[0]):
+        return False
+    sat = n.attr("saturate")
+    if not dt.same_type_cast_is_identity(to, 1 if sat is None else n.int_attr("saturate")):
+        return False
+    return ctx.bypass(n, n.inputs[0], rule)

@@ -6,6 +6,7 @@ from . import dtypes as dt
 from .base import GraphPass
 from .ir import GraphCtx
 from .node import Node
+from .same_cast import RemoveSameTypeCast, remove_same_type_cast
 from .schema import accepts
 
 _MAX_CHAIN = 32
@@ -33,6 +34,7 @@ class SinkCastThroughDataMovement(GraphPass):
     """
 
     name = "sink_cast"
+    incremental = True
 
     def rewrite(self, ctx: GraphCtx) -> int:
         count = 0
@@ -53,10 +55,10 @@ class SinkCastThroughDataMovement(GraphPass):
                     continue
                 ctx.set_input(chain[0], 0, x)
                 for m in chain:
-                    ctx.types[m.outputs[0]] = t
-                    ctx.retyped.add(m.outputs[0])
+                    ctx.set_type(m.outputs[0], t, retyped=True)
                 ctx.rules[self.name] += 1
-                count += 1
+                # the last Cast is now T -> T: removed at once, not a round later
+                count += 1 + remove_same_type_cast(ctx, c2, RemoveSameTypeCast.name)
                 break
         return count
 
