@@ -31,7 +31,7 @@ from .dirty import touch, touch_readers, touch_up
 from .dtypes import DATA_MOVEMENT
 from .node import ALIVE, Node, NodeList, Uses, add_use, drop_use, make_node, readers
 from .protos import constant_node_tensor, defined_names
-from .type_facts import infer_local, needs_inference
+from .type_facts import infer_local, needs_inference, type_outputs
 
 
 @dataclass
@@ -108,7 +108,6 @@ class GraphCtx:
         when asked); each name read is the string object its producer's output (or the graph input) already holds,
         not a copy per read; a value read once by one node has that node, not a dict, as its ``uses`` entry."""
         producer, uses, implicit, types, append = self.producer, self.uses, self.implicit, self.types, self.nodes.append
-        untyped = self.untyped
         empty: frozenset[str] = frozenset()
         graph_inputs = {i: i for i in self.inputs}
         for k, p in enumerate(nodes):
@@ -146,10 +145,8 @@ class GraphCtx:
                         d[n] = d.get(n, 0) + 1
                     else:
                         uses[i] = {d: 2} if d is n else {d: 1, n: 1}
-            if not typed:
-                infer_local(self, n)
-                if any(o and o not in types for o in outs):
-                    untyped.append(n)
+            if not typed and type_outputs(self, n):
+                self.untyped.append(n)
 
     # ----------------------------------------------------------------- types
     def defines(self, name: str) -> bool:

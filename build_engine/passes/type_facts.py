@@ -119,6 +119,49 @@ def output_types(op: str, domain: str, opset: int, inputs: Sequence[str], type_o
     return out
 
 
+@lru_cache(maxsize=4096)
+def single_output_rule(op: str, opset: int) -> int | tuple[int, ...] | None:
+    """``infer_local``'s answer for a default-domain node of ``op`` with one output that has no type yet, as data: an
+    element type, or the input indices whose first known type is the output's (in that order), or None: ask
+    ``infer_local`` (Cast, Constant, control flow, variadic inputs or outputs, no fact)."""
+    if op in ("Cast", "Constant"):
+        return None
+    if op in ("Shape", "Size"):
+        return int(TensorProto.INT64)
+    if op in DATA_MOVEMENT:
+        return (0,)
+    found = output_rules(op, "", opset)
+    if found is None or len(found[0]) != 1 or found[1]:
+        return None
+    rule, var_in = found[0][0], found[2]
+    if isinstance(rule, int):
+        return rule
+    return None if rule is None or var_in in rule else rule
+
+
+def type_outputs(ctx: GraphCtx, n: Node) -> bool:
+    """``infer_local`` for a node with an untyped output, inlined for the ops most nodes are (one output, a rule that
+    ``single_output_rule`` gives as data); whether an output of ``n`` is still without a type."""
+    outs, ins, types = n.outputs, n.inputs, ctx.types
+    rule = (None if not n.onnx_op or len(outs) != 1 else n.to if n.op == "Cast"
+            else single_output_rule(n.op, ctx.opset))
+    if rule is None:
+        infer_local(ctx, n)
+        return any(o and o not in types for o in outs)
+    t = 0
+    if isinstance(rule, int):
+        t = rule
+    else:
+        for j in rule:
+            if j < len(ins) and ins[j]:
+                t = ctx.type_of(ins[j])
+                if t:
+                    break
+    if t:
+        types[outs[0]] = t
+    return not t
+
+
 def infer_local(ctx: GraphCtx, n: Node) -> None:
     """Element-type facts for ``n``'s outputs from this graph alone (complementing value_info): Cast, Constant, shape
     ops, data movement, and for every other default-domain op what its schema implies (``output_types``)."""
