@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 from .node import Node, NodeList, Uses
@@ -57,8 +58,9 @@ def commit(ctx: View, container: NodeList, *, last: bool = False) -> None:
         ctx.nodes, ctx.producer, ctx.uses, ctx.implicit = [], {}, {}, {}
         nodes = ctx.nodes  # the removed and kept Node objects go now
     if kept < total:
-        keys = iter(rank)
-        container.sort(key=lambda _: next(keys))  # CPython computes sort keys once each, in list order
+        # CPython computes sort keys once each, in list order; ``next(keys, proto)`` is the next rank (a C call, not a
+        # Python frame per node)
+        container.sort(key=partial(next, iter(rank)))
         del container[kept:]
     if not last:
         ctx.nodes = [n for n in ctx.nodes if n.alive]
