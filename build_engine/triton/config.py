@@ -119,6 +119,10 @@ def check_triton_types(manifest: Manifest, where: str = MANIFEST_NAME) -> None:
             if not t.shape:  # tritonserver: "scalar tensors are not supported" (and an engine with one cannot batch)
                 raise InputError(f"{where}: {kind}[{i}] ({t.name}) is a scalar, and Triton serves no scalar tensors; "
                                  "give it shape [1] in the model (Unsqueeze / Reshape) and rebuild the engine")
+            if 0 in t.shape:  # tritonserver: "dimension must be integer >= 1, or -1"; the config was refused, exit 1
+                raise InputError(f"{where}: {kind}[{i}] ({t.name}) has shape {list(t.shape)}, an empty tensor, and "
+                                 "Triton serves only dims >= 1 (or -1); remove that tensor from the model's "
+                                 f"{kind} (or give it a size >= 1) and rebuild the engine")
 
 
 def serving_notes(manifest: Manifest) -> list[str]:

@@ -2,7 +2,8 @@
 -1 first in every tensor, so the manifest alone made it a batching config (max_batch_size 8, dynamic batching), and
 Triton would have split the output's sequence rows between the batched requests. The engine folder's model.onnx
 names that dimension: such an engine gets max_batch_size 0, and --max-batch above 0 is refused naming the output.
-Real TensorRT-RTX builds."""
+An output of shape [batch, 0] is refused as bad input (exit 2), not as an invalid generated config. Real
+TensorRT-RTX builds."""
 
 from __future__ import annotations
 
@@ -73,3 +74,24 @@ def test_batch_first_outputs_keep_triton_batching(engines: dict[str, Path], tmp_
     cfg = _config(repo / "m")
     assert cfg.max_batch_size == 8 and cfg.HasField("dynamic_batching")
     assert [list(t.dims) for t in cfg.output] == [[-1, 4]]
+
+
+def test_empty_output_is_bad_input_not_an_invalid_generated_config(tmp_path: Path, cli) -> None:
+    """An output of shape [batch, 0] (an empty Slice) builds; tritonserver refuses dims of 0, and trtforge triton
+    failed with 'generated config.pbtxt is invalid' (exit 1, the message for a trtforge bug): now exit 2 naming the
+    tensor and the fix, and no repository is made."""
+    pytest.importorskip("tensorrt_rtx")
+    w = seeded_rng("test_triton_r7.empty").uniform(-1.0, 1.0, (4,)).astype(np.float32)
+    ints = {"s": [0], "e": [0], "a": [1]}
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "s", "e", "a"], ["none"]), helper.make_node("Add", ["x", "w"], ["y"])], "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("none", TensorProto.FLOAT, ["batch", 0]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(w, "w"),
+         *(numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items())])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert cli("build", tmp_path / "m.onnx", "--profile", "a10", "-o", tmp_path / "e", "--no-progress").code == 0
+    res = cli("triton", tmp_path / "e", "--repo", tmp_path / "repo", "--name", "m")
+    assert_one_line_error(res, 2, "outputs[0] (none)", "[-1, 0]", "rebuild the engine")
+    assert not (tmp_path / "repo").exists()
