@@ -58,14 +58,15 @@ def _read_request(where: str) -> Any:
         raise InputError(f"{where}: not valid JSON ({exc}); give one JSON object") from exc
 
 
-def _client(url: str) -> Any:
+def _client(given: str) -> Any:
     import redis
 
-    from trtforge.scheduler.cache.entry import check_redis_db
+    from trtforge.scheduler.cache.entry import check_redis_db, redact_url
 
-    check_redis_db(url)
+    check_redis_db(given)
+    url = redact_url(given)  # as the messages name it: never its password
     try:
-        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = redis.Redis.from_url(given, socket_timeout=1.0, socket_connect_timeout=1.0)
         client.ping()
         return client
     except ValueError as exc:
@@ -92,9 +93,12 @@ def _run(args: Any) -> int:
         print(json.dumps({"key": key.digest, "cacheable": key.cacheable, "scope": json.loads(key.scope),
                           "final_user_message": key.text}, indent=2, ensure_ascii=False))
         return 0
+    from trtforge.scheduler.cache.entry import redact_url
+
     client = _client(args.redis_url)
+    url = redact_url(args.redis_url)
     if args.sub == "ping":
-        print(f"{args.redis_url}: ok")
+        print(f"{url}: ok")
         return 0
     from trtforge.scheduler.cache.pubsub import Invalidation
 
@@ -114,11 +118,11 @@ def _run(args: Any) -> int:
             inv.send(sha, index)
         except (redis.RedisError, OSError) as exc:
             reason = str(exc).rpartition("caused error: ")[2][:120]  # a pipeline's error names the whole command
-            raise InputError(f"cannot publish the cache version to Redis at {args.redis_url} ({type(exc).__name__}: "
+            raise InputError(f"cannot publish the cache version to Redis at {url} ({type(exc).__name__}: "
                              f"{reason}); fix the server (e.g. memory at maxmemory) and retry") from exc
     finally:
         inv.close()
-    print(f"published cache version {sha[:16]}.{index} for {args.engine} on {args.redis_url}")
+    print(f"published cache version {sha[:16]}.{index} for {args.engine} on {url}")
     return 0
 
 

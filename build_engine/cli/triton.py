@@ -27,8 +27,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--version", type=int, default=1, help="version folder (integer >= 1; default 1)")
     p.add_argument("--max-batch", type=int, default=None,
                    help="max_batch_size (default: the largest batch every optimization profile admits, i.e. the "
-                        "smallest profile maximum; 0 when the first dim is not a dynamic batch from 1; 0 disables "
-                        "Triton batching)")
+                        "smallest profile maximum; 0 when the first dim is not a dynamic batch from 1, or when the "
+                        "engine folder's model.onnx names an output's first dim as a sequence or other axis; 0 "
+                        "disables Triton batching)")
     p.add_argument("--instances", type=int, default=1, help="GPU instances (instance_group count; default 1)")
     p.add_argument("--warmup", action=BooleanOptionalAction, default=True,
                    help="write Triton model_warmup samples, one per optimization profile at its opt shape, with "

@@ -315,12 +315,14 @@ def run_matrix(spec: MatrixSpec, outroot: Path, *, executor: str = "local", addr
                 _execute(spec, root, need, executor, address, jobs, retries, progress)
         finally:  # also on Ctrl-C / SIGTERM ("no partial output was left"): the workers are gone by now
             shutil.rmtree(root / STAGING, ignore_errors=True)
-        report.seconds = time.perf_counter() - t0
-        fsutil.write_json(root / REPORT_FILE, report.to_json())
-        if spec.triton_repo is not None:
-            from .triton_assembly import assemble
+        try:
+            if spec.triton_repo is not None:
+                from .triton_assembly import assemble
 
-            assemble(report.cells, spec.triton_repo)
+                assemble(report.cells, spec.triton_repo)  # first: a cell it skips gets its reason in matrix.json too
+        finally:
+            report.seconds = time.perf_counter() - t0
+            fsutil.write_json(root / REPORT_FILE, report.to_json())
     return report
 
 

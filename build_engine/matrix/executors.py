@@ -257,6 +257,20 @@ def _ray_wait(refs: list[Any], watch: Any) -> list[Any]:
         raise interrupt.Interrupted(signum) from None
 
 
+def _placeable_resources() -> set[str]:
+    """The resources some live node advertises (at least one unit) beside at least one CPU: where a cell's task
+    (1 CPU and one unit of its resource, on one node) can run. The cluster's totals could not tell: a head started
+    with ``--num-cpus=0`` and trtforge's resources, beside CPU nodes without them, left every task pending forever."""
+    import ray
+
+    out: set[str] = set()
+    for node in ray.nodes():
+        res = node.get("Resources") or {}
+        if node.get("Alive") and res.get("CPU", 0) >= 1:
+            out.update(k for k, v in res.items() if v >= 1)
+    return out
+
+
 def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | None], retries: int,
             on_event: Event) -> dict[int, CellResult]:
     """Run every submission as a Ray task on the connected cluster (see module docstring)."""
@@ -265,15 +279,16 @@ def run_ray(subs: Sequence[Submission], sources: dict[str, dict[str, bytes] | No
     from .ray_watch import HeadWatch
 
     watch = HeadWatch.of_connected()
-    available = ray.cluster_resources()
+    placeable = _placeable_resources()
     remote = ray.remote(_ray_cell)
     refs: dict[str, Any] = {key: (ray.put(files) if files is not None else None) for key, files in sources.items()}
     waiting: dict[Any, Submission] = {}
     results: dict[int, CellResult] = {}
     for sub in subs:
-        if available.get(sub.resource, 0) < 1:
+        if sub.resource not in placeable:
             results[sub.index] = CellResult(ok=False, refused=True, attempts=0, reason=(
-                f"no node in the Ray cluster advertises resource {sub.resource!r}; start a node that can build it "
+                f"no node in the Ray cluster advertises resource {sub.resource!r} beside a CPU (a cell's task needs "
+                "both on one node; a head started with --num-cpus=0 runs none); start a node that can build it "
                 f"with: ray start --address=... --resources='{{\"{sub.resource}\": 1}}' "
                 "(see 'trtforge build-matrix --node-resources')"))
             on_event(sub.index, "done", 0, results[sub.index])

@@ -6,8 +6,10 @@ reading a plan needs a GPU.
 Batch semantics (Triton's ``max_batch_size``): when ``max_batch_size > 0`` Triton prepends a batch dimension to every
 input and output, so ``dims`` exclude it, and Triton sends any batch size from 1 to ``max_batch_size`` to the engine.
 That is only safe when the engine's first dimension is a dynamic batch dimension everywhere: every input and output
-has ``-1`` first, with the same range in every input of each optimization profile, and every optimization profile
-admits batch 1 (``min[0] == 1``). Then ``max_batch_size`` is the
+has ``-1`` first, with the same range in every input of each optimization profile, every optimization profile
+admits batch 1 (``min[0] == 1``), and no output's first dimension is another axis (``non_batch_outputs``: by the
+engine folder's ``model.onnx``, e.g. a sequence-first ``[seq, batch, H]`` output, whose rows Triton would split
+between the batched requests; ``--check`` reads only the manifest, which cannot tell). Then ``max_batch_size`` is the
 largest batch every profile admits (or ``--max-batch``, which must not exceed it). Otherwise (e.g. a LoRA engine whose
 adapter-pool inputs have a static first dimension) ``max_batch_size`` is 0 and ``dims`` are the full shapes.
 
@@ -117,6 +119,10 @@ def check_triton_types(manifest: Manifest, where: str = MANIFEST_NAME) -> None:
             if not t.shape:  # tritonserver: "scalar tensors are not supported" (and an engine with one cannot batch)
                 raise InputError(f"{where}: {kind}[{i}] ({t.name}) is a scalar, and Triton serves no scalar tensors; "
                                  "give it shape [1] in the model (Unsqueeze / Reshape) and rebuild the engine")
+            if 0 in t.shape:  # tritonserver: "dimension must be integer >= 1, or -1"; the config was refused, exit 1
+                raise InputError(f"{where}: {kind}[{i}] ({t.name}) has shape {list(t.shape)}, an empty tensor, and "
+                                 "Triton serves only dims >= 1 (or -1); remove that tensor from the model's "
+                                 f"{kind} (or give it a size >= 1) and rebuild the engine")
 
 
 def serving_notes(manifest: Manifest) -> list[str]:
@@ -152,6 +158,42 @@ def engine_max_batch(manifest: Manifest) -> int:
     return best or 0
 
 
+def non_batch_outputs(manifest: Manifest, engine_dir: str | Path) -> tuple[str, ...]:
+    """Outputs whose first dimension is, by the engine folder's ``model.onnx``, not the batch although it is dynamic:
+    named as an input's sequence (or ``--dim``) dimension, or with a sequence name (``shapes.SEQUENCE_NAMES``), and
+    not as a batch one (``[seq, batch, H]``, as a ``Transpose`` or an ONNX ``LSTM`` gives). Triton splits every
+    output's first dimension between the requests it batched, so such an engine is served with ``max_batch_size``
+    0. An output whose first dimension has another name, or none, counts as batch (the manifest alone cannot tell);
+    without a readable ``model.onnx``, none is known."""
+    import onnx
+
+    from ..engine.manifest import ONNX_NAME
+    from ..engine.shapes import SEQUENCE_NAMES
+
+    path = Path(engine_dir) / ONNX_NAME
+    from google.protobuf.message import DecodeError
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph if path.is_file() else None
+    except (OSError, ValueError, DecodeError):  # not the build's model.onnx: judged by the manifest alone
+        graph = None
+    if graph is None:
+        return ()
+    axes = {t.name: t.axes for t in manifest.inputs}
+    named = [(d.dim_param, axis) for vi in graph.input
+             for d, axis in zip(vi.type.tensor_type.shape.dim, axes.get(vi.name, ()), strict=False) if d.dim_param]
+    batch = {p for p, axis in named if axis == "batch"}
+    other = {p for p, axis in named if axis != "batch"} - batch
+    dynamic = {t.name for t in manifest.outputs if t.shape and t.shape[0] == -1}
+    out = []
+    for vi in graph.output:
+        dims = vi.type.tensor_type.shape.dim
+        first = dims[0].dim_param if vi.name in dynamic and len(dims) else ""
+        if first and first not in batch and (first in other or first.lower() in SEQUENCE_NAMES):
+            out.append(vi.name)
+    return tuple(out)
+
+
 def _preferred(manifest: Manifest, max_batch: int) -> tuple[int, ...]:
     """The profiles' opt batches and ``max_batch``, each within 1..max_batch (Triton's rule)."""
     sizes = {max_batch}
@@ -169,8 +211,10 @@ MAX_VERSION = 2**63 - 1
 
 
 def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
-                instances: int = 1, queue_delay_us: int = DEFAULT_QUEUE_DELAY_US) -> TritonConfig:
-    """Pure planning: the Triton config for an engine manifest. Raises InputError for impossible requests."""
+                instances: int = 1, queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+                unbatched: tuple[str, ...] = ()) -> TritonConfig:
+    """Pure planning: the Triton config for an engine manifest. Raises InputError for impossible requests.
+    ``unbatched``: outputs whose first dimension is not the batch (``non_batch_outputs``): no Triton batching."""
     check_model_name(name)
     check_triton_types(manifest)
     bad = manifest.python_plugins
@@ -182,11 +226,17 @@ def plan_config(manifest: Manifest, name: str, *, max_batch: int | None = None,
     if not 1 <= instances <= MAX_INSTANCES:
         raise InputError(f"--instances {instances}: give a whole number from 1 to {MAX_INSTANCES} (GPU instances of "
                          "one model on one server)")
-    engine_max = engine_max_batch(manifest)
+    inputs_max = engine_max_batch(manifest)
+    engine_max = 0 if unbatched else inputs_max
     if max_batch is None:
         mbs = engine_max
     elif max_batch < 0:
         raise InputError(f"--max-batch {max_batch}: must be >= 0")
+    elif max_batch > engine_max and unbatched and inputs_max:  # the outputs are the only reason
+        raise InputError(f"--max-batch {max_batch}: the first dimension of output(s) {', '.join(unbatched)} is not "
+                         "the batch (model.onnx names it as another axis), and Triton would split it between the "
+                         "requests it batched; pass --max-batch 0, or make the outputs batch-first in the model and "
+                         "rebuild the engine")
     elif max_batch > engine_max:
         why = (f"the engine's profiles admit at most batch {engine_max}" if engine_max else
                "the engine's first dimension is not a dynamic batch dimension shared by every input, admitting "

@@ -22,7 +22,15 @@ from typing import Any
 from ..core import fsutil
 from ..core.errors import CheckFailed, InputError
 from ..engine.manifest import MANIFEST_NAME, Manifest
-from .config import TritonConfig, check_model_name, load_for_triton, plan_config, render, serving_notes
+from .config import (
+    TritonConfig,
+    check_model_name,
+    load_for_triton,
+    non_batch_outputs,
+    plan_config,
+    render,
+    serving_notes,
+)
 from .layout import (
     is_repository,
     recover_repository,
@@ -76,7 +84,8 @@ def write_entry(engine_dir: str | Path, repo: str | Path, name: str, *, version:
                          "(int64)")
     manifest = load_for_triton(engine)
     plan_src = _plan_path(engine, manifest)
-    cfg = plan_config(manifest, name, max_batch=max_batch, instances=instances)
+    cfg = plan_config(manifest, name, max_batch=max_batch, instances=instances,
+                      unbatched=non_batch_outputs(manifest, engine))
     cfg, warmup_files = plan_warmup(cfg, manifest, engine) if warmup else (cfg, {})
     header = (f"Written by 'trtforge triton' from {engine.name}/manifest.json (backend {manifest.backend.name} "
               f"{manifest.backend.version}, profile {manifest.profile}, precision {manifest.precision}).")

@@ -59,8 +59,24 @@ def check_redis_db(url: str) -> None:
     except ValueError:
         return  # not a URL at all: redis-py names what is wrong when it parses it
     if path not in ("", "/") and not re.fullmatch(r"/[0-9]+", path):
-        raise InputError(f"--redis-url {url}: the path {path!r} is not a database number; use redis://host:port/N "
+        raise InputError(f"--redis-url {redact_url(url)}: the path {path!r} is not a database number; use "
+                         "redis://host:port/N "
                          "(N = 0, 1, ...)")
+
+
+def redact_url(url: str) -> str:
+    """``url`` as messages and logs name it: a password (``redis://:PASSWORD@host``, ``redis://user:PASSWORD@host``,
+    ``?password=PASSWORD``) as ``***``, so a warning or an error line never carries the credential."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            user, _, host = parts.netloc.rpartition("@")
+            url = urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
+        return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+    except ValueError:  # not a URL at all: what stands before an '@' may be a password
+        return url.split("://", 1)[0] + "://***" if "@" in url else url
 
 
 def encoded_size(value: Any) -> int:
@@ -114,7 +130,8 @@ class CacheConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"response cache {name} = {value!r}: must be a whole number of at least 1")
         if "l2" in self.layers and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise InputError(f"redis url {self.redis_url!r} (--redis-url): use redis://host:port/db, rediss://... "
+            raise InputError(f"redis url {redact_url(self.redis_url)!r} (--redis-url): use redis://host:port/db, "
+                             "rediss://... "
                              "or unix:///path")
         if "l2" in self.layers:
             check_redis_db(self.redis_url)

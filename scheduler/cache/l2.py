@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, cast
 
-from .entry import CacheConfig, Entry
+from .entry import CacheConfig, Entry, redact_url
 from .l2wire import pack_set, send_packed
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class L2:
         import redis
 
         self.cfg = cfg
+        self._url = redact_url(cfg.redis_url)  # as warnings name it: never its password
         self.metrics = metrics
         self.retry_s = retry_s
         self._errors = (redis.RedisError, OSError)
@@ -118,7 +119,7 @@ class L2:
             # for a dead server).
             what = ("refused the login (a wrong or missing password in redis_url)" if self._auth(exc)
                     else f"is unreachable ({type(exc).__name__})")
-            log.warning("response cache: Redis at %s %s; serving from L1 only until it is back", self.cfg.redis_url,
+            log.warning("response cache: Redis at %s %s; serving from L1 only until it is back", self._url,
                         what)
 
     @staticmethod
@@ -131,11 +132,11 @@ class L2:
         if not self._warned_command:
             self._warned_command = True
             log.warning("response cache: Redis at %s refused a command (%s: %s); that lookup misses, the tier stays "
-                        "up", self.cfg.redis_url, type(exc).__name__, str(exc)[:120])
+                        "up", self._url, type(exc).__name__, str(exc)[:120])
 
     def _ok(self) -> None:
         if self._warned:
-            log.warning("response cache: Redis at %s is back", self.cfg.redis_url)
+            log.warning("response cache: Redis at %s is back", self._url)
         self._warned = False
         if self.metrics is not None:
             self.metrics.l2_up.set(1)

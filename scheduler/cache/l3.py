@@ -8,9 +8,11 @@ default, ``ngram_embedding``, is dependency-free character 3- and 4-gram hashing
 (typos, punctuation, word order changes nearby) but not paraphrases with other words; plug a sentence encoder for
 those.
 
-A candidate whose numbers (digit runs and number words, in order) differ from the query's is never served, however
-similar: texts differing only in an id, an amount, a date or a count are near-duplicates to an n-gram embedding
-(customer 1043 and 1044: 0.95) but not the same question. Likewise a candidate whose negations differ (``not``,
+A candidate whose numbers (digit runs with their sign, English number words and ordinals, Roman numerals, and the
+symbols comparing or combining numbers: ``<`` ``>`` ``=`` and ``+ - * / ^ %`` between digits; in order) differ from
+the query's is never served, however similar: texts differing only in an id, an amount, a date, a count, a sign
+("-20 degrees"), a comparison ("> 100") or an operation are near-duplicates to an n-gram embedding (customer 1043 and
+1044: 0.95) but not the same question. Likewise a candidate whose negations differ (``not``,
 ``no``, ``never``, ``without``, ``n't``..., in order): "drinks with alcohol" and "drinks without alcohol" are 0.9
 apart by n-grams and opposite questions. Similarities are float32 inner products: one within ``SIM_TOLERANCE``
 (1e-5) below the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of
@@ -51,25 +53,48 @@ from .entry import CacheConfig, Entry
 SIM_TOLERANCE = 1e-5
 
 Embedding = Callable[[str], np.ndarray]
-_NUMBER_OR_WORD = re.compile(r"\d+(?:[.,:/-]\d+)*|[^\W\d_]+")
+# A number (a sign kept when no letter or digit precedes it: "-20 degrees" is another temperature than "20 degrees"),
+# a symbol comparing or combining numbers ("total > 100" against "total < 100", "7 + 3" against "7 - 3"), or a word.
+_NUMBER_OR_WORD = re.compile(r"(?:(?<!\w)[-+\u2212])?\d+(?:[.,:/-]\d+)*"
+                             r"|[<>=\u2260\u2264\u2265]+|(?<=\d)\s*[-+*/^%\u00d7\u00f7\u2212](?=\s*[-+\u2212]?\d)"
+                             r"|(?<=\d)\s*%|[^\W\d_]+")
 #: English number words (cardinals, ordinals, multiples), compared like digit runs: "two spiders" and "three
 #: spiders" are near-duplicates to n-grams (0.93) and another question.
 NUMBER_WORDS = frozenset({
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
     "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty",
     "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion", "trillion",
-    "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth", "eleventh",
-    "twelfth", "twentieth", "hundredth", "thousandth", "once", "twice", "thrice", "half", "halves", "quarter",
-    "quarters", "dozen", "dozens", "single", "double", "triple", "quadruple"
+    "zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+    "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth", "seventeenth", "eighteenth",
+    "nineteenth", "twentieth", "thirtieth", "fortieth", "fiftieth", "sixtieth", "seventieth", "eightieth",
+    "ninetieth", "hundredth", "thousandth", "millionth", "billionth", "trillionth", "once", "twice", "thrice", "half",
+    "halves", "quarter", "quarters", "dozen", "dozens", "single", "double", "triple", "quadruple", "quintuple"
 })
+# Roman numerals of two letters or more, upper case as written ("World War I" / "World War II", "Henry VIII"): the
+# pronoun "I" alone is not one.
+_ROMAN = re.compile(r"(?=[MDCLXVI]{2})M{0,4}(?:CM|CD|D?C{0,3})(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})")
+
+
+def _number_token(token: str) -> str | None:
+    """``token`` (a match of ``_NUMBER_OR_WORD``) as the guard compares it, None when it is no number."""
+    if token[0].isdigit() or token[0] in "-+\u2212" and token[1:2].isdigit():
+        return token.replace("\u2212", "-")
+    if not token[0].isalpha():  # an operator or comparison (blank around it does not count)
+        return token.strip().replace("\u2212", "-")
+    if _ROMAN.fullmatch(token):
+        return token
+    low = token.lower()
+    return low if low in NUMBER_WORDS else None
 
 
 def _numbers(text: str) -> list[str]:
-    """The numbers of a text, in order: digit runs and number words (``NUMBER_WORDS``, lower-cased). A near-duplicate
-    that differs in one (an id, an amount, a date, a count) asks something else (n-gram similarity of "orders over
-    $100" and "... $1000" is 0.98), so it is never served; "2" and "two" count as different (a miss, never a wrong
+    """The numbers of a text, in order: digit runs with their sign, number words (``NUMBER_WORDS``, lower-cased),
+    Roman numerals, and the symbols that compare or combine numbers. A near-duplicate that differs in one (an id, an
+    amount, a date, a count, a sign, ``>`` for ``<``) asks something else (n-gram similarity of "orders over $100"
+    and "... $1000" is 0.98), so it is never served; "2" and "two" count as different (a miss, never a wrong
     answer)."""
-    return [t for t in _NUMBER_OR_WORD.findall(text.lower()) if t[0].isdigit() or t in NUMBER_WORDS]
+    found = (_number_token(t) for t in _NUMBER_OR_WORD.findall(text))
+    return [t for t in found if t is not None]
 
 
 _WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?")

@@ -43,11 +43,12 @@ def check_redis(url: str) -> None:
     """Exit-2 material when ``url`` is not a reachable Redis (the command refuses to start; the library degrades)."""
     import redis
 
-    from ..cache.entry import check_redis_db
+    from ..cache.entry import check_redis_db, redact_url
 
     check_redis_db(url)
+    given, url = url, redact_url(url)  # the messages name it without its password
     try:
-        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = redis.Redis.from_url(given, socket_timeout=1.0, socket_connect_timeout=1.0)
     except ValueError as exc:
         raise InputError(f"--redis-url {url}: not a Redis URL ({exc}); use redis://host:port/db") from exc
     try:
@@ -86,6 +87,7 @@ def _median(fn: Callable[[int], Any], n: int) -> float:
 def measure(tiers: tuple[str, ...], *, redis_url: str | None = None, pool_size: int = 32, fill: int = 2000,
             lookups: int = 200) -> TierCosts:
     """Time the real tiers (see the module docstring); ``redis_url`` is required when ``"l2"`` is in ``tiers``."""
+    from ..cache.entry import redact_url
     from ..cache.front import ResponseCache
     from ..cache.keys import make_key
 
@@ -105,7 +107,8 @@ def measure(tiers: tuple[str, ...], *, redis_url: str | None = None, pool_size: 
         if writer.l2 is not None:
             writer.l2.flush()
             if writer.l2.dropped:  # refused (OOM) or lost: the L2 lookups would miss ("expected a l2, got miss")
-                raise InputError(f"--redis-url {redis_url}: Redis did not take {writer.l2.dropped} of {fill} "
+                raise InputError(f"--redis-url {redact_url(redis_url or '')}: Redis did not take {writer.l2.dropped} "
+                                 f"of {fill} "
                                  "measurement writes (out of memory at maxmemory, or unreachable); free memory or "
                                  "raise maxmemory and rerun")
         hit = {"l1": _median(lambda i: _expect(writer.lookup(_request(i)), "l1"), lookups)}

@@ -87,3 +87,15 @@ def test_every_registered_command_module_exists_and_has_main() -> None:
     for name, (module, _) in COMMANDS.items():
         mod = importlib.import_module(f"trtforge.build_engine.cli.{module}")
         assert callable(getattr(mod, "main", None)), name
+
+
+def test_readme_names_every_extra() -> None:
+    """The README's Extras line named neither ``cache`` (the response cache's cachetools, redis, faiss-cpu, orjson)
+    nor ``cluster`` (ray, which ``all`` does not install)."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    line = " ".join(text[text.index("\nExtras: "):].split("\n\n", 1)[0].split())
+    named = set(re.findall(r"`([a-z]+)`", line))
+    assert set(_pyproject()["project"]["optional-dependencies"]) <= named, line
+    assert "cluster" not in str(_pyproject()["project"]["optional-dependencies"]["all"]) and "not in `all`" in line

@@ -198,3 +198,18 @@ def test_triton_repository_assembled_from_cached_cells(models: Path, local_run: 
         assert not check_entry(entry).problems
     lora = {c.cell.label: c.reason for c in report.cells if c.cell.model.name == "llama16"}
     assert all("Python plugin" in r or "plugin" in r for r in lora.values()), lora
+
+
+def test_matrix_json_records_why_a_cell_is_not_in_the_triton_repository(models: Path, local_run: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """matrix.json was written before the repository was assembled: a LoRA cell's "not added to the Triton
+    repository" reason was printed by --json but missing from the file --json says it prints."""
+    pytest.importorskip("tritonclient", reason="the Triton writer needs tritonclient (pip install 'trtforge[triton]')")
+    text = TWO_BY_TWO + '\n[triton]\nrepo = "triton-repo-json"\n'
+    assert main(["build-matrix", str(_matrix(models, text, "mx-json.toml")), "-o", str(local_run), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((local_run / "matrix.json").read_text())
+    reasons = {f"{c['model']}/{c['profile']}": c["reason"] for c in written["cells"]}
+    assert all(reasons[f"llama16/{p}"].startswith("not added to the Triton repository") for p in ("a10", "a100"))
+    assert reasons["llama/a10"] == reasons["llama/a100"] == ""
+    assert [c["reason"] for c in printed["cells"]] == [c["reason"] for c in written["cells"]]
