@@ -97,10 +97,10 @@ def _run(args: Any) -> int:
     result = fold(model, inplace=by_path or not args.check)
     folded, report = result.model, dict(result.report.to_json(), input=str(args.input), output=str(args.output))
     if args.check and not by_path and external:
-        import onnx
+        from ..core.onnx_io import load_external_in_memory
 
         for m in (reference, folded):
-            onnx.external_data_helper.load_external_data_for_model(m, str(source_dir))
+            load_external_in_memory(m, source_dir)
     del result, model
     passed = True
     if by_path:

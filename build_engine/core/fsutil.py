@@ -45,20 +45,37 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path (in ``.trtforge-staging`` beside ``path``); on success rename it onto ``path``, on
-    failure delete it."""
+    failure delete it. Blocks nested in one another are one group (``pairing.group_member``): once the inner output
+    is in place the outer ones are committed even when a signal ends their blocks, so every output of a group is
+    written in full before the innermost block ends."""
     dest = check_output_file(path)
     parent = dest.parent if str(dest.parent) else Path(".")
-    with staging.staging_dir(parent, dest.name) as entry:
+    with staging.staging_dir(parent, dest.name) as entry, pairing.group_member() as member:
         tmp = entry / dest.name
         tmp.touch(mode=0o666)  # mode from the umask, as a plain open() gives: outputs are read by Triton and colleagues
-        yield tmp
+        try:
+            yield tmp
+        except BaseException:
+            if not member.begun:
+                raise
+            _commit(tmp, dest, stoppable=False)  # an output nested in this block is in place: so goes this one
+            raise
+        _commit(tmp, dest, stoppable=not member.begun)
+
+
+def _commit(tmp: Path, dest: Path, *, stoppable: bool) -> None:
+    """fsync and rename ``tmp`` onto ``dest``; ``stoppable``: a signal received during the write commits nothing
+    (not so once another output of its group is in place, ``pairing.group_member``)."""
+    with contextlib.nullcontext() if stoppable else interrupt.deferred():
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         staging.fault_point("file:staged")
-        interrupt.check()  # a signal during the write: commit nothing
+        if stoppable:
+            interrupt.check()  # a signal during the write: commit nothing
         with interrupt.deferred():
             staging.fault_point("file:before-rename")
             os.replace(tmp, dest)
+            pairing.committed()
             staging.fault_point("file:renamed")
 
 

@@ -57,10 +57,26 @@ def load_small_external(tensors: Iterable[TensorProto], base_dir: Path, min_byte
         if length >= min_bytes:
             left += length
             continue
-        onnx.external_data_helper.load_external_data_for_tensor(t, str(base_dir))
-        t.data_location = TensorProto.DEFAULT
-        del t.external_data[:]
+        load_in_memory(t, base_dir)
     return left
+
+
+def load_in_memory(tensor: TensorProto, base_dir: Path) -> None:
+    """Read an external tensor's bytes into ``raw_data`` (as onnx's ``load_external_data_for_tensor`` does), by
+    trtforge's own reader: ``onnx_io.load`` has checked the location (a regular file inside the model's folder) and
+    the bounds, and onnx's reader also refuses a data file with more than one hard link ("potential hardlink
+    attack": a ``cp -al`` copy, a deduplicating store), which the big weights left on disk were read from all along:
+    the same model then loaded when its weights were big and was refused (or, for ``fold --check``, crashed) when
+    they were small."""
+    path, offset, length = span(tensor, base_dir)
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read(length)
+    if len(data) != length:
+        raise ValueError(f"{path}: {len(data)} bytes at offset {offset}, {length} expected (the file is truncated)")
+    tensor.raw_data = data
+    tensor.data_location = TensorProto.DEFAULT
+    del tensor.external_data[:]
 
 
 def has_lazy(model: ModelProto) -> bool:

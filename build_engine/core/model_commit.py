@@ -97,10 +97,11 @@ def claim_data_name(folder: Path, model_name: str) -> Iterator[str]:
 
 
 def _release(base: Path, claim: Path, fd: int) -> None:
-    claim.unlink(missing_ok=True)
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        base.rmdir()  # only when empty
+    with interrupt.deferred():  # a second signal during the clean-up of an interrupted run must not stop it
+        claim.unlink(missing_ok=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            base.rmdir()  # only when empty
 
 
 def data_family(folder: Path, model_name: str) -> list[Path]:
@@ -128,6 +129,7 @@ def commit_model(staged: Path, dest: Path, data_name: str | None) -> None:
             os.replace(data, parent / data.name)
             staging.fault_point("model:data-renamed")
         os.replace(staged, dest)  # the commit point
+        pairing.committed()  # its report (fsutil.staged_json) is committed now, whatever comes
         staging.fault_point("model:committed")
         keep = parent / data_name if data_name else None
         for old in data_family(parent, dest.name):

@@ -172,15 +172,25 @@ def _read_external(model: ModelProto, base: Path, lazy: bool) -> frozenset[tuple
     """Read the model's external tensors into memory (with ``lazy``, main-graph initializers of at least
     ``lazy_weights.LAZY_MIN_BYTES`` stay on disk: the save copies those); returns the fingerprints of the other tensors
     read (subgraph and function tensors, Constant values, sparse initializers), which no save could copy."""
-    from .lazy_weights import LAZY_MIN_BYTES, load_small_external
+    from .lazy_weights import LAZY_MIN_BYTES, load_in_memory, load_small_external
 
     load_small_external(model.graph.initializer, base, min_bytes=LAZY_MIN_BYTES if lazy else 1 << 62)
     read = set()
     for t in besides_initializers(model):
         if t.data_location == TensorProto.EXTERNAL:
-            onnx.external_data_helper.load_external_data_for_tensor(t, str(base))
+            load_in_memory(t, base)
             read.add(fingerprint(t))
     return frozenset(read)
+
+
+def load_external_in_memory(model: ModelProto, base: Path) -> None:
+    """Every external tensor of ``model`` (bodies and functions too) read into memory (``lazy_weights.load_in_memory``,
+    not onnx's ``load_external_data_for_model``, which refuses a data file with several hard links)."""
+    from .lazy_weights import load_in_memory
+
+    for t in model_tensors(model):
+        if t.data_location == TensorProto.EXTERNAL:
+            load_in_memory(t, base)
 
 
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:

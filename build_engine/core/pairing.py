@@ -58,3 +58,35 @@ def report_matches(report: str | os.PathLike[str], model: str | os.PathLike[str]
     the report's renames (or for a report another run wrote, or one without ``output_sha256``)."""
     recorded = json.loads(Path(report).read_text(encoding="utf-8-sig")).get("output_sha256")
     return recorded is not None and recorded == file_identity(model)["output_sha256"]
+
+
+class Member:
+    """One output of a group written together (see ``group_member``); ``begun``: another output of the group is in
+    place already, so this one must be committed too, whatever ends the block that writes it."""
+
+    def __init__(self) -> None:
+        self.begun = False
+
+
+# The open ``group_member`` blocks, outermost first.
+_OPEN: list[Member] = []
+
+
+@contextlib.contextmanager
+def group_member() -> Iterator[Member]:
+    """Outputs whose writing blocks are nested (``fold --report``'s report around its model, ``diff --save``'s three
+    files, ``simulate --json`` around ``--plot``) are one group: once one of them is renamed into place
+    (``committed``), a signal or an error raised after that rename no longer stops the others (they were staged
+    complete before the first rename), so the group ends all new, never the new model beside the old report."""
+    member = Member()
+    _OPEN.append(member)
+    try:
+        yield member
+    finally:
+        _OPEN.remove(member)
+
+
+def committed() -> None:
+    """An output has just been renamed into place: every output block still open around it commits as well."""
+    for member in _OPEN:
+        member.begun = True

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import env
+from . import env, interrupt
 from .errors import InputError
 
 STAGING = ".trtforge-staging"
@@ -208,10 +208,11 @@ def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[
             raise oserrors.disk_full(output or root / label, entry, exc) from exc
         raise
     finally:
-        shutil.rmtree(entry, ignore_errors=True)
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            base.rmdir()
+        with interrupt.deferred():  # a second Ctrl-C (or a SIGTERM after it) must not stop the clean-up half-way
+            shutil.rmtree(entry, ignore_errors=True)
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                base.rmdir()
 
 
 @contextlib.contextmanager
@@ -245,10 +246,11 @@ def group_lock(output: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            base.rmdir()  # only when empty
+        with interrupt.deferred():  # as staging_dir's clean-up
+            lock.unlink(missing_ok=True)
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                base.rmdir()  # only when empty
 
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
