@@ -165,6 +165,8 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
+            except ValueError as exc:  # json reads no integer of more than 4300 digits (sys.int_max_str_digits)
+                raise InputError(f"{p}:{line_no}: an integer of more than 4300 digits; fix the row") from exc
             except RecursionError as exc:
                 raise InputError(f"{p}:{line_no}: JSON nested too deeply; each line is one flat object") from exc
             if not isinstance(obj, dict):

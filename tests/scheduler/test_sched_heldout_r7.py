@@ -1,0 +1,117 @@
+"""Held-out QA round 7: kv-plan and simulate on huge values, and the scheduler on shapes the other tests never used."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from trtforge.scheduler.kv_plan import ModelSpec
+from trtforge.scheduler.kv_weights import valid_tps
+from trtforge_testing import assert_one_line_error, seeded_rng
+
+LLAMA_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192}
+
+
+def _long_int(label: str) -> str:
+    """A random integer of 4301..6000 digits: json refuses to convert it (ValueError, not JSONDecodeError)."""
+    rng = seeded_rng(label)
+    n = int(rng.integers(4301, 6000))
+    return str(int(rng.integers(1, 10))) + "".join(map(str, rng.integers(0, 10, n - 1)))
+
+
+@pytest.mark.parametrize("field", ["timestamp", "input_length", "hash_ids"])
+def test_a_trace_integer_of_more_than_4300_digits_is_one_line_exit_2(cli, tmp_path: Path, field: str) -> None:
+    """A Mooncake row holding an integer of more than 4300 digits crashed simulate (exit 3, json's ValueError
+    'Exceeds the limit (4300 digits)' is not a JSONDecodeError); now the row is named."""
+    big = _long_int(f"trace-{field}")
+    row = {"timestamp": 1000, "input_length": 700, "output_length": 4, "hash_ids": [3, 9]}
+    text = json.dumps(row).replace("[3, 9]" if field == "hash_ids" else str(row[field]),
+                                  f"[{big}, 9]" if field == "hash_ids" else big, 1)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({**row, "timestamp": 0}) + "\n" + text + "\n")
+    res = cli("simulate", "--trace", trace, "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "cache-aware")
+    assert_one_line_error(res, 2, f"{trace}:2")
+
+
+@pytest.mark.parametrize("kind", ["digits", "nested"])
+def test_an_unreadable_config_is_one_line_exit_2(cli, tmp_path: Path, kind: str) -> None:
+    """kv-plan --model with a 4301-digit integer or arrays nested 10^5 deep: exit 3 (ValueError, RecursionError)."""
+    config = tmp_path / "config.json"
+    if kind == "digits":
+        config.write_text(json.dumps(LLAMA_8B).replace("8192", _long_int("config-digits"), 1))
+    else:
+        depth = int(seeded_rng("config-nested").integers(50_000, 100_000))
+        config.write_text(json.dumps(LLAMA_8B)[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}")
+    res = cli("kv-plan", "--profile", "h100", "--model", config)
+    assert_one_line_error(res, 2, "not a readable JSON config")
+
+
+@pytest.mark.parametrize("extra", [{"hidden_size": 10**400, "head_dim": 128}, {"vocab_size": 10**400},
+                                   {"intermediate_size": 10**400}, {"head_dim": 10**400},
+                                   {"max_position_embeddings": 10**400}, {"num_local_experts": 10**400},
+                                   {"rope_scaling": {"type": "linear", "factor": 1e308}},
+                                   {"num_attention_heads": 10**20, "num_key_value_heads": 10**20, "head_dim": 1,
+                                    "hidden_size": 1}])
+@pytest.mark.parametrize("command", ["kv-plan", "simulate"])
+def test_huge_config_values_are_one_line_exit_2(cli, tmp_path: Path, extra: dict[str, object], command: str) -> None:
+    """A config dimension of 10**400 crashed kv-plan and simulate (exit 3, OverflowError in the float sizes), a
+    rope factor of 1e308 made the context infinite (exit 3); 10**20 heads are refused as well (the --tp search
+    looped over every integer up to the head count: it never ended)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_8B, **extra}))
+    more = ["--trace", "synthetic:5", "--policy", "cache-aware"] if command == "simulate" else []
+    start = time.monotonic()
+    res = cli(command, "--profile", "h100", "--model", config, *more)
+    assert time.monotonic() - start < 10
+    assert_one_line_error(res, 2, "config.json")
+
+
+def test_a_large_head_count_is_planned_in_seconds(cli, tmp_path: Path) -> None:
+    """10**8 heads (under the int32 bound): the --tp search looped over every integer up to the head count, twice
+    (the --tp check and the no-fit hint), tens of seconds; now over its divisors."""
+    config = tmp_path / "config.json"
+    heads = 10**8 + int(seeded_rng("many-heads").integers(0, 4)) * 2 * 10**7
+    config.write_text(json.dumps({**LLAMA_8B, "num_attention_heads": heads, "num_key_value_heads": heads,
+                                  "head_dim": 1, "hidden_size": 64}))
+    start = time.monotonic()
+    res = cli("kv-plan", "--profile", "h100", "--model", config)
+    assert time.monotonic() - start < 5
+    assert_one_line_error(res, 2, "does not fit", "--tp")
+
+
+def test_valid_tps_are_the_head_splits() -> None:
+    """``valid_tps`` (now through the divisors of the head count) against the brute force it replaced."""
+    rng = seeded_rng("valid-tps")
+    for _ in range(200):
+        kv = int(rng.integers(1, 40))
+        q = kv * int(rng.integers(1, 12))
+        spec = ModelSpec("m", 2, q, kv, 64, 256, 512, 1000)
+        brute = [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
+        assert valid_tps(spec) == brute, (q, kv)
+
+
+def test_huge_awq_group_size_is_named_as_not_modelled(cli, tmp_path: Path) -> None:
+    """An AWQ group_size of 10**400 crashed kv-plan (exit 3, OverflowError in its overhead); it is now a
+    quantization_config the plan does not model (weights sized as bf16, a warning)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_8B, "quantization_config": {"quant_method": "awq", "bits": 4,
+                                                                      "group_size": 10**400}}))
+    res = cli("kv-plan", "--profile", "h100", "--model", config)
+    assert res.code == 0, res.err
+    assert "does not model" in res.err
+
+
+def test_kv_plan_huge_max_num_tokens_and_memory_are_one_line_exit_2(cli, tmp_path: Path) -> None:
+    """kv-plan --max-num-tokens 10**400 and a profile of 1e300 GiB crashed (exit 3, OverflowError); simulate
+    bounds its --max-num-tokens already."""
+    res = cli("kv-plan", "--profile", "h100", "--model", "llama-3.1-8b", "--max-num-tokens", str(10**400))
+    assert_one_line_error(res, 2, "--max-num-tokens")
+    h100 = Path(__file__).resolve().parents[2] / "profiles" / "h100.toml"
+    profile = tmp_path / "big.toml"
+    profile.write_text(h100.read_text().replace("memory_gb = 80.0", "memory_gb = 1e300"))
+    res = cli("kv-plan", "--profile", profile, "--model", "llama-3.1-8b")
+    assert_one_line_error(res, 2, "memory_gb")
