@@ -197,7 +197,11 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             i += 1
             continue
         s = rep.sched
-        plan = s.step()
+        plan = s.schedule()
+        # the blocks held while this step runs: update frees those of requests that reach their cap in it (counted
+        # after it, a capped request's last step was not, an end-of-sequence one's was)
+        held = s.used_blocks
+        s.update(plan)
         steps += 1
         if plan.num_tokens == 0:
             if not s.running:  # nothing running and the queue head cannot be admitted: it never will be
@@ -206,7 +210,7 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
         dt = _step_seconds(model, plan)
         rep.clock += dt
         rep.busy_time += dt
-        rep.used_time += s.used_blocks / s.config.num_blocks * dt
+        rep.used_time += held / s.config.num_blocks * dt
         n_done = len(done)
         for rid in plan.first_token:
             first[rid] = rep.clock

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from trtforge.scheduler.kv_plan import ModelSpec
+from trtforge.profiles.loader import load_profile
+from trtforge.scheduler.kv_plan import PRESETS, ModelSpec
 from trtforge.scheduler.kv_weights import valid_tps
+from trtforge.scheduler.request import Request
+from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
+from trtforge.scheduler.sim.simulator import simulate
+from trtforge.scheduler.sim.step_time import StepTimeModel
 from trtforge_testing import assert_one_line_error, seeded_rng
 
 LLAMA_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -115,3 +121,41 @@ def test_kv_plan_huge_max_num_tokens_and_memory_are_one_line_exit_2(cli, tmp_pat
     profile.write_text(h100.read_text().replace("memory_gb = 80.0", "memory_gb = 1e300"))
     res = cli("kv-plan", "--profile", profile, "--model", "llama-3.1-8b")
     assert_one_line_error(res, 2, "memory_gb")
+
+
+def _model() -> StepTimeModel:
+    return StepTimeModel.from_profile(load_profile("h100"), PRESETS["llama-3.1-8b"])
+
+
+@pytest.mark.parametrize("policy", ["trtllm-1.2-no-evict", "cache-aware", "max-utilization", "vllm-v1"])
+def test_kv_utilization_counts_a_capped_requests_last_step(policy: str) -> None:
+    """One request alone, its prompt and output inside the same last block (so a policy that grows blocks holds as
+    many as one that reserves them), holds ceil(prompt / 16) blocks in every step it runs: the mean KV use over the
+    busy time is exactly that over the pool. A request that reached its cap freed its blocks before its last step
+    was counted (3 steps: 2/3 of it); one that ended at end-of-sequence was counted whole."""
+    rng = seeded_rng(f"kv-use-{policy}")
+    rest = int(rng.integers(1, 9))
+    prompt, out = 16 * int(rng.integers(2, 6)) + rest, int(rng.integers(2, 16 - rest))
+    blocks = -(-prompt // 16)
+    assert blocks == -(-(prompt + out + 1) // 16)  # a cap one above the output reserves no more
+    cfg = SchedulerConfig(num_blocks=20, tokens_per_block=16, policy=policy)
+    for cap in ("oracle", str(out + 1)):  # it stops at its cap, or at end-of-sequence one token before it
+        res = simulate([Request("a", 1.0, prompt, out)], partial(Scheduler, cfg), _model(), horizon_s=10,
+                       max_tokens=cap)
+        assert res.summary.completed == 1
+        assert res.summary.kv_utilization_mean == pytest.approx(blocks / 20, rel=1e-12), cap
+
+
+@pytest.mark.parametrize("policy", ["max-utilization", "vllm-v1"])
+def test_kv_utilization_does_not_depend_on_how_a_request_ends(policy: str) -> None:
+    """Policies that grow blocks as tokens come make the same schedule whether a request stops at its cap
+    (oracle) or at end-of-sequence under a larger cap; the mean KV use differed (the capped ones' last step was
+    not counted)."""
+    rng = seeded_rng(f"kv-use-ends-{policy}")
+    reqs = [Request(f"r{i}", float(rng.uniform(0, 0.05)), int(rng.integers(50, 600)), int(rng.integers(2, 30)))
+            for i in range(8)]
+    cfg = SchedulerConfig(num_blocks=2000, tokens_per_block=16, policy=policy)
+    a, b = (simulate(reqs, partial(Scheduler, cfg), _model(), horizon_s=10, max_tokens=cap).summary
+            for cap in ("oracle", "2048"))
+    assert (a.completed, a.steps, a.ttft_p50_s, a.tpot_p50_s) == (b.completed, b.steps, b.ttft_p50_s, b.tpot_p50_s)
+    assert a.kv_utilization_mean == pytest.approx(b.kv_utilization_mean, rel=1e-12)
