@@ -159,3 +159,23 @@ def test_kv_utilization_does_not_depend_on_how_a_request_ends(policy: str) -> No
             for cap in ("oracle", "2048"))
     assert (a.completed, a.steps, a.ttft_p50_s, a.tpot_p50_s) == (b.completed, b.steps, b.ttft_p50_s, b.tpot_p50_s)
     assert a.kv_utilization_mean == pytest.approx(b.kv_utilization_mean, rel=1e-12)
+
+
+@pytest.mark.parametrize("limit", [5, 37, 120])
+def test_plot_samples_span_the_whole_replay(limit: int) -> None:
+    """The plot's samples are bounded (``max_samples``) but cover the replay to its end: the first ``max_samples``
+    were kept and the rest dropped, so the full Azure trace's KV and queue curves stopped at 1,431 s of 3,504 s.
+    Against the unbounded samples of the same replay: a subsequence, in time order, whose last one is within one
+    sampling stride of the end."""
+    rng = seeded_rng(f"plot-samples-{limit}")
+    reqs = [Request(f"r{i}", float(rng.uniform(0, 20)), int(rng.integers(20, 3000)), int(rng.integers(1, 200)))
+            for i in range(300)]
+    cfg = SchedulerConfig(num_blocks=400, tokens_per_block=16, policy="cache-aware")
+    full = simulate(reqs, partial(Scheduler, cfg), _model(), max_samples=10**9).samples
+    got = simulate(reqs, partial(Scheduler, cfg), _model(), max_samples=limit).samples
+    assert len(full) > 4 * limit
+    assert 0 < len(got) <= limit
+    where = {s: k for k, s in enumerate(full)}
+    at = [where[s] for s in got]
+    assert at == sorted(at) and len(set(at)) == len(at)
+    assert at[-1] >= len(full) - 1 - 2 * len(full) // limit, (at[-1], len(full))
