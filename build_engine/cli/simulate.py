@@ -79,7 +79,7 @@ def build_parser() -> ArgumentParser:
 
 
 #: Limits of one simulation, checked before anything is allocated (each replica and each KV block holds Python
-#: objects: 1024 replicas or 10 million blocks stay within a few GiB).
+#: objects, ~50 bytes a block: 10 million blocks, of all replicas together, stay within a few GiB).
 MAX_REPLICAS = 1024
 MAX_KV_BLOCKS = 10_000_000
 MAX_RUNNING = 1_000_000
@@ -97,17 +97,21 @@ def _check_sizes(args: Namespace) -> None:
 
 
 def _blocks(kv: Any, args: Namespace, profile: str) -> int:
-    """The scheduler's KV blocks; refused above MAX_KV_BLOCKS before the block pool (one entry each) is made."""
+    """One replica's KV blocks; refused when all replicas' blocks together exceed MAX_KV_BLOCKS, before any block pool
+    (one entry a block, per replica) is made: 1024 replicas of the 2.3M-block example model were ~120 GB."""
     from ..core.errors import InputError
 
     blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
-    if blocks > MAX_KV_BLOCKS:
+    n = args.replicas
+    if blocks * n > MAX_KV_BLOCKS:
         # two significant digits, rounded DOWN: '.2g' rounded 0.0335 up to 0.034, which was refused again
-        exact = MAX_KV_BLOCKS / kv.num_blocks
+        exact = MAX_KV_BLOCKS / (kv.num_blocks * n)
         step = 10.0 ** (math.floor(math.log10(exact)) - 1)
+        each = f" x {n} replicas = {blocks * n}" if n > 1 else ""
+        fewer = f", at most --replicas {MAX_KV_BLOCKS // blocks}," if n > 1 and blocks <= MAX_KV_BLOCKS else ""
         raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
-                         f"{profile}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
-                         f"{math.floor(exact / step) * step:.2g} or a larger model config")
+                         f"{profile}{each}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
+                         f"{math.floor(exact / step) * step:.2g}{fewer} or a larger model config")
     return blocks
 
 

@@ -179,3 +179,26 @@ def test_plot_samples_span_the_whole_replay(limit: int) -> None:
     at = [where[s] for s in got]
     assert at == sorted(at) and len(set(at)) == len(at)
     assert at[-1] >= len(full) - 1 - 2 * len(full) // limit, (at[-1], len(full))
+
+
+def test_the_block_limit_counts_every_replica(cli, tmp_path: Path) -> None:
+    """The simulator's KV-block limit bounded one replica's pool only: --replicas 1024 (accepted) of a 2.3M-block
+    model built 1024 pools, ~120 GB (killed for memory). All replicas' blocks together are bounded now; the hint's
+    --kv-scale and --replicas fit. (5 replicas here: the old code then runs, ~0.6 GB, instead of refusing.)"""
+    import re
+
+    from trtforge.build_engine.cli.simulate import MAX_KV_BLOCKS
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({**LLAMA_8B, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "head_dim": 32, "hidden_size": 128,
+                                  "intermediate_size": 256, "vocab_size": 1000}))
+    n = 5
+    res = cli("simulate", "--trace", "synthetic:3", "--profile", "a100", "--model", config, "--policy", "cache-aware",
+              "--replicas", str(n))
+    assert_one_line_error(res, 2, "--kv-scale", "--replicas", f"x {n} replicas")
+    got = re.search(r"gives (\d+) blocks .* --kv-scale ([0-9.e-]+), at most --replicas (\d+),", res.err)
+    assert got is not None, res.err
+    blocks, scale, most = int(got.group(1)), float(got.group(2)), int(got.group(3))
+    assert blocks * n > MAX_KV_BLOCKS >= int(blocks * scale) * n > 0.9 * MAX_KV_BLOCKS
+    assert most * blocks <= MAX_KV_BLOCKS < (most + 1) * blocks
