@@ -83,6 +83,7 @@ def build_parser() -> ArgumentParser:
 MAX_REPLICAS = 1024
 MAX_KV_BLOCKS = 10_000_000
 MAX_RUNNING = 1_000_000
+MAX_ADAPTERS = 1_000_000  # --adapters 10**8 held 10**8 weights and names (~16 GB)
 MAX_TOKEN_BUDGET = 2**31 - 1
 MAX_WINDOW_S = 2.0**42  # ~4.4e12 s: up to here a float time is exact to 2**-10 s (a step takes milliseconds)
 
@@ -135,6 +136,8 @@ def _check(args: Namespace) -> None:
             raise InputError(f"{flag} must be a finite number of seconds > 0, got {v}")
     if args.lora_slots < 0:
         raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
+    if args.adapters is not None and not 1 <= args.adapters <= MAX_ADAPTERS:  # a popularity weight and name each
+        raise InputError(f"--adapters {args.adapters}: give a whole number from 1 to {MAX_ADAPTERS}")
     _check_redis(args)
     # plain ASCII digits: str.isdigit() also holds for '\u00b2' (int() raised ValueError: exit 3) and '\u0663'
     if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isascii() and args.max_tokens.isdigit()

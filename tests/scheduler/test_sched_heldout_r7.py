@@ -202,3 +202,36 @@ def test_the_block_limit_counts_every_replica(cli, tmp_path: Path) -> None:
     blocks, scale, most = int(got.group(1)), float(got.group(2)), int(got.group(3))
     assert blocks * n > MAX_KV_BLOCKS >= int(blocks * scale) * n > 0.9 * MAX_KV_BLOCKS
     assert most * blocks <= MAX_KV_BLOCKS < (most + 1) * blocks
+
+
+def test_a_huge_lora_slot_pool_costs_no_memory() -> None:
+    """The slot pool listed every never-used slot: --lora-slots 10**9 built a list of 10**9 numbers (40 GB). Now a
+    count; slots are still handed out 0, 1, 2, ... and reclaimed least recently unpinned first."""
+    import tracemalloc
+
+    from trtforge.scheduler.lora_slots import LoraSlots
+
+    rng = seeded_rng("lora-slots")
+    names = [f"a{k}" for k in range(int(rng.integers(5, 9)))]
+    tracemalloc.start()
+    try:
+        slots = LoraSlots(10**12, names)
+        assert [slots.acquire(a) for a in names] == list(range(len(names)))
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+    small = LoraSlots(2, names)
+    assert (small.acquire(names[0]), small.acquire(names[1])) == (0, 1)
+    assert not small.can_acquire(names[2])
+    small.release(names[1])
+    small.release(names[0])
+    assert small.acquire(names[2]) == 1  # the least recently unpinned slot goes first
+
+
+def test_adapters_beyond_the_limit_are_refused(cli) -> None:
+    """--adapters K held K popularity weights and names: 10**8 was ~16 GB. Bounded at 10**6, one line exit 2 (just
+    above it here: the old code ran that, ~0.2 GB, and exited 0)."""
+    k = 10**6 + 1 + int(seeded_rng("adapters").integers(0, 10**5))
+    res = cli("simulate", "--trace", "synthetic:3", "--profile", "h100", "--model", "llama-3.1-8b",
+              "--policy", "cache-aware", "--adapters", str(k))
+    assert_one_line_error(res, 2, "--adapters")
