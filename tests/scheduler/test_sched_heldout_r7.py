@@ -235,3 +235,14 @@ def test_adapters_beyond_the_limit_are_refused(cli) -> None:
     res = cli("simulate", "--trace", "synthetic:3", "--profile", "h100", "--model", "llama-3.1-8b",
               "--policy", "cache-aware", "--adapters", str(k))
     assert_one_line_error(res, 2, "--adapters")
+
+
+def test_a_timestamp_past_float_range_is_one_line_exit_2(cli, tmp_path: Path) -> None:
+    """A Mooncake timestamp that is an integer past float's range (under json's 4300 digits) crashed simulate
+    (exit 3, OverflowError in math.isfinite); now the row is named."""
+    digits = int(seeded_rng("timestamp-range").integers(310, 4300))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 700, "output_length": 4}\n'
+                     f'{{"timestamp": 1{"0" * digits}, "input_length": 700, "output_length": 4}}\n')
+    res = cli("simulate", "--trace", trace, "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "cache-aware")
+    assert_one_line_error(res, 2, f"{trace}:2", "timestamp")
