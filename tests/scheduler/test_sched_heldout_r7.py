@@ -6,7 +6,9 @@ import json
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from trtforge.profiles.loader import load_profile
@@ -246,3 +248,75 @@ def test_a_timestamp_past_float_range_is_one_line_exit_2(cli, tmp_path: Path) ->
                      f'{{"timestamp": 1{"0" * digits}, "input_length": 700, "output_length": 4}}\n')
     res = cli("simulate", "--trace", trace, "--profile", "h100", "--model", "llama-3.1-8b", "--policy", "cache-aware")
     assert_one_line_error(res, 2, f"{trace}:2", "timestamp")
+
+
+def _fcfs_reference(reqs: list[Request], model: StepTimeModel, cfg: SchedulerConfig,
+                    cap: int) -> tuple[dict[str, float], dict[str, float]]:
+    """trtllm-1.2-no-evict on one replica, written out plainly (no prefix hashes): arrivals up to the clock join the
+    queue; admit in order while prompt + cap blocks fit; one step = every decode token plus prefill chunks in
+    admission order within the token budget; a request ends at min(cap, its output). (first token, done) by id."""
+    need = {r.id: -(-(r.prompt_tokens + cap) // cfg.tokens_per_block) for r in reqs}
+    todo = sorted(reqs, key=lambda r: r.arrival)
+    clock, free = todo[0].arrival, cfg.num_blocks
+    queue: list[Request] = []
+    running: list[list[Any]] = []  # [request, prompt tokens computed, tokens generated]
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+    while todo or queue or running:
+        if not queue and not running:
+            clock = max(clock, todo[0].arrival)
+        while todo and todo[0].arrival <= clock:
+            queue.append(todo.pop(0))
+        while queue and len(running) < cfg.max_running and need[queue[0].id] <= free:
+            free -= need[queue[0].id]
+            running.append([queue.pop(0), 0, 0])
+        decoding = [s for s in running if s[2] >= 1]
+        left, chunks = cfg.token_budget - len(decoding), []
+        for s in running:
+            if s[2] == 0 and left > 0:
+                chunks.append((s, s[1], min(s[0].prompt_tokens - s[1], left)))
+                left -= chunks[-1][2]
+        if not chunks and not decoding:
+            break  # a never-fit request at the head of the queue: it waits forever
+        ctx = sum(s[0].prompt_tokens + s[2] for s in decoding)
+        clock += model.step_seconds([(a, n) for _, a, n in chunks], ctx, len(decoding))
+        for s in decoding:
+            s[2] += 1
+        for s, _, n in chunks:
+            s[1] += n
+            if s[1] == s[0].prompt_tokens:
+                s[2], first[s[0].id] = 1, clock
+        for s in [s for s in running if s[2] >= min(s[0].max_new_tokens, cap)]:
+            done[s[0].id] = clock
+            running.remove(s)
+            free += need[s[0].id]
+    return first, done
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_fcfs_replay_equals_a_plain_reference(case: int) -> None:
+    """Held-out shapes (bursts at one timestamp, unsorted rows, prompts at and one over a block, caps that cut
+    outputs, never-fit requests, tiny budgets) replayed by the simulator give the TTFTs, completions, TPOT and
+    last completion of the plain reference above, to rounding."""
+    rng = seeded_rng(f"fcfs-reference-{case}")
+    tpb, nb, running = int(rng.choice([1, 4, 16, 64])), int(rng.integers(5, 80)), int(rng.integers(1, 6))
+    cap = int(rng.integers(1, nb * tpb // 2 + 1))
+    cfg = SchedulerConfig(num_blocks=nb, tokens_per_block=tpb, policy="trtllm-1.2-no-evict",
+                          token_budget=int(rng.integers(running, 3000)), max_running=running)
+    times = np.cumsum(rng.exponential(0.3, 25) * (rng.random(25) < 0.5))
+    prompts = [int(rng.choice([tpb, tpb + 1, max(1, nb * tpb - cap), rng.integers(1, max(2, nb * tpb - cap))]))
+               for _ in times]
+    reqs = [Request(f"r{k}", float(t), p, int(rng.integers(1, cap + 4)))
+            for k, (t, p) in enumerate(zip(times, prompts, strict=True))]
+    reqs = [reqs[k] for k in rng.permutation(len(reqs))]
+    res = simulate(reqs, partial(Scheduler, cfg), _model(), horizon_s=1e6, max_tokens=str(cap))
+    first, done = _fcfs_reference(reqs, _model(), cfg, cap)
+    arrival = {r.id: r.arrival for r in reqs}
+    assert res.ttfts == pytest.approx(sorted(first[r] - arrival[r] for r in first), rel=1e-9, abs=1e-12)
+    assert res.summary.completed == len(done)
+    out = {r.id: min(r.max_new_tokens, cap) for r in reqs}
+    tpot = [(done[r] - first[r]) / (out[r] - 1) for r in done if out[r] > 1]
+    if tpot:
+        assert res.summary.tpot_p50_s == pytest.approx(float(np.median(tpot)), rel=1e-9)
+    if done:
+        assert res.last_completion_s == pytest.approx(max(done.values()) - min(arrival.values()), rel=1e-9)
