@@ -251,10 +251,11 @@ def test_a_timestamp_past_float_range_is_one_line_exit_2(cli, tmp_path: Path) ->
 
 
 def _fcfs_reference(reqs: list[Request], model: StepTimeModel, cfg: SchedulerConfig,
-                    cap: int) -> tuple[dict[str, float], dict[str, float]]:
+                    cap: int) -> tuple[dict[str, float], dict[str, float], float]:
     """trtllm-1.2-no-evict on one replica, written out plainly (no prefix hashes): arrivals up to the clock join the
     queue; admit in order while prompt + cap blocks fit; one step = every decode token plus prefill chunks in
-    admission order within the token budget; a request ends at min(cap, its output). (first token, done) by id."""
+    admission order within the token budget; a request ends at min(cap, its output). (first token, done) by id, and
+    the mean fraction of blocks held while a step runs, over the busy time."""
     need = {r.id: -(-(r.prompt_tokens + cap) // cfg.tokens_per_block) for r in reqs}
     todo = sorted(reqs, key=lambda r: r.arrival)
     clock, free = todo[0].arrival, cfg.num_blocks
@@ -262,6 +263,7 @@ def _fcfs_reference(reqs: list[Request], model: StepTimeModel, cfg: SchedulerCon
     running: list[list[Any]] = []  # [request, prompt tokens computed, tokens generated]
     first: dict[str, float] = {}
     done: dict[str, float] = {}
+    held = busy = 0.0
     while todo or queue or running:
         if not queue and not running:
             clock = max(clock, todo[0].arrival)
@@ -279,7 +281,8 @@ def _fcfs_reference(reqs: list[Request], model: StepTimeModel, cfg: SchedulerCon
         if not chunks and not decoding:
             break  # a never-fit request at the head of the queue: it waits forever
         ctx = sum(s[0].prompt_tokens + s[2] for s in decoding)
-        clock += model.step_seconds([(a, n) for _, a, n in chunks], ctx, len(decoding))
+        dt = model.step_seconds([(a, n) for _, a, n in chunks], ctx, len(decoding))
+        clock, busy, held = clock + dt, busy + dt, held + (cfg.num_blocks - free) / cfg.num_blocks * dt
         for s in decoding:
             s[2] += 1
         for s, _, n in chunks:
@@ -290,14 +293,14 @@ def _fcfs_reference(reqs: list[Request], model: StepTimeModel, cfg: SchedulerCon
             done[s[0].id] = clock
             running.remove(s)
             free += need[s[0].id]
-    return first, done
+    return first, done, held / busy if busy else 0.0
 
 
 @pytest.mark.parametrize("case", range(12))
 def test_fcfs_replay_equals_a_plain_reference(case: int) -> None:
     """Held-out shapes (bursts at one timestamp, unsorted rows, prompts at and one over a block, caps that cut
-    outputs, never-fit requests, tiny budgets) replayed by the simulator give the TTFTs, completions, TPOT and
-    last completion of the plain reference above, to rounding."""
+    outputs, never-fit requests, tiny budgets) replayed by the simulator give the TTFTs, completions, TPOT, last
+    completion and mean KV use of the plain reference above, to rounding."""
     rng = seeded_rng(f"fcfs-reference-{case}")
     tpb, nb, running = int(rng.choice([1, 4, 16, 64])), int(rng.integers(5, 80)), int(rng.integers(1, 6))
     cap = int(rng.integers(1, nb * tpb // 2 + 1))
@@ -310,7 +313,7 @@ def test_fcfs_replay_equals_a_plain_reference(case: int) -> None:
             for k, (t, p) in enumerate(zip(times, prompts, strict=True))]
     reqs = [reqs[k] for k in rng.permutation(len(reqs))]
     res = simulate(reqs, partial(Scheduler, cfg), _model(), horizon_s=1e6, max_tokens=str(cap))
-    first, done = _fcfs_reference(reqs, _model(), cfg, cap)
+    first, done, kv_use = _fcfs_reference(reqs, _model(), cfg, cap)
     arrival = {r.id: r.arrival for r in reqs}
     assert res.ttfts == pytest.approx(sorted(first[r] - arrival[r] for r in first), rel=1e-9, abs=1e-12)
     assert res.summary.completed == len(done)
@@ -320,3 +323,4 @@ def test_fcfs_replay_equals_a_plain_reference(case: int) -> None:
         assert res.summary.tpot_p50_s == pytest.approx(float(np.median(tpot)), rel=1e-9)
     if done:
         assert res.last_completion_s == pytest.approx(max(done.values()) - min(arrival.values()), rel=1e-9)
+    assert res.summary.kv_utilization_mean == pytest.approx(kv_use, rel=1e-9)
