@@ -26,7 +26,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
     p.add_argument("--policy", required=True, choices=POLICY_NAMES,
                    help="admission policy (fcfs-no-evict is trtllm-1.2-no-evict's older name)")
-    p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1)")
+    p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1); all "
+                   f"replicas' KV blocks together at most {MAX_KV_BLOCKS:,} (lower --kv-scale for more)")
     p.add_argument("--router", choices=ROUTER_NAMES, default="round-robin",
                    help="how arrivals pick a replica (cache-aware: round-robin, except a request round-robin would "
                    "certainly serve past the TTFT SLO goes to a replica that starts it in time, longest cached prefix "
@@ -46,7 +47,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--lora-slots", type=int, default=8,
                    help="LoRA slot pool of the engine (default 8, trtforge lora inject's --slots default)")
     p.add_argument("--adapters", type=int, default=None, metavar="K",
-                   help="give a trace without adapters K synthetic LoRA adapters, Zipf popularity, seeded by --seed")
+                   help=f"give a trace without adapters K (1 to {MAX_ADAPTERS:,}) synthetic LoRA adapters, Zipf "
+                        "popularity, seeded by --seed")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first N requests (the N earliest arrivals)")
     p.add_argument("--kv-scale", type=float, default=1.0,
