@@ -142,9 +142,12 @@ def _check(args: Namespace) -> None:
         raise InputError(f"--adapters {args.adapters}: give a whole number from 1 to {MAX_ADAPTERS}")
     _check_redis(args)
     # plain ASCII digits: str.isdigit() also holds for '\u00b2' (int() raised ValueError: exit 3) and '\u0663'
-    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isascii() and args.max_tokens.isdigit()
-                                                             and int(args.max_tokens)):
-        raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
+    # and no more digits than int() reads (4300: a 5000-digit cap raised ValueError, exit 3); any cap above the
+    # model's context already rejects every request, so a longer one means nothing more
+    cap = args.max_tokens
+    if cap not in ("context", "oracle") and not (cap.isascii() and cap.isdigit() and len(cap) <= 4300 and int(cap)):
+        raise InputError(f"--max-tokens {cap[:40]!r}{'...' * (len(cap) > 40)}: give a number >= 1 (at most 4300 "
+                         "digits), 'context' or 'oracle'")
 
 
 def _check_redis(args: Namespace) -> None:

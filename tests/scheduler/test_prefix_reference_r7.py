@@ -1,4 +1,4 @@
-"""The prefix cache's hits, sharing and LRU eviction against a plain reference written here (held-out QA round 7)."""
+"""Held-out QA round 7: prefix-cache hits and LRU eviction against a plain reference; block counts of huge caps."""
 
 from __future__ import annotations
 
@@ -81,3 +81,38 @@ def test_prefix_hits_and_lru_eviction_equal_a_plain_reference(case: int) -> None
     res = simulate(reqs, partial(Scheduler, cfg), model, horizon_s=100, max_tokens="oracle")
     assert res.summary.completed == len(reqs)
     assert res.summary.prefix_hit_rate == pytest.approx(_reference_hit_rate(reqs, tpb, nb), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("digits", [320, 4000])
+def test_a_cap_past_float_range_is_rejected_not_a_crash(cli, digits: int) -> None:
+    """--max-tokens of 320 (or up to 4300) digits: the block count of a request was math.ceil(total / block),
+    a float division, which overflowed (exit 3); every request is now rejected as longer than the context."""
+    cap = "1" + "".join(str(int(d)) for d in seeded_rng(f"cap-{digits}").integers(0, 10, digits))
+    res = cli("simulate", "--trace", "synthetic:3", "--profile", "h100", "--model", "llama-3.1-8b",
+              "--policy", "cache-aware", "--max-tokens", cap, "-q")
+    assert res.code == 0, res.err
+    assert '"rejected": 3' in res.out
+
+
+def test_a_cap_of_more_than_4300_digits_is_one_line_exit_2(cli) -> None:
+    """int() reads no more than 4300 digits: the --max-tokens check raised ValueError (exit 3)."""
+    from trtforge_testing import assert_one_line_error
+
+    cap = "9" * int(seeded_rng("cap-digits").integers(4301, 6000))
+    res = cli("simulate", "--trace", "synthetic:3", "--profile", "h100", "--model", "llama-3.1-8b",
+              "--policy", "cache-aware", "--max-tokens", cap)
+    assert_one_line_error(res, 2, "--max-tokens", "4300 digits")
+
+
+def test_blocks_needed_are_exact_past_2_to_the_53() -> None:
+    """A request's blocks were math.ceil(tokens / block) in floats: past 2**53 tokens the count was off (2**53 + 3
+    tokens of one-token blocks: 2**53 + 4 blocks). Integer arithmetic now, in the reject reason too."""
+    rng = seeded_rng("exact-blocks")
+    for tpb in (1, 16, 64):
+        prompt, new = int(rng.integers(1, 1000)), 2**53 + int(rng.integers(1, 1000))
+        s = Scheduler(SchedulerConfig(num_blocks=8, tokens_per_block=tpb, max_seq_len=2**60))
+        req = Request("big", 0.0, prompt, new)
+        exact = (prompt + new + tpb - 1) // tpb
+        assert s.blocks_needed(req) == exact
+        res = s.submit(req)
+        assert res.reason is not None and res.reason.kind == "kv-never-fits" and res.reason.blocks_needed == exact
