@@ -44,6 +44,9 @@ from .kv_weights import (
     weights_bytes,
 )
 
+#: Largest dimension (and context, ``max_seq_len``) a config may give: int32, as TensorRT-LLM sizes them.
+MAX_DIM = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -76,9 +79,16 @@ class ModelSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InputError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
+            if value > MAX_DIM:  # 10**400 overflowed the float sizes (exit 3), 10**20 heads hung the --tp search
+                raise InputError(f"model {self.name}: {key} {value} is above {MAX_DIM} (int32, what engines size a "
+                                 "dimension with); fix config.json")
         factor = self.rope_factor
         if not isinstance(factor, int | float) or isinstance(factor, bool) or not 0 < factor < math.inf:
             raise InputError(f"model {self.name}: rope_scaling factor must be a positive number, got {factor!r}")
+        if self.max_position_embeddings * factor > MAX_DIM:  # a factor of 1e308 made the context infinite (exit 3)
+            raise InputError(f"model {self.name}: rope_scaling factor {factor!r} x max_position_embeddings "
+                             f"{self.max_position_embeddings} is a context above {MAX_DIM} tokens (int32); fix "
+                             "config.json")
         if self.max_seq_len < 1:  # a factor below 1/max_position_embeddings: kv-plan divided by the 0-token context
             raise InputError(f"model {self.name}: rope_scaling factor {factor!r} x max_position_embeddings "
                              f"{self.max_position_embeddings} leaves a context of 0 tokens; a factor stretches the "
@@ -130,6 +140,9 @@ class ModelSpec:
             raise InputError(f"{p}: no such file; give a config.json or a preset ({', '.join(PRESETS)})") from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{p}: not a readable JSON config ({exc}); give an HF config.json") from exc
+        except (ValueError, RecursionError) as exc:  # json reads no integer of more than 4300 digits
+            what = "nested too deeply" if isinstance(exc, RecursionError) else "an integer of more than 4300 digits"
+            raise InputError(f"{p}: not a readable JSON config ({what}); give an HF config.json") from exc
         if not isinstance(cfg, dict):
             raise InputError(f"{p}: the top level must be a JSON object with the model's config keys")
         return cls.from_dict(cfg, name=p.stem if p.stem != "config" else p.parent.name or "model", source=str(p))
@@ -325,8 +338,8 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
         raise InputError(f"--tp must be >= 1, got {tp}")
     _check_tp(model_spec, tp)
     request_tokens = _request_tokens(model_spec, request_tokens)
-    if max_num_tokens < 1:
-        raise InputError(f"--max-num-tokens must be >= 1, got {max_num_tokens}")
+    if not 1 <= max_num_tokens <= MAX_DIM:  # 10**400 overflowed the activation sizes' float (exit 3)
+        raise InputError(f"--max-num-tokens must be from 1 to {MAX_DIM}, got {max_num_tokens}")
     wdt = weights_dtype or profile.precision.dtype
     kdt = kv_dtype or profile.precision.dtype
     for label, dt in (("weights dtype", wdt), ("--kv-dtype", kdt)):
@@ -340,6 +353,9 @@ def plan_kv(profile: Any, model_spec: ModelSpec, *, tp: int = 1, kv_dtype: str |
     fraction = float(memory_fraction if memory_fraction is not None else profile.kv.memory_fraction)
     if not 0 < fraction <= 1:
         raise InputError(f"kv memory fraction must be in (0, 1], got {fraction}")
+    if not math.isfinite(profile.hardware.memory_gb * GIB):  # 1e300 GiB: int() of the infinite bytes (exit 3)
+        raise InputError(f"profile {profile.name}: hardware.memory_gb {profile.hardware.memory_gb:g} is beyond a "
+                         "float's range in bytes; give the GPU's memory in GiB (80.0 for an H100)")
     gpu = int(profile.hardware.memory_gb * GIB)
     params = model_spec.num_params
     weights = int(model_spec.weights_bytes(wdt, tp))

@@ -16,6 +16,7 @@ Group overhead per quantized weight (AWQ/GPTQ): a 16-bit scale and a ``bits``-wi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,8 @@ class WeightQuant:
             return label, None
         if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
             group = q.get("group_size", q.get("q_group_size", -1))
-            if not isinstance(group, int) or isinstance(group, bool) or group == 0 or group < -1:
+            # a group above int32 (10**400) overflowed the overhead's float division (exit 3): not modelled then
+            if not isinstance(group, int) or isinstance(group, bool) or group == 0 or not -1 <= group < 2**31:
                 return label, None
             overhead = 0.0 if group == -1 else (2 + bits / 8) / group
             return label, WeightQuant(f"{label}, group {group}", bits / 8 + overhead)
@@ -94,4 +96,6 @@ def activation_bytes(spec: Any, dtype_bytes: float, max_num_tokens: int, max_bat
 def valid_tps(spec: Any) -> list[int]:
     """The tensor-parallel sizes that split ``spec``'s heads evenly (``_check_tp``), ascending."""
     q, kv = spec.num_heads, spec.num_kv_heads
-    return [t for t in range(1, q + 1) if not q % t and not (kv % t if t <= kv else t % kv)]
+    small = [t for t in range(1, math.isqrt(q) + 1) if not q % t]  # the divisors of q, in O(sqrt(q)) steps
+    divisors = sorted({*small, *(q // t for t in small)})
+    return [t for t in divisors if not (kv % t if t <= kv else t % kv)]

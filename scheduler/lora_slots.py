@@ -28,7 +28,8 @@ class LoraSlots:
         self.known: set[str] = set(adapters)
         self.slot_of: dict[str, int] = {}
         self.users: dict[str, int] = {}
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._fresh = 0  # slots 0.._fresh-1 were handed out once; a slot is never freed (unpinned: ``_idle``), so
+        # the never-used ones are a count, not a list (--lora-slots 10**9 built a list of 10**9 slot numbers)
         self._idle: OrderedDict[str, None] = OrderedDict()  # resident, unpinned, LRU first
         self.loads = 0
 
@@ -38,7 +39,7 @@ class LoraSlots:
     def can_acquire(self, adapter: str | None) -> bool:
         if adapter is None:
             return True
-        return adapter in self.slot_of or bool(self._free) or bool(self._idle)
+        return adapter in self.slot_of or self._fresh < self.num_slots or bool(self._idle)
 
     def acquire(self, adapter: str | None) -> int:
         """Pin ``adapter``'s slot for one more user, loading it into a free or reclaimed slot; -1 for no adapter."""
@@ -49,8 +50,9 @@ class LoraSlots:
         if adapter in self.slot_of:
             self._idle.pop(adapter, None)
         else:
-            if self._free:
-                slot = self._free.pop()
+            if self._fresh < self.num_slots:
+                slot = self._fresh
+                self._fresh += 1
             elif self._idle:
                 victim, _ = self._idle.popitem(last=False)
                 slot = self.slot_of.pop(victim)

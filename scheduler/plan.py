@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
@@ -78,7 +77,7 @@ class SchedulerConfig:
 def reject_reason(req: Request, cfg: SchedulerConfig, reject_never_fit: bool, known: Collection[str],
                   num_slots: int) -> RejectReason | None:
     """Why ``req`` can never run under ``cfg`` (checked at submission), or None."""
-    need = math.ceil(req.total_tokens / cfg.tokens_per_block)
+    need = -(-req.total_tokens // cfg.tokens_per_block)  # integers: a cap of 10**400 overflowed a float
     if req.adapter is not None and req.adapter not in known:
         return RejectReason("unknown-adapter", need, cfg.num_blocks, cfg.max_seq_len,
                             f"request {req.id}: LoRA adapter {req.adapter!r} is not registered; load it "
@@ -110,7 +109,7 @@ def admit_lower_bound(policy: Policy, seq: Seq, usable: int, tpb: int, token_bud
     ceil(min(prompt, h * tpb + budget) / tpb) - h, non-increasing in h. 0 where no bound is known."""
     h = min(usable, seq.num_keys) if policy.credit_prefix else 0
     if policy.reserve_to_completion:
-        return math.ceil((seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) / tpb) - h
+        return -(-(seq.prompt_len + seq.req.max_new_tokens - seq.gen_base) // tpb) - h
     if policy.alloc_per_step and policy.credit_prefix:
-        return math.ceil(min(seq.prompt_len, h * tpb + token_budget) / tpb) - h
+        return -(-min(seq.prompt_len, h * tpb + token_budget) // tpb) - h
     return 0

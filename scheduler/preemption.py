@@ -9,7 +9,6 @@ of the waiting queue with its prompt grown by what it generated, so its recomput
 from __future__ import annotations
 
 import heapq
-import math
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -60,7 +59,7 @@ class Preemption:
     def _cover(self, seq: Seq, tokens: int, plan: StepPlan, t: int) -> bool:
         """vLLM v1 (``KVCacheManager.allocate_slots``): give ``seq`` the blocks for ``tokens`` tokens now,
         preempting the newest running request while they do not fit; False if ``seq`` itself had to go."""
-        need = math.ceil(tokens / self.config.tokens_per_block) - len(seq.blocks)
+        need = -(-tokens // self.config.tokens_per_block) - len(seq.blocks)
         while need > self.cache.available - self.outside_blocks and seq.state == "running":
             self._preempt(self._newest_running(), plan, t)
         if seq.state != "running":

@@ -15,7 +15,6 @@ can need at admission, so an admitted request always completes; all blocks retur
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -227,7 +226,7 @@ class Scheduler(Preemption):
         return self.config.num_blocks
 
     def blocks_needed(self, req: Request) -> int:
-        return math.ceil(req.total_tokens / self.config.tokens_per_block)
+        return -(-req.total_tokens // self.config.tokens_per_block)
 
     def quiet_steps(self) -> int:
         """How many of the next steps are certainly pure decode with nothing to decide (nothing prefilling or
@@ -302,7 +301,7 @@ class Scheduler(Preemption):
             tokens = max(min(seq.prompt_len, len(hits) * tpb + self._admit_budget), len(hits) * tpb)
         else:
             tokens = seq.prompt_len
-        total = max(math.ceil(tokens / tpb), len(hits))
+        total = max(-(-tokens // tpb), len(hits))
         fresh = total - len(hits)
         cost = fresh + idle if self.policy.credit_prefix else total
         if cost > room:

@@ -26,7 +26,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
     p.add_argument("--policy", required=True, choices=POLICY_NAMES,
                    help="admission policy (fcfs-no-evict is trtllm-1.2-no-evict's older name)")
-    p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1)")
+    p.add_argument("--replicas", type=int, default=1, help="scheduler replicas (one GPU each; default 1); all "
+                   f"replicas' KV blocks together at most {MAX_KV_BLOCKS:,} (lower --kv-scale for more)")
     p.add_argument("--router", choices=ROUTER_NAMES, default="round-robin",
                    help="how arrivals pick a replica (cache-aware: round-robin, except a request round-robin would "
                    "certainly serve past the TTFT SLO goes to a replica that starts it in time, longest cached prefix "
@@ -46,7 +47,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--lora-slots", type=int, default=8,
                    help="LoRA slot pool of the engine (default 8, trtforge lora inject's --slots default)")
     p.add_argument("--adapters", type=int, default=None, metavar="K",
-                   help="give a trace without adapters K synthetic LoRA adapters, Zipf popularity, seeded by --seed")
+                   help=f"give a trace without adapters K (1 to {MAX_ADAPTERS:,}) synthetic LoRA adapters, Zipf "
+                        "popularity, seeded by --seed")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first N requests (the N earliest arrivals)")
     p.add_argument("--kv-scale", type=float, default=1.0,
@@ -79,10 +81,11 @@ def build_parser() -> ArgumentParser:
 
 
 #: Limits of one simulation, checked before anything is allocated (each replica and each KV block holds Python
-#: objects: 1024 replicas or 10 million blocks stay within a few GiB).
+#: objects, ~50 bytes a block: 10 million blocks, of all replicas together, stay within a few GiB).
 MAX_REPLICAS = 1024
 MAX_KV_BLOCKS = 10_000_000
 MAX_RUNNING = 1_000_000
+MAX_ADAPTERS = 1_000_000  # --adapters 10**8 held 10**8 weights and names (~16 GB)
 MAX_TOKEN_BUDGET = 2**31 - 1
 MAX_WINDOW_S = 2.0**42  # ~4.4e12 s: up to here a float time is exact to 2**-10 s (a step takes milliseconds)
 
@@ -97,17 +100,21 @@ def _check_sizes(args: Namespace) -> None:
 
 
 def _blocks(kv: Any, args: Namespace, profile: str) -> int:
-    """The scheduler's KV blocks; refused above MAX_KV_BLOCKS before the block pool (one entry each) is made."""
+    """One replica's KV blocks; refused when all replicas' blocks together exceed MAX_KV_BLOCKS, before any block pool
+    (one entry a block, per replica) is made: 1024 replicas of the 2.3M-block example model were ~120 GB."""
     from ..core.errors import InputError
 
     blocks = max(1, math.floor(kv.num_blocks * args.kv_scale))
-    if blocks > MAX_KV_BLOCKS:
+    n = args.replicas
+    if blocks * n > MAX_KV_BLOCKS:
         # two significant digits, rounded DOWN: '.2g' rounded 0.0335 up to 0.034, which was refused again
-        exact = MAX_KV_BLOCKS / kv.num_blocks
+        exact = MAX_KV_BLOCKS / (kv.num_blocks * n)
         step = 10.0 ** (math.floor(math.log10(exact)) - 1)
+        each = f" x {n} replicas = {blocks * n}" if n > 1 else ""
+        fewer = f", at most --replicas {MAX_KV_BLOCKS // blocks}," if n > 1 and blocks <= MAX_KV_BLOCKS else ""
         raise InputError(f"--model {args.model}: the KV plan gives {blocks} blocks of {kv.tokens_per_block} tokens on "
-                         f"{profile}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
-                         f"{math.floor(exact / step) * step:.2g} or a larger model config")
+                         f"{profile}{each}, above the simulator's limit of {MAX_KV_BLOCKS} blocks; use --kv-scale "
+                         f"{math.floor(exact / step) * step:.2g}{fewer} or a larger model config")
     return blocks
 
 
@@ -131,11 +138,16 @@ def _check(args: Namespace) -> None:
             raise InputError(f"{flag} must be a finite number of seconds > 0, got {v}")
     if args.lora_slots < 0:
         raise InputError(f"--lora-slots must be >= 0, got {args.lora_slots}")
+    if args.adapters is not None and not 1 <= args.adapters <= MAX_ADAPTERS:  # a popularity weight and name each
+        raise InputError(f"--adapters {args.adapters}: give a whole number from 1 to {MAX_ADAPTERS}")
     _check_redis(args)
     # plain ASCII digits: str.isdigit() also holds for '\u00b2' (int() raised ValueError: exit 3) and '\u0663'
-    if args.max_tokens not in ("context", "oracle") and not (args.max_tokens.isascii() and args.max_tokens.isdigit()
-                                                             and int(args.max_tokens)):
-        raise InputError(f"--max-tokens {args.max_tokens!r}: give a number >= 1, 'context' or 'oracle'")
+    # and no more digits than int() reads (4300: a 5000-digit cap raised ValueError, exit 3); any cap above the
+    # model's context already rejects every request, so a longer one means nothing more
+    cap = args.max_tokens
+    if cap not in ("context", "oracle") and not (cap.isascii() and cap.isdigit() and len(cap) <= 4300 and int(cap)):
+        raise InputError(f"--max-tokens {cap[:40]!r}{'...' * (len(cap) > 40)}: give a number >= 1 (at most 4300 "
+                         "digits), 'context' or 'oracle'")
 
 
 def _check_redis(args: Namespace) -> None:

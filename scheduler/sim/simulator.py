@@ -65,6 +65,30 @@ class _Replica:
         return not self.stalled and bool(self.sched.running or self.sched.queue)
 
 
+@dataclass
+class _Samples:
+    """The plot's (time, KV used fraction, queued) after steps: at most ``limit``, spread over the whole replay. When
+    full, every other sample is dropped and from then on every other due step is sampled (it kept the first
+    ``limit``: the full Azure trace's plot stopped at 1,431 s of a 3,504 s replay)."""
+
+    limit: int
+    out: list[tuple[float, float, int]] = field(default_factory=list)
+    stride: int = 1
+    seen: int = 0
+
+    def due(self) -> bool:
+        self.seen += 1
+        return self.seen % self.stride == 0
+
+    def add(self, sample: tuple[float, float, int]) -> None:
+        if len(self.out) >= self.limit:
+            if self.limit < 2:
+                return
+            del self.out[1::2]
+            self.stride *= 2
+        self.out.append(sample)
+
+
 @dataclass(frozen=True)
 class SimResult:
     summary: SimSummary
@@ -170,8 +194,7 @@ def _step_seconds(model: StepTimeModel, plan: StepPlan) -> float:
 
 def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: StepTimeModel, deadline: float,
             truth: dict[str, int], seen: tuple[dict[str, float], dict[str, float], dict[str, str]],
-            samples: list[tuple[float, float, int]], max_samples: int, fast_forward: bool,
-            front: CacheFront | None = None) -> int:
+            samples: _Samples, fast_forward: bool, front: CacheFront | None = None) -> int:
     """The event loop: the next arrival or the step of the replica furthest behind; returns the step count."""
     first, done, rejected = seen
     t_start = reqs[0].arrival
@@ -197,7 +220,11 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
             i += 1
             continue
         s = rep.sched
-        plan = s.step()
+        plan = s.schedule()
+        # the blocks held while this step runs: update frees those of requests that reach their cap in it (counted
+        # after it, a capped request's last step was not, an end-of-sequence one's was)
+        held = s.used_blocks
+        s.update(plan)
         steps += 1
         if plan.num_tokens == 0:
             if not s.running:  # nothing running and the queue head cannot be admitted: it never will be
@@ -206,7 +233,7 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
         dt = _step_seconds(model, plan)
         rep.clock += dt
         rep.busy_time += dt
-        rep.used_time += s.used_blocks / s.config.num_blocks * dt
+        rep.used_time += held / s.config.num_blocks * dt
         n_done = len(done)
         for rid in plan.first_token:
             first[rid] = rep.clock
@@ -220,9 +247,9 @@ def _replay(reqs: list[Request], reps: list[_Replica], router: Router, model: St
                 front.done(rid, rep.clock)
         if fast_forward:
             steps += _fast_forward(rep, model, min(t_arr, deadline))
-        if len(samples) < max_samples:
+        if samples.due():
             used = sum(r.sched.used_blocks for r in reps)
-            samples.append((rep.clock - t_start, used / total_blocks, sum(len(r.sched.queue) for r in reps)))
+            samples.add((rep.clock - t_start, used / total_blocks, sum(len(r.sched.queue) for r in reps)))
     return steps
 
 
@@ -250,17 +277,17 @@ def simulate(requests: Sequence[Request], make_scheduler: Callable[[], Scheduler
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     rejected: dict[str, str] = {}
-    samples: list[tuple[float, float, int]] = []
+    samples = _Samples(max_samples)
     budget = reps[0].sched.config.token_budget  # a full chunk at context 0: the best prefill rate per token
     route = Router(router, [r.sched for r in reps], model.step_seconds([(0, budget)], 0, 0) / budget, slo_ttft_s,
                    lambda start, end: model.prefill_seconds(start, end, budget))
     steps = _replay(reqs, reps, route, model, deadline, truth,
-                    (first, done, rejected), samples, max_samples, fast_forward, front)
+                    (first, done, rejected), samples, fast_forward, front)
     out = Outcome(first, done, rejected, truth)
     summary = _summary(reqs, reps, out, t_start, deadline, (slo_ttft_s, slo_tpot_s), steps, str(max_tokens))
     # the plot's TTFT CDF: the first tokens the summary counts (the window's last step may end past it)
     in_window = sorted(first[r.id] - r.arrival for r in reqs if first.get(r.id, math.inf) <= deadline)
-    return SimResult(summary, samples, in_window,
+    return SimResult(summary, samples.out, in_window,
                      max(done.values(), default=math.nan) - t_start)
 
 

@@ -165,6 +165,8 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
+            except ValueError as exc:  # json reads no integer of more than 4300 digits (sys.int_max_str_digits)
+                raise InputError(f"{p}:{line_no}: an integer of more than 4300 digits; fix the row") from exc
             except RecursionError as exc:
                 raise InputError(f"{p}:{line_no}: JSON nested too deeply; each line is one flat object") from exc
             if not isinstance(obj, dict):
@@ -174,7 +176,9 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
                     raise InputError(f"{p}:{line_no}: missing key {key!r} (Mooncake format: timestamp, "
                                      "input_length, output_length, hash_ids)")
             ts = obj["timestamp"]
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
+            # an integer past float's range (1 followed by 400 zeros) is a number json reads: float() of it raised
+            if (isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0
+                    or (isinstance(ts, int) and ts.bit_length() > 1023) or not math.isfinite(ts)):
                 raise InputError(f"{p}:{line_no}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
             t = float(ts) / 1000.0
             hashes = obj.get("hash_ids")
