@@ -13,7 +13,10 @@ simulator drives. Each ``schedule_request(active_requests)`` call (the upstream 
 - the capacity stage ``Scheduler.admit`` runs against the live free blocks (blocks the KV cache manager holds
   beyond this scheduler's reservations are kept out of admission);
 - ``fitting`` is every request the scheduler holds as running, in arrival order; ``paused`` is always empty
-  (nothing admitted is evicted: only reserve-to-completion policies are accepted here).
+  (nothing admitted is evicted: only reserve-to-completion policies are accepted here);
+- ``install`` deploys only policies that reject a never-fit request (``cache-aware``, ``trtllm-main-no-evict``):
+  under ``trtllm-1.2-no-evict`` one such request would block the executor's queue forever. The class itself takes
+  that policy too, so tests can compare it with the simulator's replay of TensorRT-LLM 1.2.
 
 ``tensorrt_llm`` is imported lazily (``install``); the class itself needs only TensorRT-LLM's request states,
 which tests pass as a stand-in enum with the same member names. NOT run against a real TensorRT-LLM in this
@@ -30,6 +33,7 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import BackendError, InputError
 
+from ..policies import get_policy
 from ..request import Request, hashes_from_tokens
 from ..scheduler import Scheduler, SchedulerConfig
 from . import trtllm_contract as contract
@@ -223,6 +227,10 @@ def install_with(py_executor: Any, states: Any, rm_type: Any, *, policy: str = "
                  max_num_requests: int | None = None, lora_slots: int | None = None) -> CacheAwareCapacityScheduler:
     """``install`` with TensorRT-LLM's ``LlmRequestState`` and ``ResourceManagerType`` given (tests pass
     stand-ins with the same member names)."""
+    if not get_policy(policy).reject_never_fit:
+        raise InputError(f"policy {policy!r} never rejects a request that can never fit: deployed, one such request "
+                         "would sit at the head of the executor's queue forever and block every later one (as in "
+                         "TensorRT-LLM 1.2); deploy cache-aware or trtllm-main-no-evict, which reject it with a reason")
     request_scheduler = getattr(py_executor, "scheduler", None)
     if request_scheduler is None:
         raise BackendError("this TensorRT-LLM executor has no scheduler to extend; the adapter supports the "

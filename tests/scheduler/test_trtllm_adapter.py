@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from trtforge.build_engine.core.errors import BackendError
+from trtforge.build_engine.core.errors import BackendError, InputError
 from trtforge.scheduler.integrations.trtllm import CacheAwareCapacityScheduler, install_with
 from trtforge.scheduler.request import Request, hashes_from_tokens
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -287,6 +287,14 @@ def test_install_on_release_1_2() -> None:
     assert not ex.failed_all  # 1.2's _handle_errors would fail every request: never called for one rejection
     with pytest.raises(BackendError, match="KV cache manager"):
         install_with(PyExecutor12(simple, None), LlmRequestState, None)
+
+
+@pytest.mark.parametrize("policy", ["trtllm-1.2-no-evict", "fcfs-no-evict"])
+def test_install_refuses_a_policy_that_never_rejects_a_never_fit_request(policy: str) -> None:
+    # deployed, a request larger than the whole cache would sit at the head of the queue forever, blocking the rest
+    ex = PyExecutor12(SimpleScheduler(BindCapacityScheduler()), KVCacheManager(10))
+    with pytest.raises(InputError, match="never rejects a request that can never fit.*cache-aware"):
+        install_with(ex, LlmRequestState, None, policy=policy)
 
 
 @pytest.mark.skipif(HAS_TRTLLM, reason="TensorRT-LLM is installed")
