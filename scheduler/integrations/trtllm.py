@@ -213,6 +213,14 @@ class CacheAwareCapacityScheduler:
         self.sched.outside_blocks = max(0, upstream_used - self.sched.used_blocks)
 
 
+def _check_deployable(policy: str) -> None:
+    """InputError for a policy that would hang a deployed executor on a request that can never fit."""
+    if not get_policy(policy).reject_never_fit:
+        raise InputError(f"policy {policy!r} never rejects a request that can never fit: deployed, one such request "
+                         "would sit at the head of the executor's queue forever and block every later one (as in "
+                         "TensorRT-LLM 1.2); deploy cache-aware or trtllm-main-no-evict, which reject it with a reason")
+
+
 def install(py_executor: Any, policy: str = "cache-aware", skip_window: int | None = None,
             max_skips: int | None = None, max_num_requests: int | None = None,
             lora_slots: int | None = None) -> CacheAwareCapacityScheduler:
@@ -227,10 +235,7 @@ def install_with(py_executor: Any, states: Any, rm_type: Any, *, policy: str = "
                  max_num_requests: int | None = None, lora_slots: int | None = None) -> CacheAwareCapacityScheduler:
     """``install`` with TensorRT-LLM's ``LlmRequestState`` and ``ResourceManagerType`` given (tests pass
     stand-ins with the same member names)."""
-    if not get_policy(policy).reject_never_fit:
-        raise InputError(f"policy {policy!r} never rejects a request that can never fit: deployed, one such request "
-                         "would sit at the head of the executor's queue forever and block every later one (as in "
-                         "TensorRT-LLM 1.2); deploy cache-aware or trtllm-main-no-evict, which reject it with a reason")
+    _check_deployable(policy)
     request_scheduler = getattr(py_executor, "scheduler", None)
     if request_scheduler is None:
         raise BackendError("this TensorRT-LLM executor has no scheduler to extend; the adapter supports the "
@@ -259,6 +264,7 @@ def patch_executor_creation(**kwargs: Any) -> Callable[[], None]:
     builds gets the cache-aware capacity scheduler. Returns a function that restores the originals."""
     import importlib
 
+    _check_deployable(kwargs.get("policy", "cache-aware"))  # now, not when the first executor is built
     util, _, _ = _trtllm()
     original = util.create_py_executor_instance
     modules = [util]

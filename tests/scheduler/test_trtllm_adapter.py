@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from trtforge.build_engine.core.errors import BackendError, InputError
-from trtforge.scheduler.integrations.trtllm import CacheAwareCapacityScheduler, install_with
+from trtforge.scheduler.integrations.trtllm import CacheAwareCapacityScheduler, install_with, patch_executor_creation
 from trtforge.scheduler.request import Request, hashes_from_tokens
 from trtforge.scheduler.scheduler import Scheduler, SchedulerConfig
 
@@ -295,6 +295,8 @@ def test_install_refuses_a_policy_that_never_rejects_a_never_fit_request(policy:
     ex = PyExecutor12(SimpleScheduler(BindCapacityScheduler()), KVCacheManager(10))
     with pytest.raises(InputError, match="never rejects a request that can never fit.*cache-aware"):
         install_with(ex, LlmRequestState, None, policy=policy)
+    with pytest.raises(InputError, match="never rejects"):  # refused when patching, before TensorRT-LLM is needed
+        patch_executor_creation(policy=policy)
 
 
 @pytest.mark.skipif(HAS_TRTLLM, reason="TensorRT-LLM is installed")
