@@ -175,8 +175,9 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
                 raise InputError(f"{label} {out} is the same file as {_describe(inp)}; writing it would "
                                  f"overwrite that input, with or without --force; choose another {label} path")
             if is_folder and stat.S_ISDIR(os.stat(out).st_mode) and _inside(_real(inp.file), oid):
-                raise InputError(f"{label} {out} contains {_describe(inp)}; the folder is replaced as a whole, so "
-                                 f"the input would be deleted, with or without --force; choose an output folder "
+                raise InputError(f"{label} {out} contains {_describe(inp)}; an output folder may hold no input "
+                                 f"(what is written there replaces what was there: the whole folder, or for "
+                                 f"build-matrix each cell folder), with or without --force; choose an output folder "
                                  f"outside the inputs")
     _check_outputs_apart(outs)
 
