@@ -8,7 +8,10 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32; so does
    a square written ``Mul(x, x)``, which is ``Pow(x, 2)``.
 2. ``Cast`` nodes keep their ``to`` type, ``CastLike`` nodes their target's (a float32 target stays float32: an
-   int32 -> float16 cast overflows where int32 -> float32 does not). Values computed only from shapes
+   int32 -> float16 cast overflows where int32 -> float32 does not), and so do the ops whose output type an
+   attribute sets (``dtype`` of ``EyeLike``, ``RandomNormal(Like)``, ``RandomUniform(Like)``, ``Bernoulli``;
+   ``output_dtype`` of ``DequantizeLinear``), or its default (``RandomNormal``, ``RandomUniform``: float32):
+   converted, the output was declared low while the op still made float32. Values computed only from shapes
    (``Shape``/``Range`` and what derives from them: positions, causal masks) form *index* chains; float32 tensors on
    them (``Cast(int -> float)``, ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the
    decision.
@@ -178,6 +181,9 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if node.op_type in ("Cast", "CastLike"):
             out[idx] = _cast_decision(node, types, fp32_origin)
             continue
+        if _fp32_by_attribute(node, opset):  # rule 2: its attribute, not its inputs, makes the output float32
+            out[idx] = NodeDecision(Mode.KEEP, reason="its dtype attribute makes it float32")
+            continue
         if node.op_type == "Identity":  # rule 9
             out[idx] = _copy_decision(node, fp32_origin)
             continue
@@ -223,6 +229,20 @@ def _cast_decision(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[
         tag = "index" if src is not None and src not in FLOAT_TYPES else fp32_origin.get(node.input[0], "norm")
         fp32_origin[node.output[0]] = tag
     return NodeDecision(Mode.KEEP, reason="Cast keeps its target type")
+
+
+def _fp32_by_attribute(node: NodeProto, opset: Mapping[str, int]) -> bool:
+    """Whether an attribute of the node's schema that sets its output type (``dtype``, ``output_dtype``) is float32
+    on the node, or unset with a float32 default (``RandomNormal``, ``RandomUniform``)."""
+    schema = _schema(node, opset)
+    for name in ("dtype", "output_dtype"):
+        if schema is None or name not in schema.attributes:
+            continue
+        given = next((a.i for a in node.attribute if a.name == name), None)
+        default = schema.attributes[name].default_value
+        if (given if given is not None else default.i if default.HasField("i") else None) == FLOAT:
+            return True
+    return False
 
 
 def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping[str, int], constants: set[str],
