@@ -27,7 +27,7 @@ from trtforge.plugins.lora.decompose import decompose
 
 from ..core.errors import InputError
 from ..core.graph import PROTO_LIMIT
-from ..verify.sessions import make_session
+from ..verify.sessions import make_session, ort_feed
 from .calib_data import Sample
 
 _MAX_ROWS = 512  # rows kept per tensor for AWQ's search: its cost is GRID x rows x in x out per projection
@@ -98,7 +98,7 @@ def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
     quiet = ort.RunOptions()
     quiet.log_severity_level = 4  # fatal only: a failing kernel's own log line would precede our one-line error
     try:
-        return sess.run(list(outputs), dict(sample), quiet)
+        return sess.run(list(outputs), {k: ort_feed(v) for k, v in sample.items()}, quiet)
     except Exception as exc:  # onnxruntime reports bad feeds with its own exception types
         text = " ".join(str(exc).split())[:200]
         raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({text}); check the calibration "
