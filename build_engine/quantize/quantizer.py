@@ -159,20 +159,26 @@ def _lift_weight_constants(model: ModelProto) -> ModelProto:
 
 
 def _select(model: ModelProto, cfg: QuantConfig, data_dir: Path | None) -> tuple[ModelProto, Selection]:
-    """The model with the Gemms to quantize lowered to MatMul (+ Add), and its selection. Every Gemm that can be
-    lowered is, on trial; those the selection then leaves float are kept as Gemms (``gemm``: a lowered pair is not
-    bit-identical to the Gemm) and listed as excluded with the selection's reason, as is every Gemm that cannot be."""
-    found = gemm.candidates(model)
-    if not found:
+    """The model with the Gemms to quantize lowered to MatMul (+ Add), the MatMuls to quantize that read
+    ``Transpose(W)`` of an initializer reading ``W^T`` (``gemm.untranspose``), and its selection. Every Gemm that can
+    be lowered is, on trial (and every such MatMul rewritten); those the selection then leaves float are kept as
+    they were (``gemm``: a lowered pair is not bit-identical to the Gemm) and listed as excluded with the
+    selection's reason, as is every Gemm that cannot be."""
+    found, flipped = gemm.candidates(model), gemm.transposed_weights(model)
+    if not found and not flipped:
         return model, select(model, cfg.exclude, cfg.quantize_lm_head)
     lowerable = {label for label, why in found.items() if why is None}
-    trial = select(gemm.lower(model, lowerable, data_dir), cfg.exclude, cfg.quantize_lm_head)
-    wanted = {t.name for t in trial.targets} & lowerable
+    trial = select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, data_dir), cfg.exclude,
+                   cfg.quantize_lm_head)
+    chosen = {t.name for t in trial.targets}
+    wanted, unflip = chosen & lowerable, chosen & flipped
     reasons = {label: why for label, why in found.items() if why is not None}
-    reasons.update({e.name: e.reason for e in trial.excluded if e.name in lowerable - wanted})
-    final = gemm.lower(model, wanted, data_dir)
+    # a Gemm or Transpose-weight MatMul left as it is: the trial's reason (LM head, --exclude, policy)
+    reasons.update({e.name: e.reason for e in trial.excluded if e.name in (lowerable - wanted) | (flipped - unflip)})
+    final = gemm.untranspose(gemm.lower(model, wanted, data_dir), unflip, data_dir)
     sel = select(final, cfg.exclude, cfg.quantize_lm_head)
-    return final, Selection(sel.targets, sel.excluded + tuple(Excluded(k, v) for k, v in reasons.items()))
+    kept = tuple(e for e in sel.excluded if e.name not in reasons)
+    return final, Selection(sel.targets, kept + tuple(Excluded(k, v) for k, v in reasons.items()))
 
 
 def block_for(in_features: int, wanted: int) -> int:

@@ -3,8 +3,10 @@
 A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initializer (a projection weight
 ``[in, out]``; ``quantizer`` first turns a weight given by a ``Constant`` node into one) and whose first input is a
 runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported with 2-D inputs) are not seen here: ``quantizer``
-lowers those it can to MatMul + Add first (``gemm``) and reports the others as excluded. A MatMul whose weight is
-computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a projection here either;
+lowers those it can to MatMul + Add first (``gemm``) and reports the others as excluded; a MatMul reading
+``Transpose(W)`` of a 2-D float32 initializer (``x @ W.T``, a tied LM head) reads a ``W^T`` initializer once
+``quantizer`` has rewritten it (``gemm.untranspose``), for the MatMuls it then quantizes. A MatMul whose weight is
+computed at run time otherwise (another op of an initializer, when the fold leaves it) is not a projection here either;
 it, and a MatMul whose constant is its first input, 3-D or not float32, is reported as excluded with that reason.
 Activation x activation MatMuls (attention scores, probabilities x values) are never candidates (nor listed). A
 candidate stays float when:

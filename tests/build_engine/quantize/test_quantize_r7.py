@@ -72,3 +72,71 @@ def test_bf16_sample_file_with_nan_is_refused(tmp_path: Path, rng: np.random.Gen
     assert_one_line_error(cli("quantize", src, "-o", out, "--mode", "int8", "--calib", calib), 2, "NaN")
     assert not out.exists()
 
+
+V = 96
+
+
+def _tied_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """ids -> Gather(embed) -> up -> Relu -> MatMul(., Transpose(embed)) -> logits (a tied LM head, as exported
+    without constant folding), plus a projection ``x @ W.T`` of an untied weight."""
+    nodes = [helper.make_node("Gather", ["embed", "ids"], ["e"], name="embed_tokens"),
+             helper.make_node("Transpose", ["wt"], ["w_t"], name="wt/Transpose"),
+             helper.make_node("MatMul", ["e", "w_t"], ["a"], name="up"),
+             helper.make_node("Relu", ["a"], ["r"], name="act"),
+             helper.make_node("Transpose", ["embed"], ["embed_t"], perm=[1, 0], name="embed/Transpose"),
+             helper.make_node("MatMul", ["r", "embed_t"], ["logits"], name="lm_head")]
+    inits = [numpy_helper.from_array(rng.standard_normal((V, H)).astype(np.float32), "embed"),
+             numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "wt")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "seq", V])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _weight_of(model: onnx.ModelProto, matmul: str) -> tuple[np.ndarray, np.ndarray]:
+    """(stored values as float64, scales) of the DequantizeLinear feeding ``matmul``'s input B."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = next(n for n in model.graph.node if n.name == matmul)
+    dq = producers[node.input[1]]
+    assert dq.op_type == "DequantizeLinear"
+    return inits[dq.input[0]].astype(np.float64), inits[dq.input[1]].astype(np.float64)
+
+
+def test_tied_lm_head_through_transpose_is_quantized_on_request(tmp_path: Path, rng: np.random.Generator,
+                                                                cli) -> None:
+    # old: 'float: lm_head (its weight is computed at run time (Transpose of 'embed'); only initializer weights are
+    # quantized)' even with --quantize-lm-head, and 'up' (x @ W.T) stayed float too
+    model = _tied_model(rng)
+    src, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(model, src)
+    res = cli("quantize", src, "-o", out, "--mode", "fp8", "--quantize-lm-head")
+    assert res.code == 0, res.err
+    assert "2 projections quantized, 0 kept in float" in res.out
+    q = onnx.load(out)
+    onnx.checker.check_model(q, full_check=True)
+    embed = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float64)
+    for name, w in (("lm_head", embed.T), ("up", numpy_helper.to_array(model.graph.initializer[1]).T)):
+        values, scale = _weight_of(q, name)  # fp8: no migration; per output channel max |W| / 448, RNE to E4M3
+        np.testing.assert_allclose(scale, np.abs(w).max(0) / 448.0, rtol=1e-6)
+        expect = (w / scale).astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        assert np.mean(values != expect) < 0.01  # only float32 rounding ties of w / scale may differ
+    gather = next(n for n in q.graph.node if n.op_type == "Gather")
+    table = next(t for t in q.graph.initializer if t.name == gather.input[0])
+    np.testing.assert_array_equal(numpy_helper.to_array(table), embed.astype(np.float32))  # the table stays float
+
+
+def test_tied_lm_head_through_transpose_stays_float_by_default(tmp_path: Path, rng: np.random.Generator,
+                                                               cli) -> None:
+    src, out, report = tmp_path / "m.onnx", tmp_path / "q.onnx", tmp_path / "r.json"
+    onnx.save(_tied_model(rng), src)
+    res = cli("quantize", src, "-o", out, "--mode", "int8", "--report", report)
+    assert res.code == 0, res.err
+    data = json.loads(report.read_text())
+    assert [n["name"] for n in data["nodes"]] == ["up"]
+    assert data["excluded"] == [{"name": "lm_head", "reason": "LM head (pass --quantize-lm-head to quantize it)"}]
+    q = onnx.load(out)
+    head = next(n for n in q.graph.node if n.name == "lm_head")
+    transpose = next(n for n in q.graph.node if n.output[0] == head.input[1])
+    assert (transpose.op_type, list(transpose.input)) == ("Transpose", ["embed"])  # left as it was
