@@ -140,3 +140,27 @@ def test_tied_lm_head_through_transpose_stays_float_by_default(tmp_path: Path, r
     head = next(n for n in q.graph.node if n.name == "lm_head")
     transpose = next(n for n in q.graph.node if n.output[0] == head.input[1])
     assert (transpose.op_type, list(transpose.input)) == ("Transpose", ["embed"])  # left as it was
+
+
+@pytest.mark.parametrize("layer", ["MatMul", "Gemm"])
+def test_a_weight_that_does_not_fit_its_activation_is_bad_input(tmp_path: Path, rng: np.random.Generator, cli,
+                                                                 layer: str) -> None:
+    # old: 'internal error: Fail: [ONNXRuntimeError] ... Incompatible dimensions for matrix multiplication (a bug:
+    # ...)', exit 3; the model passes onnx.checker but its second layer's weight has the wrong input size
+    from trtforge_testing import assert_one_line_error
+
+    second = (helper.make_node("MatMul", ["a", "w2"], ["y"], name="second") if layer == "MatMul"
+              else helper.make_node("Gemm", ["a", "w2"], ["y"], name="second", transB=1))
+    w2 = (rng.standard_normal((H // 2, H)) if layer == "MatMul" else rng.standard_normal((H, H // 2)))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["a"], name="first"), second], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, H])],
+                          [numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "w1"),
+                           numpy_helper.from_array(w2.astype(np.float32), "w2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    src, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(model, src)
+    res = cli("quantize", src, "-o", out, "--mode", "int8", "--quantize-lm-head")
+    assert_one_line_error(res, 2, "strict shape inference", "node name: second")
+    assert not out.exists()
