@@ -151,15 +151,17 @@ def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[
 
 def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
            keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset(),
-           tiny: frozenset[str] = frozenset(), negative: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
-    """Decide a Mode for each top-level node (by index, nodes in topological order)."""
+           tiny: frozenset[str] = frozenset(), negative: frozenset[str] = frozenset(),
+           subgraph_reads: bool = True) -> dict[int, NodeDecision]:
+    """Decide a Mode for each top-level node (by index, nodes in topological order). ``subgraph_reads=False``: rule
+    7 does not apply (quantization keeps every output's type, so a body may read it)."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm" | "reciprocal"
     out: dict[int, NodeDecision] = {}
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
-    captured = _subgraph_reads(model.graph.node)
+    captured = _subgraph_reads(model.graph.node) if subgraph_reads else set()
     wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
     tiny_values = set(tiny)  # rule 10: the constants, and constant subgraphs of them (Cast of a double literal)
     for idx, node in enumerate(model.graph.node):

@@ -14,7 +14,8 @@ candidate stays float when:
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values, or
    reads an activation computed from a constant beyond fp16's range (a mask sentinel would set its per-tensor
-   scale); its own weight beyond +-65504 does not keep it float (per-channel float32 scales store it);
+   scale); its own weight beyond +-65504 does not keep it float (per-channel float32 scales store it), nor does an
+   If/Loop/Scan body reading its output (Q/DQ keep every output's type);
 2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
    data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
    last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
@@ -264,7 +265,8 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
     fed = {vi.name for vi in model.graph.input}
     weights = frozenset(n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
                         and n.input[1] in inits and n.input[0] not in inits)
-    decisions = node_decisions(model, "fp16", range_exempt=weights)  # stored with float32 scales
+    # weights: stored with float32 scales; a projection's output keeps its type, so an If/Loop body may read it
+    decisions = node_decisions(model, "fp16", range_exempt=weights, subgraph_reads=False)
     heads = _lm_heads(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     consts = _float_constants(model.graph)
