@@ -91,8 +91,6 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet, data_dir: Pat
         model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
     model = _lift_weight_constants(model)
     model, sel = _select(model, cfg, data_dir)
-    if cfg.mode == "int4-wo":
-        sel = _whole_blocks(sel, cfg.block_size)
     if not sel.targets:
         reasons = "; ".join(f"{e.name}: {e.reason}" for e in sel.excluded[:3]) or "no MatMul with a float32 weight"
         raise InputError(f"nothing to quantize ({reasons}); check --exclude and the model")
@@ -166,17 +164,17 @@ def _select(model: ModelProto, cfg: QuantConfig, data_dir: Path | None) -> tuple
     selection's reason, as is every Gemm that cannot be."""
     found, flipped = gemm.candidates(model), gemm.transposed_weights(model)
     if not found and not flipped:
-        return model, select(model, cfg.exclude, cfg.quantize_lm_head)
+        return model, _chosen(select(model, cfg.exclude, cfg.quantize_lm_head), cfg)
     lowerable = {label for label, why in found.items() if why is None}
-    trial = select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, data_dir), cfg.exclude,
-                   cfg.quantize_lm_head)
+    trial = _chosen(select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, data_dir), cfg.exclude,
+                           cfg.quantize_lm_head), cfg)
     chosen = {t.name for t in trial.targets}
     wanted, unflip = chosen & lowerable, chosen & flipped
     reasons = {label: why for label, why in found.items() if why is not None}
     # a Gemm or Transpose-weight MatMul left as it is: the trial's reason (LM head, --exclude, policy)
     reasons.update({e.name: e.reason for e in trial.excluded if e.name in (lowerable - wanted) | (flipped - unflip)})
     final = gemm.untranspose(gemm.lower(model, wanted, data_dir), unflip, data_dir)
-    sel = select(final, cfg.exclude, cfg.quantize_lm_head)
+    sel = _chosen(select(final, cfg.exclude, cfg.quantize_lm_head), cfg)
     kept = tuple(e for e in sel.excluded if e.name not in reasons)
     return final, Selection(sel.targets, kept + tuple(Excluded(k, v) for k, v in reasons.items()))
 
@@ -188,6 +186,12 @@ def block_for(in_features: int, wanted: int) -> int:
     while b >= MIN_BLOCK and in_features % b:
         b //= 2
     return b if b >= MIN_BLOCK else 0
+
+
+def _chosen(sel: Selection, cfg: QuantConfig) -> Selection:
+    """``sel`` less the projections the mode cannot quantize (int4: no whole block), decided on ``_select``'s trial
+    too, so a Gemm or Transpose-weight MatMul left float for that is left as it was (it was lowered all the same)."""
+    return _whole_blocks(sel, cfg.block_size) if cfg.mode == "int4-wo" else sel
 
 
 def _whole_blocks(sel: Selection, wanted: int) -> Selection:
