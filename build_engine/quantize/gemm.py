@@ -135,10 +135,14 @@ def transposed_weights(model: ModelProto) -> set[str]:
     return {node_label(n, i) for i, n in enumerate(g.node) if _flipped(n, producers, inits, fed) is not None}
 
 
-def untranspose(model: ModelProto, labels: Collection[str], data_dir: Path | None = None) -> ModelProto:
+def untranspose(model: ModelProto, labels: Collection[str], data_dir: Path | None = None,
+                trial: bool = False) -> ModelProto:
     """A copy of ``model`` where each MatMul labelled ``labels`` (one ``transposed_weights`` found) reads ``W^T`` as
     a new initializer (one per W) instead of ``Transpose(W)``; the Transpose stays for any other reader (the fold
-    after quantization removes it when none is left). The same values: the float product is the same."""
+    after quantization removes it when none is left). The same values: the float product is the same. ``trial``:
+    for ``select`` only, which reads shapes and the set of values (ranges): ``W`` with its dims swapped stands in for
+    ``W^T`` (a weight still on disk stays a pointer into its file; a tied 1 GiB head is not transposed to decide that
+    it stays float)."""
     if not labels:
         return model
     out = ModelProto()
@@ -155,7 +159,13 @@ def untranspose(model: ModelProto, labels: Collection[str], data_dir: Path | Non
             continue
         if w not in made:
             made[w] = fresh(f"{w}_transposed")
-            g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(to_array(inits[w], data_dir).T),
-                                                         made[w]))
+            if trial:
+                stand_in = g.initializer.add()
+                stand_in.CopyFrom(inits[w])
+                stand_in.name = made[w]
+                stand_in.dims[:] = list(reversed(inits[w].dims))
+            else:
+                g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(to_array(inits[w], data_dir).T),
+                                                             made[w]))
         node.input[1] = made[w]
     return out

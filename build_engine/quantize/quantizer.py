@@ -166,8 +166,8 @@ def _select(model: ModelProto, cfg: QuantConfig, data_dir: Path | None) -> tuple
     if not found and not flipped:
         return model, _chosen(select(model, cfg.exclude, cfg.quantize_lm_head), cfg)
     lowerable = {label for label, why in found.items() if why is None}
-    trial = _chosen(select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, data_dir), cfg.exclude,
-                           cfg.quantize_lm_head), cfg)
+    trial = _chosen(select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, trial=True),
+                           cfg.exclude, cfg.quantize_lm_head), cfg)
     chosen = {t.name for t in trial.targets}
     wanted, unflip = chosen & lowerable, chosen & flipped
     reasons = {label: why for label, why in found.items() if why is not None}
