@@ -153,8 +153,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
            keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset(),
            tiny: frozenset[str] = frozenset(), negative: frozenset[str] = frozenset(),
            subgraph_reads: bool = True) -> dict[int, NodeDecision]:
-    """Decide a Mode for each top-level node (by index, nodes in topological order). ``subgraph_reads=False``: rule
-    7 does not apply (quantization keeps every output's type, so a body may read it)."""
+    """Decide a Mode for each top-level node (by index, in topological order); ``subgraph_reads=False``: no rule 7."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm" | "reciprocal"
@@ -183,9 +182,6 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if node.op_type in ("Cast", "CastLike"):
             out[idx] = _cast_decision(node, types, fp32_origin)
             continue
-        if _fp32_by_attribute(node, opset):  # rule 2: its attribute, not its inputs, makes the output float32
-            out[idx] = NodeDecision(Mode.KEEP, reason="its dtype attribute makes it float32")
-            continue
         if node.op_type == "Identity":  # rule 9
             out[idx] = _copy_decision(node, fp32_origin)
             continue
@@ -196,7 +192,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if is_plugin_node(node):
             out[idx] = _plugin_or_captured(node, types, low, captured, fp32_origin)
             continue
-        why = _forced_fp32(node, types, captured, wide_values, tiny_values)
+        why = _forced_fp32(node, types, captured, wide_values, tiny_values, opset)
         if why:
             out[idx] = NodeDecision(Mode.KEEP, reason=why)
             _mark(node, types, fp32_origin, "norm")
@@ -351,8 +347,10 @@ def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str], wid
 
 
 def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str],
-                 tiny: set[str]) -> str:
-    """Rules 7, 8 and 10: why the node must stay fp32 ("" when none applies)."""
+                 tiny: set[str], opset: Mapping[str, int]) -> str:
+    """Rules 2 (an attribute sets the output type), 7, 8 and 10: why the node must stay fp32 ("" when none applies)."""
+    if _fp32_by_attribute(node, opset):  # its attribute, not its inputs, makes the output float32
+        return "its dtype attribute makes it float32"
     if any(n in captured and types.get(n) == FLOAT for n in node.output):
         return "output read inside a subgraph (not converted)"
     if any(n in wide for n in node.input):
