@@ -181,12 +181,19 @@ def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto], producers:
             name = TensorProto.DataType.Name(b.data_type).lower()
             return f"its weight {b.name!r} is {name}, not float32 (quantize the float32 source model)"
         return f"its weight {b.name!r} is {len(b.dims)}-D; only 2-D [in, out] weights are quantized"
-    src = producers.get(node.input[1])
-    if not a_const and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
-            and (src.input[0] in inits or src.input[0] in consts):
-        return (f"its weight is computed at run time ({src.op_type} of {src.input[0]!r}); only initializer "
-                "weights are quantized")
+    first, src = (_moved_constant(producers.get(name), inits, consts) for name in node.input)
+    if not a_const and b is None and src is not None:
+        return (f"its weight is computed at run time ({src}); only initializer weights are quantized")
+    if first is not None and b is None and node.input[1] not in consts and src is None:  # Transpose(W) @ x
+        return f"its constant is the first input (W @ x, {first}); only x @ W with W [in, out] is quantized"
     return None
+
+
+def _moved_constant(p: NodeProto | None, inits: dict[str, TensorProto], consts: set[str]) -> str | None:
+    """``"Transpose of 'w'"`` when ``p`` is a data-movement op (Transpose, Reshape, ...) of a constant; else None."""
+    if p is None or p.op_type not in _DATA_MOVEMENT or not p.input or not (p.input[0] in inits or p.input[0] in consts):
+        return None
+    return f"{p.op_type} of {p.input[0]!r}"
 
 
 def _nested(model: ModelProto) -> list[Excluded]:

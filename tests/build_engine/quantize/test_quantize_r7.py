@@ -229,3 +229,24 @@ def test_int4_layers_without_a_whole_block_are_left_as_they_were(rng: np.random.
     written = {n.name: n for n in result.model.graph.node}
     for node in model.graph.node[1:]:  # every node after the quantized projection, as the source has it
         assert written[node.name] == node, node.name
+
+
+def test_transposed_constant_as_first_input_is_reported(rng: np.random.Generator) -> None:
+    # old: 'left' (Transpose(W) @ x, a weighted layer that stays float) was in neither the targets nor the report
+    from trtforge.build_engine.quantize import CalibSet, QuantConfig, quantize
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="proj"),
+             helper.make_node("Transpose", ["wl"], ["wl_t"], name="t"),
+             helper.make_node("MatMul", ["wl_t", "a"], ["b"], name="left"),
+             helper.make_node("Relu", ["b"], ["y"], name="act")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [H, H])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [H, H])],
+                          [numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), n)
+                           for n in ("w", "wl")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    samples = tuple({"x": rng.standard_normal((H, H)).astype(np.float32)} for _ in range(2))
+    report = quantize(model, QuantConfig(mode="int8"), CalibSet(samples, "test")).report
+    assert [n.name for n in report.nodes] == ["proj"]
+    assert [(e.name, e.reason) for e in report.excluded] == [
+        ("left", "its constant is the first input (W @ x, Transpose of 'wl'); only x @ W with W [in, out] is "
+                 "quantized")]
