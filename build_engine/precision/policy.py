@@ -327,7 +327,9 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
                      f"declare lora_a as float32, float16 or bfloat16")
 
 
-_WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
+#: rule 8's reason (``trtforge quantize`` int4-wo, which quantizes no activation, does not apply it to projections)
+WIDE_REASON = "reads a value beyond the fp16 range (a constant, or computed from one)"
+_WIDE = WIDE_REASON
 
 
 def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str], wide: set[str],

@@ -164,17 +164,17 @@ def _select(model: ModelProto, cfg: QuantConfig, data_dir: Path | None) -> tuple
     selection's reason, as is every Gemm that cannot be."""
     found, flipped = gemm.candidates(model), gemm.transposed_weights(model)
     if not found and not flipped:
-        return model, _chosen(select(model, cfg.exclude, cfg.quantize_lm_head), cfg)
+        return model, _chosen(select(model, cfg.exclude, cfg.quantize_lm_head, cfg.mode == "int4-wo"), cfg)
     lowerable = {label for label, why in found.items() if why is None}
     trial = _chosen(select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, trial=True),
-                           cfg.exclude, cfg.quantize_lm_head), cfg)
+                           cfg.exclude, cfg.quantize_lm_head, cfg.mode == "int4-wo"), cfg)
     chosen = {t.name for t in trial.targets}
     wanted, unflip = chosen & lowerable, chosen & flipped
     reasons = {label: why for label, why in found.items() if why is not None}
     # a Gemm or Transpose-weight MatMul left as it is: the trial's reason (LM head, --exclude, policy)
     reasons.update({e.name: e.reason for e in trial.excluded if e.name in (lowerable - wanted) | (flipped - unflip)})
     final = gemm.untranspose(gemm.lower(model, wanted, data_dir), unflip, data_dir)
-    sel = _chosen(select(final, cfg.exclude, cfg.quantize_lm_head), cfg)
+    sel = _chosen(select(final, cfg.exclude, cfg.quantize_lm_head, cfg.mode == "int4-wo"), cfg)
     kept = tuple(e for e in sel.excluded if e.name not in reasons)
     return final, Selection(sel.targets, kept + tuple(Excluded(k, v) for k, v in reasons.items()))
 

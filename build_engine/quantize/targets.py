@@ -14,8 +14,9 @@ candidate stays float when:
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values, or
    reads an activation computed from a constant beyond fp16's range (a mask sentinel would set its per-tensor
-   scale); its own weight beyond +-65504 does not keep it float (per-channel float32 scales store it), nor does an
-   If/Loop/Scan body reading its output (Q/DQ keep every output's type);
+   scale; not for int4-wo, whose activations stay float); its own weight beyond +-65504 does not keep it float
+   (per-channel float32 scales store it), nor does an If/Loop/Scan body reading its output (Q/DQ keep every
+   output's type);
 2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
    data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
    last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
@@ -54,7 +55,7 @@ from trtforge.plugins.lora import spec as lora_spec
 from ..core.errors import InputError
 from ..passes.protos import constant_node_tensor
 from ..precision.convert import node_decisions
-from ..precision.policy import Mode
+from ..precision.policy import WIDE_REASON, Mode
 
 # the bias Add of a lowered Gemm (``gemm.GEMM_BIAS_DOC``; defined here, which ``gemm`` imports, to avoid a cycle)
 GEMM_BIAS_DOC = "trtforge.quantize: the bias Add of a lowered Gemm"
@@ -264,9 +265,11 @@ def source_labels(model: ModelProto) -> Iterator[None]:
             n.ClearField("name")  # onnx.proto is proto2: name = "" would still be serialised
 
 
-def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False) -> Selection:
+def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False,
+           weight_only: bool = False) -> Selection:
     """Targets and excluded candidates of ``model`` (see the module docstring). An ``exclude`` pattern that matches
-    no node name is an InputError (a typo would otherwise quantize what it meant to keep)."""
+    no node name is an InputError (a typo would otherwise quantize what it meant to keep). ``weight_only`` (int4-wo:
+    activations stay float): an activation beyond fp16's range does not keep a projection float."""
     _check_patterns(model, exclude)
     inits = {t.name: t for t in model.graph.initializer}
     fed = {vi.name for vi in model.graph.input}
@@ -301,7 +304,7 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
             continue
         decision = decisions[i]
         pattern = _matches(label, exclude)
-        if decision.mode is not Mode.LOW:
+        if decision.mode is not Mode.LOW and not (weight_only and decision.reason == WIDE_REASON):
             excluded.append(Excluded(label, f"precision policy keeps it in float ({decision.reason})"))
         elif node.output[0] in heads and not quantize_lm_head:
             excluded.append(Excluded(label, "LM head (pass --quantize-lm-head to quantize it)"))
