@@ -21,7 +21,8 @@ def build_parser() -> ArgumentParser:
         "TensorRT-RTX) build: int8 = SmoothQuant W8A8 (per-channel int8 weights, per-tensor int8 activations); "
         "int4-wo = int4 weight-only blocks (AWQ-style scale search, or round-to-nearest); fp8 = E4M3 weights per "
         "channel and activations per tensor (builds for compute capability >= 8.9 only). Quantized: MatMuls "
-        "whose weight is a 2-D float32 initializer or Constant (not a graph input), and Gemms of that kind with "
+        "whose weight is a 2-D float32 initializer or Constant (not a graph input), or a Transpose of such an "
+        "initializer (x @ W.T, a tied LM head), and Gemms of that kind with "
         "alpha = beta = 1 and transA = 0 (written as MatMul + bias Add; other Gemms stay float and are reported). "
         "Norms, softmax, rotary/position arithmetic, shape/index chains (the precision policy), the LM head and LoRA "
         "plugin nodes stay float. NaN/inf weights are refused (exit 2). The result is folded with the exact folder.",

@@ -224,7 +224,7 @@ def _unchanged(model: ModelProto, to: str, decisions: dict[int, Any], fold: bool
 
 
 def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str] = KEEP_OPS,
-                   range_exempt: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
+                   range_exempt: frozenset[str] = frozenset(), subgraph_reads: bool = True) -> dict[int, NodeDecision]:
     """The policy's decision for each top-level node (by index), without converting anything.
 
     ``trtforge quantize`` asks this so that what stays in float under quantization is what stays in fp32 under
@@ -232,13 +232,15 @@ def node_decisions(model: ModelProto, to: str = "fp16", keep_ops: frozenset[str]
     by their op contract), not a second list. ``range_exempt``: constants rules 8 and 10 (a constant beyond +-65504,
     or one fp16 rounds to zero, keeps its consumers fp32) do not apply to; quantize exempts projection weights, which
     it stores with float32 per-channel / per-block scales (a value computed from another wide constant, a mask
-    sentinel, still counts).
+    sentinel, still counts). ``subgraph_reads=False``: rule 7 (an output an If/Loop/Scan body reads stays fp32,
+    since the body is not converted) does not apply; quantize passes it, as Q/DQ leave every output's type as it
+    is (a projection whose output a body read was kept float, reported as the policy's choice).
     """
     consts = _constant_tensors(model)
     wide = beyond_fp16(_constant_tensors(model, overridable=True), to) - range_exempt
     tiny = vanish_in_fp16(consts, to) - range_exempt
     return decide(model, _value_types(model), set(consts), to, keep_ops, wide=wide, tiny=tiny,
-                  negative=negative_exponents(model, consts, to))
+                  negative=negative_exponents(model, consts, to), subgraph_reads=subgraph_reads)
 
 
 @steps.timed("convert")

@@ -8,7 +8,10 @@ Sqrt -> Div`` overflows fp16 once activations pass ~256, a Softmax loses its nor
 1. ``KEEP_OPS`` (norms, softmax, reductions, Pow/Exp/Log/Sqrt/Reciprocal/Erf, Sin/Cos, ...) run in fp32; so does
    a square written ``Mul(x, x)``, which is ``Pow(x, 2)``.
 2. ``Cast`` nodes keep their ``to`` type, ``CastLike`` nodes their target's (a float32 target stays float32: an
-   int32 -> float16 cast overflows where int32 -> float32 does not). Values computed only from shapes
+   int32 -> float16 cast overflows where int32 -> float32 does not), and so do the ops whose output type an
+   attribute sets (``dtype`` of ``EyeLike``, ``RandomNormal(Like)``, ``RandomUniform(Like)``, ``Bernoulli``;
+   ``output_dtype`` of ``DequantizeLinear``), or its default (``RandomNormal``, ``RandomUniform``: float32):
+   converted, the output was declared low while the op still made float32. Values computed only from shapes
    (``Shape``/``Range`` and what derives from them: positions, causal masks) form *index* chains; float32 tensors on
    them (``Cast(int -> float)``, ``Where(mask, 0, -inf)``) stay fp32, so exporter constant-folding cannot flip the
    decision.
@@ -148,15 +151,16 @@ def _low_constraint(schema: onnx.defs.OpSchema, node: NodeProto, types: Mapping[
 
 def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str], to: str,
            keep_ops: frozenset[str] = KEEP_OPS, wide: frozenset[str] = frozenset(),
-           tiny: frozenset[str] = frozenset(), negative: frozenset[str] = frozenset()) -> dict[int, NodeDecision]:
-    """Decide a Mode for each top-level node (by index, nodes in topological order)."""
+           tiny: frozenset[str] = frozenset(), negative: frozenset[str] = frozenset(),
+           subgraph_reads: bool = True) -> dict[int, NodeDecision]:
+    """Decide a Mode for each top-level node (by index, in topological order); ``subgraph_reads=False``: no rule 7."""
     low = LOW_TYPES[to]
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
     fp32_origin: dict[str, str] = {}   # value name -> "index" | "norm" | "reciprocal"
     out: dict[int, NodeDecision] = {}
     index_values: set[str] = set()  # non-float values computed from shapes (Shape, Range, comparisons of those)
     constants = set(constants)  # grows with constant subgraphs (e.g. Unsqueeze(inv_freq))
-    captured = _subgraph_reads(model.graph.node)
+    captured = _subgraph_reads(model.graph.node) if subgraph_reads else set()
     wide_values = set(wide)  # rule 8: the constants, then what nodes kept for them compute (up to a bounded op)
     tiny_values = set(tiny)  # rule 10: the constants, and constant subgraphs of them (Cast of a double literal)
     for idx, node in enumerate(model.graph.node):
@@ -188,7 +192,7 @@ def decide(model: onnx.ModelProto, types: Mapping[str, int], constants: set[str]
         if is_plugin_node(node):
             out[idx] = _plugin_or_captured(node, types, low, captured, fp32_origin)
             continue
-        why = _forced_fp32(node, types, captured, wide_values, tiny_values)
+        why = _forced_fp32(node, types, captured, wide_values, tiny_values, opset)
         if why:
             out[idx] = NodeDecision(Mode.KEEP, reason=why)
             _mark(node, types, fp32_origin, "norm")
@@ -223,6 +227,20 @@ def _cast_decision(node: NodeProto, types: Mapping[str, int], fp32_origin: dict[
         tag = "index" if src is not None and src not in FLOAT_TYPES else fp32_origin.get(node.input[0], "norm")
         fp32_origin[node.output[0]] = tag
     return NodeDecision(Mode.KEEP, reason="Cast keeps its target type")
+
+
+def _fp32_by_attribute(node: NodeProto, opset: Mapping[str, int]) -> bool:
+    """Whether an attribute of the node's schema that sets its output type (``dtype``, ``output_dtype``) is float32
+    on the node, or unset with a float32 default (``RandomNormal``, ``RandomUniform``)."""
+    schema = _schema(node, opset)
+    for name in ("dtype", "output_dtype"):
+        if schema is None or name not in schema.attributes:
+            continue
+        given = next((a.i for a in node.attribute if a.name == name), None)
+        default = schema.attributes[name].default_value
+        if (given if given is not None else default.i if default.HasField("i") else None) == FLOAT:
+            return True
+    return False
 
 
 def _schema_decision(node: NodeProto, schema: onnx.defs.OpSchema, types: Mapping[str, int], constants: set[str],
@@ -309,7 +327,9 @@ def _plugin_decision(node: NodeProto, types: Mapping[str, int], low: int) -> Nod
                      f"declare lora_a as float32, float16 or bfloat16")
 
 
-_WIDE = "reads a value beyond the fp16 range (a constant, or computed from one)"
+#: rule 8's reason (``trtforge quantize`` int4-wo, which quantizes no activation, does not apply it to projections)
+WIDE_REASON = "reads a value beyond the fp16 range (a constant, or computed from one)"
+_WIDE = WIDE_REASON
 
 
 def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str], wide: set[str],
@@ -329,8 +349,10 @@ def _constant_subgraph(node: NodeProto, constants: set[str], tiny: set[str], wid
 
 
 def _forced_fp32(node: NodeProto, types: Mapping[str, int], captured: set[str], wide: set[str],
-                 tiny: set[str]) -> str:
-    """Rules 7, 8 and 10: why the node must stay fp32 ("" when none applies)."""
+                 tiny: set[str], opset: Mapping[str, int]) -> str:
+    """Rules 2 (an attribute sets the output type), 7, 8 and 10: why the node must stay fp32 ("" when none applies)."""
+    if _fp32_by_attribute(node, opset):  # its attribute, not its inputs, makes the output float32
+        return "its dtype attribute makes it float32"
     if any(n in captured and types.get(n) == FLOAT for n in node.output):
         return "output read inside a subgraph (not converted)"
     if any(n in wide for n in node.input):

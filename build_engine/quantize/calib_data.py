@@ -124,6 +124,7 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
     ranges = {s.name: s for s in plan(model, seq_len=1)}
     counts: dict[str, int] = {}
     for name, arr in arrays.items():
+        arrays[name] = arr = _as_input_type(arr, ranges[name].dtype)
         bounded = graph_int_range(model, name) is not None  # only ranges the graph itself implies are enforced
         counts[name] = _check_array(path, inputs[name], arr, ranges[name], bounded)
     if len(set(counts.values())) > 1:
@@ -143,6 +144,17 @@ def load_npz(path: str | Path, model: ModelProto) -> CalibSet:
             sample[name] = np.zeros(*pools[name])
         samples.append(sample)
     return CalibSet(tuple(samples), f"file {path}: {n} samples")
+
+
+def _as_input_type(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """A bfloat16 / float8 array as the input's type: ``numpy.savez`` writes an ml_dtypes array as raw bytes (``|V2``,
+    ``|V1``), so a sample file for a bfloat16 input never read back as bfloat16 and was refused."""
+    if arr.dtype.kind != "V" or arr.dtype.names is not None or not ("float8" in dtype or dtype == "bfloat16"):
+        return arr
+    import ml_dtypes
+
+    want = np.dtype(getattr(ml_dtypes, dtype))
+    return arr.view(want) if want.itemsize == arr.dtype.itemsize else arr
 
 
 def _check_named_dims(path: str | Path, inputs: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
@@ -201,7 +213,8 @@ def _check_array(path: str | Path, vi: object, arr: np.ndarray, spec: FeedSpec, 
     for i, d in enumerate(dims):
         if d.HasField("dim_value") and one[i] != d.dim_value:
             raise InputError(f"{where} has shape {list(one)} per sample; dim {i} must be {d.dim_value}")
-    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+    low = "float8" in spec.dtype or spec.dtype == "bfloat16"  # ml_dtypes: not numpy floating types
+    if (np.issubdtype(arr.dtype, np.floating) or low) and not np.all(np.isfinite(arr.astype(np.float32))):
         raise InputError(f"{where} holds NaN or infinite values; calibration needs finite samples")
     if bounded and np.issubdtype(arr.dtype, np.integer):
         lo, hi = int(arr.min()), int(arr.max())

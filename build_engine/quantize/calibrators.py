@@ -27,7 +27,7 @@ from trtforge.plugins.lora.decompose import decompose
 
 from ..core.errors import InputError
 from ..core.graph import PROTO_LIMIT
-from ..verify.sessions import make_session
+from ..verify.sessions import make_session, ort_feed
 from .calib_data import Sample
 
 _MAX_ROWS = 512  # rows kept per tensor for AWQ's search: its cost is GRID x rows x in x out per projection
@@ -98,7 +98,7 @@ def _run(sess: Any, sample: Sample, outputs: Sequence[str]) -> list[np.ndarray]:
     quiet = ort.RunOptions()
     quiet.log_severity_level = 4  # fatal only: a failing kernel's own log line would precede our one-line error
     try:
-        return sess.run(list(outputs), dict(sample), quiet)
+        return sess.run(list(outputs), {k: ort_feed(v) for k, v in sample.items()}, quiet)
     except Exception as exc:  # onnxruntime reports bad feeds with its own exception types
         text = " ".join(str(exc).split())[:200]
         raise InputError(f"calibration: onnxruntime cannot run the model on a sample ({text}); check the calibration "
@@ -109,8 +109,28 @@ def collect(model: ModelProto, tensors: Sequence[str], samples: Sequence[Sample]
             seed: int = 0, data_dir: Path | None = None) -> dict[str, ActStats]:
     """``data_dir``: where the weights of a lazily loaded ``model`` still on disk are (onnxruntime reads them)."""
     tensors = list(dict.fromkeys(tensors))
-    with _runnable(_with_outputs(model, tensors), data_dir) as source:
-        return _collect(_session(source), tensors, samples, keep_rows, seed)
+    augmented = _with_outputs(model, tensors)
+    with _runnable(augmented, data_dir) as source:
+        try:
+            sess = _session(source)
+        except Exception as exc:  # onnxruntime's own exception types (Fail, InvalidGraph, ...)
+            raise _unloadable(decompose(model), exc) from exc
+        return _collect(sess, tensors, samples, keep_rows, seed)
+
+
+def _unloadable(model: ModelProto, exc: Exception) -> Exception:
+    """What to raise when onnxruntime cannot load the model to calibrate: an InputError when onnx's strict shape
+    inference rejects it too (its declared shapes or types disagree with its ops, as in the source: a Gemm whose B
+    does not fit A ended in 'internal error', exit 3), else ``exc`` itself (then the fault is trtforge's)."""
+    from ..core.shape_inference import infer_shapes
+
+    try:
+        infer_shapes(model, strict=True, check_type=True)
+    except Exception as bad:  # noqa: BLE001 -- any failure of onnx's inference is the model's
+        text = " ".join(str(bad).split())[:300]
+        return InputError(f"onnxruntime cannot load the model and onnx's strict shape inference rejects it ({text}); "
+                          "fix the export (its declared shapes or types disagree with its ops), then quantize it")
+    return exc
 
 
 def _collect(sess: Any, tensors: list[str], samples: Sequence[Sample], keep_rows: bool,

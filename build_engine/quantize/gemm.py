@@ -14,6 +14,10 @@ initializer ``B^T`` (``transB = 1``, shared by every Gemm of that B), then ``Add
 (unidirectional to ``[M, N]``) to the same ``[M, N]`` result. A float result of the lowered pair may differ from the
 Gemm's in the last bits (another kernel's summation order), so ``quantizer`` lowers only the Gemms it then
 quantizes; a Gemm that stays float is never touched. ``B`` is removed when no node reads it any more.
+
+A MatMul reading ``Transpose(W)`` of an initializer (``x @ W.T`` from an exporter without constant folding, a tied
+LM head ``h @ embed.T``) is given ``W^T`` as a new initializer the same way (``untranspose``), again only for the
+MatMuls ``quantizer`` then quantizes.
 """
 
 from __future__ import annotations
@@ -102,4 +106,66 @@ def lower(model: ModelProto, labels: Collection[str], data_dir: Path | None = No
     if len(keep) != len(g.initializer):
         del g.initializer[:]
         g.initializer.extend(keep)
+    return out
+
+
+def _flipped(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto],
+             fed: set[str]) -> str | None:
+    """The initializer W when ``node`` is a default-domain MatMul whose input B is ``Transpose(W)`` (perm [1, 0] or
+    none) of a 2-D float32 initializer that is not a graph input; else None."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    t = producers.get(node.input[1])
+    if t is None or t.op_type != "Transpose" or t.domain not in ("", "ai.onnx") or not t.input:
+        return None
+    w = inits.get(t.input[0])
+    perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), [1, 0])
+    if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or w.name in fed or perm != [1, 0]:
+        return None
+    return w.name
+
+
+def transposed_weights(model: ModelProto) -> set[str]:
+    """Labels of the top-level MatMuls whose weight is ``Transpose(W)`` of an initializer (an exporter's
+    ``x @ W.T`` without constant folding, a tied LM head ``h @ embed.T``): ``untranspose`` makes them projections."""
+    g = model.graph
+    producers = {o: n for n in g.node for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    fed = {vi.name for vi in g.input}
+    return {node_label(n, i) for i, n in enumerate(g.node) if _flipped(n, producers, inits, fed) is not None}
+
+
+def untranspose(model: ModelProto, labels: Collection[str], data_dir: Path | None = None,
+                trial: bool = False) -> ModelProto:
+    """A copy of ``model`` where each MatMul labelled ``labels`` (one ``transposed_weights`` found) reads ``W^T`` as
+    a new initializer (one per W) instead of ``Transpose(W)``; the Transpose stays for any other reader (the fold
+    after quantization removes it when none is left). The same values: the float product is the same. ``trial``:
+    for ``select`` only, which reads shapes and the set of values (ranges): ``W`` with its dims swapped stands in for
+    ``W^T`` (a weight still on disk stays a pointer into its file; a tied 1 GiB head is not transposed to decide that
+    it stays float)."""
+    if not labels:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    producers = {o: n for n in g.node for o in n.output}
+    inits = {t.name: t for t in g.initializer}
+    fed = {vi.name for vi in g.input}
+    fresh = Namer(out)
+    made: dict[str, str] = {}
+    for i, node in enumerate(g.node):
+        w = _flipped(node, producers, inits, fed) if node_label(node, i) in labels else None
+        if w is None:
+            continue
+        if w not in made:
+            made[w] = fresh(f"{w}_transposed")
+            if trial:
+                stand_in = g.initializer.add()
+                stand_in.CopyFrom(inits[w])
+                stand_in.name = made[w]
+                stand_in.dims[:] = list(reversed(inits[w].dims))
+            else:
+                g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(to_array(inits[w], data_dir).T),
+                                                             made[w]))
+        node.input[1] = made[w]
     return out

@@ -91,8 +91,6 @@ def quantize(model: ModelProto, cfg: QuantConfig, calib: CalibSet, data_dir: Pat
         model = fold(model).model  # exporters' Identity/Cast on weights hide projections (a tied LM head) from select
     model = _lift_weight_constants(model)
     model, sel = _select(model, cfg, data_dir)
-    if cfg.mode == "int4-wo":
-        sel = _whole_blocks(sel, cfg.block_size)
     if not sel.targets:
         reasons = "; ".join(f"{e.name}: {e.reason}" for e in sel.excluded[:3]) or "no MatMul with a float32 weight"
         raise InputError(f"nothing to quantize ({reasons}); check --exclude and the model")
@@ -159,20 +157,26 @@ def _lift_weight_constants(model: ModelProto) -> ModelProto:
 
 
 def _select(model: ModelProto, cfg: QuantConfig, data_dir: Path | None) -> tuple[ModelProto, Selection]:
-    """The model with the Gemms to quantize lowered to MatMul (+ Add), and its selection. Every Gemm that can be
-    lowered is, on trial; those the selection then leaves float are kept as Gemms (``gemm``: a lowered pair is not
-    bit-identical to the Gemm) and listed as excluded with the selection's reason, as is every Gemm that cannot be."""
-    found = gemm.candidates(model)
-    if not found:
-        return model, select(model, cfg.exclude, cfg.quantize_lm_head)
+    """The model with the Gemms to quantize lowered to MatMul (+ Add), the MatMuls to quantize that read
+    ``Transpose(W)`` of an initializer reading ``W^T`` (``gemm.untranspose``), and its selection. Every Gemm that can
+    be lowered is, on trial (and every such MatMul rewritten); those the selection then leaves float are kept as
+    they were (``gemm``: a lowered pair is not bit-identical to the Gemm) and listed as excluded with the
+    selection's reason, as is every Gemm that cannot be."""
+    found, flipped = gemm.candidates(model), gemm.transposed_weights(model)
+    if not found and not flipped:
+        return model, _chosen(select(model, cfg.exclude, cfg.quantize_lm_head, cfg.mode == "int4-wo"), cfg)
     lowerable = {label for label, why in found.items() if why is None}
-    trial = select(gemm.lower(model, lowerable, data_dir), cfg.exclude, cfg.quantize_lm_head)
-    wanted = {t.name for t in trial.targets} & lowerable
+    trial = _chosen(select(gemm.untranspose(gemm.lower(model, lowerable, data_dir), flipped, trial=True),
+                           cfg.exclude, cfg.quantize_lm_head, cfg.mode == "int4-wo"), cfg)
+    chosen = {t.name for t in trial.targets}
+    wanted, unflip = chosen & lowerable, chosen & flipped
     reasons = {label: why for label, why in found.items() if why is not None}
-    reasons.update({e.name: e.reason for e in trial.excluded if e.name in lowerable - wanted})
-    final = gemm.lower(model, wanted, data_dir)
-    sel = select(final, cfg.exclude, cfg.quantize_lm_head)
-    return final, Selection(sel.targets, sel.excluded + tuple(Excluded(k, v) for k, v in reasons.items()))
+    # a Gemm or Transpose-weight MatMul left as it is: the trial's reason (LM head, --exclude, policy)
+    reasons.update({e.name: e.reason for e in trial.excluded if e.name in (lowerable - wanted) | (flipped - unflip)})
+    final = gemm.untranspose(gemm.lower(model, wanted, data_dir), unflip, data_dir)
+    sel = _chosen(select(final, cfg.exclude, cfg.quantize_lm_head, cfg.mode == "int4-wo"), cfg)
+    kept = tuple(e for e in sel.excluded if e.name not in reasons)
+    return final, Selection(sel.targets, kept + tuple(Excluded(k, v) for k, v in reasons.items()))
 
 
 def block_for(in_features: int, wanted: int) -> int:
@@ -182,6 +186,12 @@ def block_for(in_features: int, wanted: int) -> int:
     while b >= MIN_BLOCK and in_features % b:
         b //= 2
     return b if b >= MIN_BLOCK else 0
+
+
+def _chosen(sel: Selection, cfg: QuantConfig) -> Selection:
+    """``sel`` less the projections the mode cannot quantize (int4: no whole block), decided on ``_select``'s trial
+    too, so a Gemm or Transpose-weight MatMul left float for that is left as it was (it was lowered all the same)."""
+    return _whole_blocks(sel, cfg.block_size) if cfg.mode == "int4-wo" else sel
 
 
 def _whole_blocks(sel: Selection, wanted: int) -> Selection:

@@ -3,8 +3,10 @@
 A candidate is a top-level ``MatMul`` whose second input is a 2-D float32 initializer (a projection weight
 ``[in, out]``; ``quantizer`` first turns a weight given by a ``Constant`` node into one) and whose first input is a
 runtime float32 tensor. ``Gemm`` nodes (a ``transB=1`` Linear exported with 2-D inputs) are not seen here: ``quantizer``
-lowers those it can to MatMul + Add first (``gemm``) and reports the others as excluded. A MatMul whose weight is
-computed at run time (e.g. ``Transpose`` of an initializer, when the fold leaves it) is not a projection here either;
+lowers those it can to MatMul + Add first (``gemm``) and reports the others as excluded; a MatMul reading
+``Transpose(W)`` of a 2-D float32 initializer (``x @ W.T``, a tied LM head) reads a ``W^T`` initializer once
+``quantizer`` has rewritten it (``gemm.untranspose``), for the MatMuls it then quantizes. A MatMul whose weight is
+computed at run time otherwise (another op of an initializer, when the fold leaves it) is not a projection here either;
 it, and a MatMul whose constant is its first input, 3-D or not float32, is reported as excluded with that reason.
 Activation x activation MatMuls (attention scores, probabilities x values) are never candidates (nor listed). A
 candidate stays float when:
@@ -12,7 +14,9 @@ candidate stays float when:
 1. the precision policy (``precision.convert.node_decisions``, the one ``trtforge precision`` uses) does not run it in
    the low type: it sits on a shape/index chain or position arithmetic, or consumes only fp32-kept values, or
    reads an activation computed from a constant beyond fp16's range (a mask sentinel would set its per-tensor
-   scale); its own weight beyond +-65504 does not keep it float (per-channel float32 scales store it);
+   scale; not for int4-wo, whose activations stay float); its own weight beyond +-65504 does not keep it float
+   (per-channel float32 scales store it), nor does an If/Loop/Scan body reading its output (Q/DQ keep every
+   output's type);
 2. it is the LM head, unless ``quantize_lm_head``: a MatMul from which a graph output is reached through
    data-movement ops and bias Adds only (a lowered Gemm's, or an Add of an initializer), where that output's declared
    last dim, when known, is the MatMul's out features (a ``v_proj`` reshaped into a ``present`` KV output is not a
@@ -51,7 +55,7 @@ from trtforge.plugins.lora import spec as lora_spec
 from ..core.errors import InputError
 from ..passes.protos import constant_node_tensor
 from ..precision.convert import node_decisions
-from ..precision.policy import Mode
+from ..precision.policy import WIDE_REASON, Mode
 
 # the bias Add of a lowered Gemm (``gemm.GEMM_BIAS_DOC``; defined here, which ``gemm`` imports, to avoid a cycle)
 GEMM_BIAS_DOC = "trtforge.quantize: the bias Add of a lowered Gemm"
@@ -178,12 +182,19 @@ def _not_a_projection(node: NodeProto, inits: dict[str, TensorProto], producers:
             name = TensorProto.DataType.Name(b.data_type).lower()
             return f"its weight {b.name!r} is {name}, not float32 (quantize the float32 source model)"
         return f"its weight {b.name!r} is {len(b.dims)}-D; only 2-D [in, out] weights are quantized"
-    src = producers.get(node.input[1])
-    if not a_const and b is None and src is not None and src.op_type in _DATA_MOVEMENT and src.input \
-            and (src.input[0] in inits or src.input[0] in consts):
-        return (f"its weight is computed at run time ({src.op_type} of {src.input[0]!r}); only initializer "
-                "weights are quantized")
+    first, src = (_moved_constant(producers.get(name), inits, consts) for name in node.input)
+    if not a_const and b is None and src is not None:
+        return (f"its weight is computed at run time ({src}); only initializer weights are quantized")
+    if first is not None and b is None and node.input[1] not in consts and src is None:  # Transpose(W) @ x
+        return f"its constant is the first input (W @ x, {first}); only x @ W with W [in, out] is quantized"
     return None
+
+
+def _moved_constant(p: NodeProto | None, inits: dict[str, TensorProto], consts: set[str]) -> str | None:
+    """``"Transpose of 'w'"`` when ``p`` is a data-movement op (Transpose, Reshape, ...) of a constant; else None."""
+    if p is None or p.op_type not in _DATA_MOVEMENT or not p.input or not (p.input[0] in inits or p.input[0] in consts):
+        return None
+    return f"{p.op_type} of {p.input[0]!r}"
 
 
 def _nested(model: ModelProto) -> list[Excluded]:
@@ -254,15 +265,18 @@ def source_labels(model: ModelProto) -> Iterator[None]:
             n.ClearField("name")  # onnx.proto is proto2: name = "" would still be serialised
 
 
-def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False) -> Selection:
+def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: bool = False,
+           weight_only: bool = False) -> Selection:
     """Targets and excluded candidates of ``model`` (see the module docstring). An ``exclude`` pattern that matches
-    no node name is an InputError (a typo would otherwise quantize what it meant to keep)."""
+    no node name is an InputError (a typo would otherwise quantize what it meant to keep). ``weight_only`` (int4-wo:
+    activations stay float): an activation beyond fp16's range does not keep a projection float."""
     _check_patterns(model, exclude)
     inits = {t.name: t for t in model.graph.initializer}
     fed = {vi.name for vi in model.graph.input}
     weights = frozenset(n.input[1] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
                         and n.input[1] in inits and n.input[0] not in inits)
-    decisions = node_decisions(model, "fp16", range_exempt=weights)  # stored with float32 scales
+    # weights: stored with float32 scales; a projection's output keeps its type, so an If/Loop body may read it
+    decisions = node_decisions(model, "fp16", range_exempt=weights, subgraph_reads=False)
     heads = _lm_heads(model)
     producers = {o: n for n in model.graph.node for o in n.output}
     consts = _float_constants(model.graph)
@@ -290,7 +304,7 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
             continue
         decision = decisions[i]
         pattern = _matches(label, exclude)
-        if decision.mode is not Mode.LOW:
+        if decision.mode is not Mode.LOW and not (weight_only and decision.reason == WIDE_REASON):
             excluded.append(Excluded(label, f"precision policy keeps it in float ({decision.reason})"))
         elif node.output[0] in heads and not quantize_lm_head:
             excluded.append(Excluded(label, "LM head (pass --quantize-lm-head to quantize it)"))

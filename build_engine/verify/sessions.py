@@ -60,3 +60,20 @@ def make_session(model: ModelProto | str, *, optimize: bool = False, threads: in
     source = model if isinstance(model, str) else model.SerializeToString()
     opts = session_options(optimize=optimize, threads=threads)
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
+def ort_feed(value: Any) -> Any:
+    """``value`` as onnxruntime's Python API takes it: a bfloat16 or float8 array (ml_dtypes, which numpy cannot
+    hand to onnxruntime: "Numpy_type 256 can't be converted") as an ``OrtValue`` of its ONNX type over the same
+    bytes; any other array as it is."""
+    import numpy as np
+
+    arr = np.asarray(value)
+    if arr.dtype.kind != "V" and "float8" not in arr.dtype.name:
+        return value
+    import onnxruntime as ort
+    from onnx import helper
+
+    onnx_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+    bits = np.ascontiguousarray(arr).view(np.dtype(f"u{arr.dtype.itemsize}"))
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx_type)
