@@ -38,6 +38,7 @@ from .compare import compare_arrays
 from .fold_feeds import control_pins, extreme_inputs, inline_functions, pinned, sizing_inputs, value_class_parts
 from .inputs import MAX_SHAPE_ELEMENTS, draw_feeds, graph_inputs, plan_feeds
 from .loops import MAX_LOOP_TRIPS, runnable_loops
+from .reference import evaluator_class
 from .sessions import make_session
 
 _LOW_PRECISION = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
@@ -108,10 +109,8 @@ def run_model(model: ModelProto, feeds: Mapping[str, np.ndarray], runtime: str,
     session (``sessions.make_session``: no graph rewrites, no weight pre-packing, one thread). ``path``: the same
     model's file, which onnxruntime then loads itself (with its external data), so a model over protobuf's 2 GiB
     limit is never serialised in memory."""
-    if runtime == "onnx.reference":
-        from onnx.reference import ReferenceEvaluator
-
-        return [_as_value(o) for o in ReferenceEvaluator(runnable_loops(model)).run(None, dict(feeds))]
+    if runtime == "onnx.reference":  # with GatherElements held to its spec (``reference``: no endless index wrap)
+        return [_as_value(o) for o in evaluator_class()(runnable_loops(model)).run(None, dict(feeds))]
     session = make_session(path if path is not None else runnable_loops(model))
     return [_as_value(o) for o in session.run(None, dict(feeds))]
 

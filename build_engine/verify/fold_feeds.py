@@ -241,11 +241,16 @@ def sizing_inputs(model: ModelProto) -> set[str]:
 def sizing_typical(feeds: dict[str, np.ndarray], sizing: set[str]) -> dict[str, np.ndarray]:
     """``feeds`` with each float sizing input (a Resize/Upsample scale) set to 1.0 or 2.0: a typical normal draw is
     negative or zero half the time, which every runtime refuses as a scale, so the check had no verdict
-    (onnxruntime's Upsample also refuses scales below 1, and ``onnx.reference``'s nearest Upsample fractional ones)."""
+    (onnxruntime's Upsample also refuses scales below 1, and ``onnx.reference``'s nearest Upsample fractional ones).
+    An integer sizing input's 0 becomes 1: onnxruntime divides by an STFT ``frame_step`` without testing it for 0, a
+    SIGFPE that killed the check (a fatal signal, no verdict), and a 0 size makes an empty tensor, nothing to
+    compare."""
     out = dict(feeds)
     for name in sizing & feeds.keys():
         a = feeds[name]
-        if a.dtype.kind not in "iub":  # float16/32/64 and ml_dtypes' bfloat16 / float8 carriers
+        if a.dtype.kind in "iu":
+            out[name] = np.where(a == 0, np.ones_like(a), a)
+        elif a.dtype.kind != "b":  # float16/32/64 and ml_dtypes' bfloat16 / float8 carriers
             out[name] = np.floor(1.0 + np.abs(a.astype(np.float32)) % 2.0).astype(a.dtype)
     return out
 

@@ -2,12 +2,12 @@
 
 Planning (``plan_feeds``, pure): which dtype, shape and value range each graph input gets. Dynamic dims take small
 sizes (first dim 2, others 4; dims sharing a ``dim_param`` share the size, across all models planned together)
-unless ``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather`` (through
-Cast/CastLike/Reshape/Squeeze/Unsqueeze/Flatten/Identity, as their first input) lie in ``[0, data.shape[axis])``
-(token ids below the vocabulary size of an embedding, its table read directly or through a Cast/CastLike/Identity:
-``Gather(Cast(w_fp16), ids)``), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other integers lie in ``[0, 7]``,
-and below the smallest embedding table's size when the model has one. Floats lie in ``[-1, 1]``. ``values`` pins an
-input to one constant.
+unless ``shapes`` overrides them. Integer inputs are bounded so they are valid: indices of a ``Gather`` or
+``GatherElements`` (through Cast/CastLike/Reshape/Squeeze/Unsqueeze/Flatten/Identity, as their first input) lie in
+``[0, data.shape[axis])`` (token ids below the vocabulary size of an embedding, its table read directly or through a
+Cast/CastLike/Identity: ``Gather(Cast(w_fp16), ids)``), and LoRA ``slot_ids`` lie in ``[-1, num_slots)``; other
+integers lie in ``[0, 7]``, and below the smallest embedding table's size when the model has one. Floats lie in
+``[-1, 1]``. ``values`` pins an input to one constant.
 
 Drawing (``draw``, one function for every dtype): values of a ``FeedSpec`` from a seeded NumPy generator. ``fold
 --check`` draws with it; ``diff`` hands the same plan to Polygraphy's seeded ``DataLoader``, so its inputs are the
@@ -139,7 +139,7 @@ def _int_range(model: Any, name: str) -> tuple[int, int] | None:
                 continue
             if node.op_type in _PASSTHROUGH and node.input[0] == value:
                 frontier.extend(node.output)
-            elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
+            elif node.op_type in ("Gather", "GatherElements") and len(node.input) > 1 and node.input[1] == value:
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                 shape = _static_shape(model, node.input[0])
                 if shape and shape[axis] > 0:
