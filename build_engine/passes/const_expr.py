@@ -64,8 +64,11 @@ class FoldConstantExpression(GraphPass):
         computable = ctx.pass_state.get(self.name)
         if not isinstance(computable, _Computable):
             computable = ctx.pass_state[self.name] = _Computable()
+        reach = _from_constants(ctx)
         for c in ctx.casts():
             src = c.inputs[0]
+            if src not in reach:
+                continue
             p = ctx.producer.get(src)  # the cheap tests first; the membership test looks further up the graph
             if (p is None or not p.alive or p.op not in EXACT_OPS or len(p.outputs) != 1 or c.to is None
                     or not computable.holds(ctx, src) or ctx.constant_tensor(src) is not None):
@@ -110,6 +113,30 @@ def constant_values(model: onnx.ModelProto, names: Iterable[str]) -> dict[str, n
         else:
             cone = _cone(ctx, p)
             out[name] = None if cone is None else _evaluate(ctx, cone, name)
+    return out
+
+
+def _from_constants(ctx: GraphCtx) -> set[str]:
+    """Every value a live default-domain ``EXACT_OPS`` node without subgraphs computes from constants and such values
+    only: found forward from the constants' readers, so a graph whose Casts read no constant expression costs only
+    its constants' readers, not a walk up from every Cast. A superset of ``_Computable.holds``'s answers (it leaves
+    out the node-order condition), used only to skip Casts that cannot qualify."""
+    out: set[str] = set()
+    const = {name for name in ctx.initializers if ctx.constant_tensor(name) is not None}
+    stack = [n for name in const for n in ctx.consumers(name)]
+    stack += [r for n in ctx.nodes if n.op == "Constant" and n.alive for o in n.outputs for r in ctx.consumers(o)]
+    seen: set[Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in seen or not (n.alive and n.op in EXACT_OPS and n.onnx_op and not n.free):
+            continue
+        if not all(not i or i in out or i in const or ctx.constant_tensor(i) is not None for i in n.inputs):
+            continue  # an input not (yet) known constant: the node comes back when that input's producer is found
+        seen.add(n)
+        for o in n.outputs:
+            if o:
+                out.add(o)
+                stack.extend(ctx.consumers(o))
     return out
 
 
