@@ -28,7 +28,7 @@ def _candidates(ctx: GraphCtx) -> Iterable[Node]:
     casts = ctx.casts()
     if not ctx.since:
         return casts
-    group = {r for c in casts for r in ctx.consumers(c.inputs[0]) if r.is_cast}
+    group = {r for i in {c.inputs[0] for c in casts} for r in ctx.consumers(i) if r.is_cast}
     return filter(ALIVE, sorted(group, key=ctx.position))  # a group member merged away on the walk is skipped
 
 

@@ -27,9 +27,9 @@ from onnx import GraphProto, NodeProto, TensorProto
 
 from ..core.graph import CONTROL_FLOW_OPS, free_names, rename_free, subgraphs
 from .commit import commit
-from .dirty import touch, touch_readers, touch_up
+from .dirty import touch, touch_input, touch_readers, touch_up
 from .dtypes import DATA_MOVEMENT
-from .node import ALIVE, Node, NodeList, Uses, add_use, drop_use, make_node, readers
+from .node import ALIVE, Node, NodeList, Uses, add_use, drop_use, input_positions, make_node, move_input, readers
 from .protos import constant_node_tensor, defined_names
 from .type_facts import infer_local, needs_inference, type_outputs
 
@@ -246,20 +246,20 @@ class GraphCtx:
     def set_input(self, node: Node, k: int, new: str) -> None:
         old = node.inputs[k]
         node.inputs[k] = new
+        move_input(node, k, old, new)
         node.dirty = True
         self.changed = True
         drop_use(self.uses, old, node)
         self._lost_reader(old)
         add_use(self.uses, new, node)
-        touch(self, node)
+        touch_input(self, node, new)
 
     def replace_uses(self, old: str, new: str) -> None:
         """Every read of ``old`` in this graph and its subgraphs now reads ``new``. ``old`` must not be an output."""
         assert old not in self.output_set, old
         for n in readers(self.uses, old):
-            for k, name in enumerate(n.inputs):
-                if name == old:
-                    self.set_input(n, k, new)
+            for k in input_positions(n, old):
+                self.set_input(n, k, new)
         for n in list(self.implicit.pop(old, {})):
             for g in subgraphs(n.proto):
                 rename_free(g, old, new)

@@ -10,6 +10,7 @@ value, kept small because a graph of light nodes costs mostly this (a 100k-node 
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -47,6 +48,7 @@ class Node:
     onnx_op: bool = False  # default domain (set by ``make_node``: read in every pass's inner loop)
     index: int = -1  # position in the view's node list (``GraphCtx.position``)
     touched: int = 0  # ``GraphCtx.clock`` when a rewrite last changed what a rule sees here (``dirty``)
+    positions: dict[str, list[int]] | None = None  # name -> where it is read, for a wide node (``input_positions``)
 
     @property
     def proto(self) -> NodeProto:
@@ -89,6 +91,34 @@ def _int_attr(p: NodeProto, name: str) -> int | None:
         if a.name == name:
             return None if a.ref_attr_name or a.type != AttributeProto.INT else a.i
     return None
+
+
+_WIDE = 32  # a node reading more values than this keeps the positions of its reads (``input_positions``)
+
+
+def input_positions(n: Node, name: str) -> list[int]:
+    """Where ``n`` reads ``name``, in order. A wide node (a Concat or Sum of thousands) keeps a map built once, so
+    rewiring all its reads one value at a time is linear, not quadratic, in its width (``move_input`` keeps it)."""
+    ins = n.inputs
+    if len(ins) <= _WIDE:
+        return [k for k, x in enumerate(ins) if x == name]
+    pm = n.positions
+    if pm is None:
+        pm = n.positions = {}
+        for k, x in enumerate(ins):
+            pm.setdefault(x, []).append(k)
+    return list(pm.get(name, ()))
+
+
+def move_input(n: Node, k: int, old: str, new: str) -> None:
+    """``n.inputs[k]`` went from ``old`` to ``new``: the wide node's map follows."""
+    pm = n.positions
+    if pm is not None:
+        ks = pm[old]
+        ks.remove(k)
+        if not ks:
+            del pm[old]
+        insort(pm.setdefault(new, []), k)
 
 
 # a value's explicit readers: the one node reading it once (the common case: no dict per value), or node -> reads

@@ -49,7 +49,7 @@ class SinkCastThroughDataMovement(GraphPass):
                 if chain is None:
                     continue
                 c2 = chain.pop()
-                if ctx.num_uses(y) > 1 and c2.to != t:
+                if c2.to != t and ctx.num_uses(y) > 1:
                     continue
                 if (c2.to != t and not dt.cast_defined(t, c2.to or 0)) or not self._schema_ok(ctx, chain, c2, t):
                     continue
@@ -59,7 +59,7 @@ class SinkCastThroughDataMovement(GraphPass):
                 ctx.rules[self.name] += 1
                 # the last Cast is now T -> T: removed at once, not a round later
                 count += 1 + remove_same_type_cast(ctx, c2, RemoveSameTypeCast.name)
-                break
+                # on to the Cast's other readers: each chain below it moves in this walk, not one per round
         return count
 
     @staticmethod

@@ -2,7 +2,8 @@
 
 - dead-node elimination revisits only nodes that lost a reader: same removals as a full reverse sweep after random
   rewiring, also on a graph that is not topologically sorted;
-- the constant-expression filter (decided on demand, kept for the view's life) equals one sweep in node order;
+- the constant-expression filter (decided on demand, kept for the view's life) equals one sweep in node order, and
+  the forward pre-filter from the constants' readers holds every value it accepts;
 - ``census`` walks equal ``core.graph.all_graphs`` (control flow at depth, custom-domain nodes, functions);
 - ``onnx_skeleton.skeleton_bytes`` is the skeleton's serialisation, with and without weights to stand in for.
 """
@@ -18,7 +19,7 @@ from onnx import helper as h
 from trtforge.build_engine.core import onnx_skeleton
 from trtforge.build_engine.core.graph import all_graphs, nested_indices
 from trtforge.build_engine.passes.census import graphs_under, op_histogram
-from trtforge.build_engine.passes.const_expr import EXACT_OPS, FoldConstantExpression, _Computable
+from trtforge.build_engine.passes.const_expr import EXACT_OPS, FoldConstantExpression, _Computable, _from_constants
 from trtforge.build_engine.passes.dead_nodes import RemoveDeadNodes
 from trtforge.build_engine.passes.ir import GraphCtx, Scope
 
@@ -99,6 +100,7 @@ def test_constant_expression_filter_equals_a_sweep(seed: int, shuffle: bool) -> 
     for k in order:
         name = names[k]
         assert c.holds(ctx, name) == (name in expected), name
+    assert expected <= _from_constants(ctx)  # the forward pre-filter never drops a value that qualifies
     assert FoldConstantExpression().rewrite(ctx) >= 0  # and the pass runs on the same view
 
 
@@ -199,3 +201,47 @@ def test_consumer_maps_equal_a_recount_and_protos_survive_commit(seed: int) -> N
     ctx.commit(g.node)
     assert [(n.proto.op_type, n.proto.input[:], n.proto.output[:]) for n in ctx.nodes] == survivors
     assert [(p.op_type, p.input[:], p.output[:]) for p in g.node] == survivors
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_node_positions_follow_every_rewire(seed: int) -> None:
+    """A node reading more values than ``node._WIDE`` keeps a name -> positions map (so rewiring all its reads is
+    linear in its width); after random ``replace_uses`` and ``set_input`` it gives what a scan of its inputs gives."""
+    from trtforge.build_engine.passes.node import input_positions
+
+    rng = np.random.default_rng(500 + seed)
+    names = [f"v{k}" for k in range(20)]
+    nodes = [h.make_node("Identity", ["x"], [v]) for v in names]
+    reads = [names[int(rng.integers(len(names)))] for _ in range(90)]
+    nodes.append(h.make_node("Sum", reads, ["y"]))
+    g = h.make_graph(nodes, "wide", [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    ctx = GraphCtx(g, g.node, ["x"], ["y"], Scope(21, {}))
+    wide = ctx.nodes[-1]
+    for _ in range(40):
+        old, new = (names[int(rng.integers(len(names)))] for _ in range(2))
+        if rng.random() < 0.5:
+            ctx.replace_uses(old, new)
+        elif old in wide.inputs:
+            ctx.set_input(wide, wide.inputs.index(old), new)
+        for v in names:
+            assert input_positions(wide, v) == [k for k, x in enumerate(wide.inputs) if x == v], v
+
+
+def test_every_chain_below_one_cast_sinks_in_one_walk() -> None:
+    """100 Reshape chains below Casts that duplicate-Cast merges into one: each chain's Cast is sunk and removed in
+    the same walk (one per round before: 64 rounds left 36 of them)."""
+    nodes = []
+    for k in range(100):
+        nodes += [h.make_node("Cast", ["x"], [f"a{k}"], to=T.DOUBLE), h.make_node("Reshape", [f"a{k}", "s"], [f"r{k}"]),
+                  h.make_node("Cast", [f"r{k}"], [f"b{k}"], to=T.FLOAT)]
+    nodes.append(h.make_node("Concat", [f"b{k}" for k in range(100)], ["y"], axis=0))
+    g = h.make_graph(nodes, "fan", [h.make_tensor_value_info("x", T.FLOAT, [1])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [100])],
+                     initializer=[onnx.numpy_helper.from_array(np.array([1], np.int64), "s")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    from trtforge.build_engine.passes import fold
+
+    res = fold(model)
+    assert sorted(set(n.op_type for n in res.model.graph.node)) == ["Concat", "Reshape"]
+    assert len(res.model.graph.node) == 101
