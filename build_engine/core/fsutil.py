@@ -60,6 +60,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
                 raise
             _commit(tmp, dest, stoppable=False)  # an output nested in this block is in place: so goes this one
             raise
+        staging.fault_point("file:block-done")
         _commit(tmp, dest, stoppable=not member.begun)
 
 

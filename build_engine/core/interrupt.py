@@ -97,12 +97,27 @@ def pending() -> int | None:
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-    """Hold signals until the block ends (then raise ``Interrupted``); for steps that must not stop half-way."""
-    _state["depth"] += 1
+    """Hold signals until the block ends (then raise ``Interrupted``); for steps that must not stop half-way.
+
+    A resource a block must remove (a staging folder, a lock file) is made inside ``deferred()`` *within* the
+    ``try`` whose ``finally`` removes it: made outside, a signal in the instant between its creation and the
+    ``try`` left it behind (a SIGTERM 20 ms into ``fold`` left ``.trtforge-staging``)."""
+    hold()
     try:
         yield
     finally:
         _state["depth"] -= 1
+    release(0)
+
+
+def hold() -> None:
+    """Start holding signals (as ``deferred()`` does) until the matching ``release()``."""
+    _state["depth"] += 1
+
+
+def release(levels: int = 1) -> None:
+    """End one ``hold()`` (``levels=0``: only raise): raise ``Interrupted`` if a signal came and nothing holds now."""
+    _state["depth"] = max(0, _state["depth"] - levels)
     if _state["depth"] == 0 and _state["rfd"] is not None and pending() is not None:
         raise Interrupted(int(_state["signum"]))
 

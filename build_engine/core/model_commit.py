@@ -54,8 +54,9 @@ def claimed_by_other(folder: Path, data_name: str, mine: Path | None = None) -> 
     return any(base / n != mine and _held(base / n) for n in names if n.startswith(_key(data_name) + _CLAIM))
 
 
-def _claim(base: Path, data_name: str) -> tuple[Path, int]:
-    """A claim file for ``data_name``, locked before its name appears (so a free visible claim is a dead run's)."""
+def _claim(base: Path, data_name: str, claims: list[tuple[Path, int]]) -> Path:
+    """A claim file for ``data_name``, locked before its name appears (so a free visible claim is a dead run's),
+    appended to ``claims`` in the same step as it is made (call inside ``interrupt.deferred()``)."""
     import fcntl
 
     key = _key(data_name)
@@ -67,9 +68,12 @@ def _claim(base: Path, data_name: str) -> tuple[Path, int]:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         except FileNotFoundError:
             continue
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        claims.append((tmp, fd))
+        staging.fault_point("claim:opened")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file of this run's: at once
         os.rename(tmp, claim)
-        return claim, fd
+        claims[-1] = (claim, fd)
+        return claim
     raise FileNotFoundError(2, "another process keeps removing it", str(base))
 
 
@@ -79,21 +83,24 @@ def claim_data_name(folder: Path, model_name: str) -> Iterator[str]:
     claims (``NAME.data`` when free, else ``NAME.<8 hex>.data``), claimed until the block ends."""
     base = folder / staging.STAGING
     name = f"{model_name}.data"
-    while True:
-        if not os.path.lexists(folder / name) and not claimed_by_other(folder, name):
-            try:
-                claim, fd = _claim(base, name)
-            except OSError as exc:  # as staging_dir says it (a read-only folder, one without flock)
-                raise InputError(f"{folder}: cannot write there ({exc.strerror or exc}); choose an output folder "
-                                 "you can write to") from exc
-            if not claimed_by_other(folder, name, claim):  # no one claimed it at the same moment
-                break
-            _release(base, claim, fd)
-        name = f"{model_name}.{secrets.token_hex(4)}.data"
+    claims: list[tuple[Path, int]] = []
     try:
+        with interrupt.deferred():  # each claim made and recorded in one step, inside the try that removes it
+            while True:
+                if not os.path.lexists(folder / name) and not claimed_by_other(folder, name):
+                    try:
+                        claim = _claim(base, name, claims)
+                    except OSError as exc:  # as staging_dir says it (a read-only folder, one without flock)
+                        raise InputError(f"{folder}: cannot write there ({exc.strerror or exc}); choose an output "
+                                         "folder you can write to") from exc
+                    if not claimed_by_other(folder, name, claim):  # no one claimed it at the same moment
+                        break
+                    _release(base, *claims.pop())
+                name = f"{model_name}.{secrets.token_hex(4)}.data"
         yield name
     finally:
-        _release(base, claim, fd)
+        while claims:
+            _release(base, *claims.pop())
 
 
 def _release(base: Path, claim: Path, fd: int) -> None:

@@ -72,21 +72,38 @@ class Member:
 _OPEN: list[Member] = []
 
 
+# Whether signals are held until the outermost open group block ends (``committed``).
+_HOLDING = [False]
+
+
 @contextlib.contextmanager
 def group_member() -> Iterator[Member]:
     """Outputs whose writing blocks are nested (``fold --report``'s report around its model, ``diff --save``'s three
     files, ``simulate --json`` around ``--plot``) are one group: once one of them is renamed into place
     (``committed``), a signal or an error raised after that rename no longer stops the others (they were staged
-    complete before the first rename), so the group ends all new, never the new model beside the old report."""
+    complete before the first rename), so the group ends all new, never the new model beside the old report.
+
+    From that rename until the outermost block ends, signals are held (``interrupt.hold``) and raised after it: a
+    signal in the instant between the inner block's end and the outer commit's start skipped that commit."""
+    from . import interrupt
+
     member = Member()
     _OPEN.append(member)
     try:
         yield member
     finally:
         _OPEN.remove(member)
+        if not _OPEN and _HOLDING[0]:
+            _HOLDING[0] = False
+            interrupt.release()
 
 
 def committed() -> None:
     """An output has just been renamed into place: every output block still open around it commits as well."""
+    from . import interrupt
+
     for member in _OPEN:
         member.begun = True
+    if _OPEN and not _HOLDING[0]:
+        _HOLDING[0] = True
+        interrupt.hold()

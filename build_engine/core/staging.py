@@ -165,9 +165,11 @@ def _new_entry(base: Path, label: str) -> Path:
     for _ in range(100):
         base.mkdir(exist_ok=True)
         try:
-            return Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
+            entry = Path(tempfile.mkdtemp(prefix=f"{label[:80]}.{os.getpid()}.", dir=base))
         except FileNotFoundError:
             continue
+        fault_point("staging:entry-made")
+        return entry
     raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
 
 
@@ -178,6 +180,7 @@ def _locked_lock(entry: Path) -> int:
 
     tmp = entry / f"{_LOCK}.{os.getpid()}"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    fault_point("staging:lock-opened")
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(tmp, entry / _LOCK)
     return fd
@@ -192,25 +195,32 @@ def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[
 
     sweep(root)
     base = root / STAGING
+    made: list[Path] = []
+    fds: list[int] = []
     try:
-        entry = _new_entry(base, label)
-        fd = _locked_lock(entry)
-    except OSError as exc:
-        if os.path.lexists(base) and not base.is_dir():  # was 'cannot write there (File exists)', naming no file
-            raise InputError(f"{base} is in the way: trtforge stages its outputs in a folder by that name, and it is "
-                             "a file or a broken link; remove it") from exc
-        raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you can "
-                         "write to") from exc
-    try:
-        yield entry
-    except OSError as exc:
-        if exc.errno in oserrors.DISK_FULL:
-            raise oserrors.disk_full(output or root / label, entry, exc) from exc
-        raise
+        with interrupt.deferred():  # made and recorded in one step, inside the try that removes them
+            try:
+                made.append(_new_entry(base, label))
+                fds.append(_locked_lock(made[0]))
+            except OSError as exc:
+                if os.path.lexists(base) and not base.is_dir():  # was 'cannot write there (File exists)'
+                    raise InputError(f"{base} is in the way: trtforge stages its outputs in a folder by that name, "
+                                     "and it is a file or a broken link; remove it") from exc
+                raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you "
+                                 "can write to") from exc
+        entry = made[0]
+        try:
+            yield entry
+        except OSError as exc:
+            if exc.errno in oserrors.DISK_FULL:
+                raise oserrors.disk_full(output or root / label, entry, exc) from exc
+            raise
     finally:
         with interrupt.deferred():  # a second Ctrl-C (or a SIGTERM after it) must not stop the clean-up half-way
-            shutil.rmtree(entry, ignore_errors=True)
-            os.close(fd)
+            for folder in made:
+                shutil.rmtree(folder, ignore_errors=True)
+            for fd in fds:
+                os.close(fd)
             with contextlib.suppress(OSError):
                 base.rmdir()
 
@@ -228,29 +238,54 @@ def group_lock(output: Path) -> Iterator[None]:
     key = hashlib.sha256(os.fsencode(os.path.realpath(parent) + os.sep + output.name)).hexdigest()[:24]
     base = parent / STAGING
     lock = base / f"{key}.group"
-    for _ in range(1000):
-        base.mkdir(exist_ok=True)
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
-        except FileNotFoundError:  # base removed (empty) by another run in between
-            continue
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the holder removed that file as we waited: take the lock anew
-    else:
-        raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
+    fds: list[int] = []
     try:
+        for _ in range(1000):
+            base.mkdir(exist_ok=True)
+            try:
+                with interrupt.deferred():  # opened and recorded in one step, inside the try that removes it
+                    fds.append(os.open(lock, os.O_CREAT | os.O_RDWR, 0o600))
+                    fault_point("group:opened")
+            except FileNotFoundError:  # base removed (empty) by another run in between
+                continue
+            fcntl.flock(fds[-1], fcntl.LOCK_EX)  # a wait a signal may end
+            if _is_file_of(fds[-1], lock):
+                break
+            with interrupt.deferred():
+                os.close(fds.pop())  # the holder removed that file as we waited: take the lock anew
+        else:
+            raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
         yield
     finally:
         with interrupt.deferred():  # as staging_dir's clean-up
-            lock.unlink(missing_ok=True)
-            os.close(fd)
+            for fd in fds:
+                _drop_group_lock(fd, lock)
             with contextlib.suppress(OSError):
                 base.rmdir()  # only when empty
+
+
+def _is_file_of(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the file now at ``path``."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _drop_group_lock(fd: int, lock: Path) -> None:
+    """Remove ``lock`` if ``fd`` holds it (or can take it at once: a run stopped before its ``flock`` returned, on a
+    file no one else holds) and it is still the file at that path; then close ``fd``. A lock another run holds is
+    left to that run."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+    else:
+        if _is_file_of(fd, lock):
+            lock.unlink(missing_ok=True)
+    os.close(fd)
 
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
