@@ -144,7 +144,7 @@ class Hardware:
     fp16_tflops: float = _key(_number)
     bf16_tflops: float = _key(_number)
     fp8_tflops: float | None = _key(_number, missing=None)
-    sm_count: int = _key(_int(1))
+    sm_count: int = _key(_int(1, MAX_DIM))  # TensorRT takes 32-bit counts: a larger one was a TypeError
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class Precision:
 class BuilderSettings:
     optimization_level: int = _key(_int(0, 5))
     workspace_mb: int = _key(_int(1, MAX_WORKSPACE_MB))
-    aux_streams: int = _key(_int(0), missing=0)
+    aux_streams: int = _key(_int(0, MAX_DIM), missing=0)
 
 
 @dataclass(frozen=True)
@@ -288,18 +288,33 @@ class _Reader:
             raise self.fail(key, f"must be an integer, got {_show(value)}")
         if value < low or (high is not None and value > high):
             allowed = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise self.fail(key, f"value {value} out of range; allowed: an integer {allowed}")
+            raise self.fail(key, f"value {_digits(value)} out of range; allowed: an integer {allowed}")
         return value
 
     def positive(self, value: Any, key: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(key, f"must be a number, got {_show(value)}")
+        if isinstance(value, int) and value > MAX_NUMBER:  # float() of a 400-digit integer raised OverflowError
+            raise self.fail(key, f"value {_digits(value)} not allowed; must be a finite number > 0 and at most 1e300")
         if not value > 0 or value != value or value == float("inf"):
             raise self.fail(key, f"value {value} not allowed; must be a finite number > 0")
         return float(value)
 
 
+#: The largest number a profile's float key takes (a larger integer has no float).
+MAX_NUMBER = 10**300
+
+
+def _digits(value: int) -> str:
+    """An integer as written, or its length when it is long (str() of one of over 4300 digits raises)."""
+    if abs(value) < 10**30:
+        return str(value)
+    return f"{'-' if value < 0 else ''}<an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits>"
+
+
 def _show(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"int {_digits(value)}"
     return f"{type(value).__name__} {value!r}"
 
 

@@ -32,6 +32,21 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}; see '{self.prog} --help'")
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """As argparse's, but a failed write is raised, not ignored: ``trtforge fold --help > /dev/full`` (or into a
+        closed pipe) exited 0 having written nothing."""
+        if message:
+            try:
+                (file or sys.stderr).write(message)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise StdoutError(exc.errno, exc.strerror) from exc
+
+
+class StdoutError(OSError):
+    """Help or usage text could not be written (stdout on a full disk): the console entry says so, exit 2."""
+
 
 _PROGRESS_HELP = (f"show on stderr each step that took {SHOW_AFTER:g} s or more, with its time, even when stderr is "
                   "not a terminal (on a terminal this is on, and a spinner names every step while it runs)")
@@ -94,7 +109,7 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
             traceback.print_exc()
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
-    except BrokenPipeError:  # the reader of stdout left (| head): not an error of the command
+    except (BrokenPipeError, StdoutError):  # the reader of stdout left (| head), or stdout is full: main says so
         raise
     except KeyboardInterrupt as exc:  # core.interrupt.Interrupted (SIGINT 130, SIGTERM 143) or a plain Ctrl-C
         name = getattr(exc, "signum", None)

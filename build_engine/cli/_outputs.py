@@ -25,6 +25,9 @@ def check_outputs(*named: Named, inputs: Sequence[Named] = (), folders: Sequence
     ``folders``: output folders replaced as a whole. No output may be, contain or be inside an input, or name the
     same file as another output, or be a device/FIFO/socket."""
     paths.check(inputs=inputs, files=named, folders=folders)
+    for label, folder in folders:
+        if folder:
+            fsutil.check_output_folder(folder, label)
     for _, path in named:
         if path:
             fsutil.check_output_file(path)

@@ -34,12 +34,13 @@ def build_parser() -> ArgumentParser:
 
 
 def _run(args: Any) -> int:
-    from ..core import paths
     from ..engine.builder import build_engine
-    from ._outputs import if_exists
+    from ._outputs import check_outputs, if_exists
 
-    # -o is replaced as a whole (with --force): it must not be or hold the model, its data or the profile.
-    paths.check(inputs=[("IN.onnx", args.input), ("--profile", if_exists(args.profile))], folders=[("-o", args.output)])
+    # -o is replaced as a whole (with --force): it must not be or hold the model, its data or the profile, and a
+    # rename must be able to replace it (not '.', not a mount point).
+    check_outputs(inputs=[("IN.onnx", args.input), ("--profile", if_exists(args.profile))],
+                  folders=[("-o", args.output)])
     from ..engine.shapes import parse_dims
 
     dims = parse_dims(args.dim)

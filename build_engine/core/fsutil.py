@@ -123,6 +123,20 @@ def staged_json(path: str | os.PathLike[str] | None, obj: Any,
             yield
 
 
+def check_output_folder(path: str | os.PathLike[str], label: str | None = None) -> None:
+    """An output folder replaced as a whole must be one a rename can replace: not ``.`` / ``..`` (renaming a name
+    the kernel resolves that way is EBUSY / EINVAL) and not a mount point (EBUSY): both were exit 3 after the whole
+    build, and ``--force`` cannot help. InputError naming the fix."""
+    dest = Path(path)
+    what = f"{label} {path}" if label else str(path)
+    if dest.name in ("", ".", ".."):
+        raise InputError(f"{what}: names the folder as '.' or '..', which cannot be replaced as a whole; give the "
+                         "output folder a name of its own (e.g. -o engine)")
+    if os.path.ismount(dest):
+        raise InputError(f"{what} is a mount point, which cannot be replaced as a whole; give a folder inside it "
+                         f"(e.g. {os.path.join(path, 'engine')})")
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
                staging_root: str | os.PathLike[str] | None = None) -> Iterator[Path]:
@@ -131,6 +145,7 @@ def atomic_dir(path: str | os.PathLike[str], *, force: bool = False,
     old tree deleted). ``staging_root`` must be on ``path``'s filesystem and is where no consumer scans (a Triton
     repository's parent, not the repository)."""
     dest = Path(path)
+    check_output_folder(dest)
     _check_parent(dest)
     parent = dest.parent if str(dest.parent) else Path(".")
     root = Path(staging_root) if staging_root is not None else parent

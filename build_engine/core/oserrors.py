@@ -27,6 +27,7 @@ _FIXES: dict[int, str] = {
     errno.EMFILE: "too many open files; raise the limit (ulimit -n) and run it again",
     errno.ENFILE: "too many open files on the system; close some programs and run it again",
     errno.EIO: "the device reported an I/O error; check the disk (dmesg) or choose another one",
+    errno.EBUSY: "device or resource busy (a mount point, or a file another program holds); choose another path",
 }
 
 

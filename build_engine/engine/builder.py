@@ -134,7 +134,7 @@ def build_engine(onnx_path: str | Path, profile: Profile | str, out_dir: str | P
     timings = timings if timings is not None else BuildTimings()
     with _Timer(timings, "load"):
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
-        out = Path(out_dir)
+        fsutil.check_output_folder(out := Path(out_dir))  # before the build: '.' / a mount point cannot be replaced
         if out.exists() and not force:
             raise InputError(f"{out} already exists; pass --force to replace it or choose another output folder")
         chosen = select_backend(backend, prof.hardware.compute_capability)

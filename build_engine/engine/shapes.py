@@ -234,7 +234,7 @@ def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
     malformed one."""
     out: dict[str, Range] = {}
     for item in items:
-        name, _, spec = item.partition("=")
+        name, _, spec = item.rpartition("=")  # a dim_param may hold '=' itself (ONNX allows any string)
         parts = spec.split(":")
         digits = all(x.strip().isascii() and x.strip().isdigit() for x in parts)
         if not name or name in out or len(parts) != 3 or not digits:

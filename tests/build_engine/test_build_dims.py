@@ -14,12 +14,12 @@ from onnx import helper as h
 from trtforge_testing import assert_one_line_error
 
 
-def _patches(path: Path) -> Path:
-    """x [batch, patches, 8] and mask [batch, patches] -> y [batch, 8] (masked sum over the patches)."""
+def _patches(path: Path, dim: str = "patches") -> Path:
+    """x [batch, DIM, 8] and mask [batch, DIM] -> y [batch, 8] (masked sum over the patches)."""
     nodes = [h.make_node("Cast", ["mask"], ["mf"], to=T.FLOAT), h.make_node("Unsqueeze", ["mf", "axis"], ["m3"]),
              h.make_node("Mul", ["x", "m3"], ["xm"]), h.make_node("ReduceSum", ["xm", "one"], ["y"], keepdims=0)]
-    graph = h.make_graph(nodes, "patches", [h.make_tensor_value_info("x", T.FLOAT, ["batch", "patches", 8]),
-                                            h.make_tensor_value_info("mask", T.BOOL, ["batch", "patches"])],
+    graph = h.make_graph(nodes, "patches", [h.make_tensor_value_info("x", T.FLOAT, ["batch", dim, 8]),
+                                            h.make_tensor_value_info("mask", T.BOOL, ["batch", dim])],
                          [h.make_tensor_value_info("y", T.FLOAT, ["batch", 8])],
                          [h.make_tensor("axis", T.INT64, [1], [2]), h.make_tensor("one", T.INT64, [1], [1])])
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
@@ -65,6 +65,18 @@ def test_bad_dim_override_is_exit_2(cli, tmp_path: Path, dim: str, why: str) -> 
     res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", dim)
     assert_one_line_error(res, 2, "--dim", why)
     assert not (tmp_path / "e").exists()
+
+
+def test_a_dim_name_holding_equals_signs(cli, tmp_path: Path) -> None:
+    """ONNX allows any string as a dim_param: for one named 'n=patches' the suggested ``--dim n=patches=MIN:OPT:MAX``
+    was refused ('expected NAME=MIN:OPT:MAX'), so the model could not be built at all."""
+    src = _patches(tmp_path / "p.onnx", dim="n=patches")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress")
+    assert_one_line_error(res, 2, "--dim n=patches=MIN:OPT:MAX")
+    res = cli("build", src, "--profile", "a10", "-o", tmp_path / "e", "--no-progress", "--dim", "n=patches=2:4:8")
+    assert res.code == 0, res.err
+    x = next(i for i in json.loads((tmp_path / "e" / "manifest.json").read_text())["inputs"] if i["name"] == "x")
+    assert [p["max"][1] for p in x["profiles"]] == [8, 8]
 
 
 def test_a_dim_may_start_at_zero(cli, tmp_path: Path) -> None:

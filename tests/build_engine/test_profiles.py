@@ -236,3 +236,21 @@ def test_lora_tiles_are_the_plugins() -> None:
     assert LORA_TILES == TILE_CHOICES
     for name in ("a10", "a100", "h100", "l40s"):
         assert load_profile(name).lora.tile in TILE_CHOICES
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("sm_count", "1" + "0" * 400, "between 1 and 2147483647"),  # builder: a pybind TypeError (exit 3)
+    ("sm_count", "2147483648", "between 1 and 2147483647"),
+    ("aux_streams", "2147483648", "between 0 and 2147483647"),  # config.max_aux_streams: TypeError (exit 3)
+    ("memory_gb", "1" + "0" * 400, "at most 1e300"),  # float(): OverflowError (exit 3)
+    ("memory_gb", "1" + "0" * 5000, "integer too long to read"),  # tomllib: int() digit limit (exit 3)
+])
+def test_huge_numbers_are_exit_2(tmp_path: Path, cli, key: str, value: str, needle: str) -> None:
+    text = _builtin_text("a100")
+    assert re.search(rf"^{key} = \S+", text, re.M), key
+    path = _write(tmp_path, re.sub(rf"^{key} = \S+", f"{key} = {value}", text, count=1, flags=re.M))
+    with pytest.raises(ProfileError, match=re.escape(needle)):
+        load_profile(str(path))
+    res = cli("kv-plan", "--profile", path, "--model", "llama-3.1-8b")
+    assert_one_line_error(res, 2, str(path), needle)
+    assert len(res.err) < 400, res.err

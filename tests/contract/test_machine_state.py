@@ -235,8 +235,9 @@ def test_output_encoding_that_cannot_spell_the_path(tmp_path: Path) -> None:
     assert b"\\xf6.onnx: 1 -> 1 nodes" in proc.stdout and (tmp_path / "ö.onnx").stat().st_size > 0
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b"]],
-                         ids=["version", "kv-plan"])
+@pytest.mark.parametrize("argv", [["--version"], ["kv-plan", "--profile", "a100", "--model", "llama-3.1-8b"],
+                                  ["fold", "--help"], ["lora", "inject", "--help"], ["--help"]],
+                         ids=["version", "kv-plan", "fold-help", "lora-inject-help", "help"])
 def test_stdout_on_a_full_disk(argv: list[str]) -> None:
     """stdout redirected to a full disk (/dev/full): --version's print escaped as a traceback (exit 1), a command's
     as 'internal error' (exit 3)."""
@@ -247,6 +248,22 @@ def test_stdout_on_a_full_disk(argv: list[str]) -> None:
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "stdout" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["fold", "--help"], ["lora", "inject", "--help"], ["--help"], ["--version"]],
+                         ids=["fold-help", "lora-inject-help", "help", "version"])
+def test_stdout_a_closed_pipe(argv: list[str]) -> None:
+    """Help into a pipe whose reader has left: 141 and no message, as a Unix tool killed by SIGPIPE (a sub-command's
+    help exited 0 having written nothing: argparse ignores a failed write)."""
+    import os
+
+    rfd, wfd = os.pipe()
+    os.close(rfd)
+    try:
+        proc = subprocess.run([EXE, *argv], stdout=wfd, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(wfd)
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
 
 
 def test_stderr_on_a_full_disk(tmp_path: Path) -> None:
