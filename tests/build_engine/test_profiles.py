@@ -89,7 +89,7 @@ def test_unknown_key_names_nearest(tmp_path: Path, cli, old: str, new: str, need
     ("memory_fraction = 0.9", "memory_fraction = 1.5", ["kv.memory_fraction", "1.5", "(0, 1]"]),
     ("memory_fraction = 0.9", "memory_fraction = 0", ["kv.memory_fraction", "(0, 1]"]),
     ("optimization_level = 3", "optimization_level = 7", ["builder.optimization_level", "7", "between 0 and 5"]),
-    ("aux_streams = 0", "aux_streams = -1", ["builder.aux_streams", "-1", ">= 0"]),
+    ("aux_streams = 0", "aux_streams = -1", ["builder.aux_streams", "-1", "between 0 and 2147483647"]),
     ("min = 1, opt = 4, max = 8", "min = 1, opt = 16, max = 8", ["shapes[0].batch", "opt=16", "min <= opt <= max"]),
     ('compute_capability = "8.6"', "compute_capability = 8.6", ["hardware.compute_capability", "string"]),
     ("tile = 32", "tile = 48", ["lora.tile", "48", "32, 64, 128, 256"]),
