@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 # name -> (module under trtforge.build_engine.cli, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fold": ("fold", "exact Cast/Identity folding (never changes an output bit)"),
+    "fold": ("fold", "exact Cast/Identity folding (never changes an output bit but a NaN's payload)"),
     "precision": ("precision", "convert a model to fp16/bf16, keeping sensitive ops in fp32, then fold"),
     "quantize": ("quantize", "quantize to int8 (SmoothQuant W8A8), int4 weight-only (AWQ) or fp8 as explicit Q/DQ"),
     "lora": ("lora", "inject / decompose LoRAOpPluginDynamic nodes; pack PEFT adapters into slot pools"),

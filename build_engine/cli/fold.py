@@ -16,7 +16,10 @@ from ._outputs import check_outputs
 
 
 def build_parser() -> ArgumentParser:
-    p = make_parser("trtforge fold", "Exact folding, never changing an output bit. It turns a CastLike whose "
+    p = make_parser("trtforge fold", "Exact folding, never changing an output bit (a NaN stays a NaN of its sign; "
+                                     "its payload and quiet bit, where runtimes differ themselves, may change: a "
+                                     "removed float16 -> float32 -> float16 round trip no longer quiets a "
+                                     "signalling NaN). It turns a CastLike whose "
                                      "target's type is known into the Cast it denotes, then removes: "
                                      "Cast and Identity nodes that are no-ops or exact round trips, shortens exact "
                                      "Cast chains (also across data-movement ops: Reshape, Transpose, Gather, "
@@ -39,7 +42,9 @@ def build_parser() -> ArgumentParser:
                    help="run both models on the same seeded inputs (typical values, then every value class of each "
                         "dtype: +-0, +-inf, NaN, extremes, subnormals, precision edges; Loop bodies run, If "
                         "conditions both ways) with onnx.reference, or onnxruntime with optimizations off where "
-                        "onnx.reference cannot run the model; fail (exit 1) unless every output is bit-identical; "
+                        "onnx.reference cannot run the model (or calls function overloads, which onnx.reference "
+                        "does not tell apart); fail (exit 1) unless every output is bit-identical (a NaN matching a "
+                        "NaN of the same sign); "
                         "exit 2 'could not check this model' naming the op when neither runtime runs it (or naming "
                         "the input that is not a tensor or has over 2**28 elements, or the Loop with a constant "
                         "trip count over 10,000), and when the original's own outputs differ between two runs on "
