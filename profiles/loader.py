@@ -91,6 +91,9 @@ def _parse_bytes(raw: bytes, source: str, default_name: str) -> Profile:
         raise ProfileError(f"profile {source}: not UTF-8 text; save it as UTF-8 TOML") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"profile {source}: invalid TOML: {exc}; fix the syntax") from exc
+    except RecursionError as exc:
+        raise ProfileError(f"profile {source}: not readable TOML (arrays or tables nested too deeply); write a "
+                           "profile of plain keys (see 'trtforge profiles a100')") from exc
     except ValueError as exc:  # Python's int() limit: an integer of over 4300 digits
         raise ProfileError(f"profile {source}: holds an integer too long to read ({exc.args[0].split(':')[0]}); "
                            "write a smaller number") from exc

@@ -129,7 +129,22 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
     except Exception as exc:  # a bug in trtforge or a library: one line unless --debug
         if debug:
             traceback.print_exc()
+        loop = _symlink_loop(exc)
+        if loop is not None:
+            print(f"error: {loop}: too many levels of symbolic links; fix the link or give the real path",
+                  file=sys.stderr)
+            return 2
         return _internal(exc)
+
+
+def _symlink_loop(exc: BaseException) -> str | None:
+    """The path of pathlib's ``RuntimeError('Symlink loop from PATH')`` (``Path.resolve()`` before Python 3.13, which
+    raises OSError ELOOP instead): a link loop the user gave (``ln -s L L; trtforge build-matrix L``), not a bug."""
+    text = str(exc)
+    prefix = "Symlink loop from "
+    if type(exc) is RuntimeError and text.startswith(prefix):
+        return text[len(prefix):].strip("'")
+    return None
 
 
 def _internal(exc: BaseException) -> int:

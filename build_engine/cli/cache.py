@@ -56,6 +56,9 @@ def _read_request(where: str) -> Any:
         return json.loads(text.removeprefix("\ufeff"))  # a leading BOM (Windows editors) is not JSON's error
     except ValueError as exc:
         raise InputError(f"{where}: not valid JSON ({exc}); give one JSON object") from exc
+    except RecursionError as exc:
+        raise InputError(f"{where}: not readable JSON (nested too deeply); give one JSON object of plain fields") \
+            from exc
 
 
 def _client(given: str) -> Any:

@@ -34,9 +34,11 @@ def build_parser() -> ArgumentParser:
                                    "(rank of the input: one sample; rank + 1: samples stacked on axis 0; LoRA slot "
                                    "ids and adapter pools may be left out: no adapter); default: generated from the "
                                    "model")
-    p.add_argument("--calib-size", type=int, default=16, help="samples to generate without --calib (default 16)")
+    p.add_argument("--calib-size", type=int, default=16,
+                   help="samples to generate without --calib (default 16; 1 to 4096)")
     p.add_argument("--calib-seq", type=int, default=32,
-                   help="sequence length of generated samples (default 32)")
+                   help="sequence length of generated samples (default 32; 1 to 131072, and at most 2**20 tokens "
+                        "with --calib-size)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated samples and AWQ row sampling (default 0)")
     p.add_argument("--exclude", default="", help="comma-separated node-name patterns kept in float (fnmatch globs; "
                                                  "a pattern without *?[ matches as a substring whose numbers match "

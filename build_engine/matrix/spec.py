@@ -227,6 +227,9 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
         return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"matrix file {path}: invalid TOML: {exc}; fix the syntax") from exc
+    except RecursionError as exc:
+        raise InputError(f"matrix file {path}: not readable TOML (arrays or tables nested too deeply); fix the "
+                         "file") from exc
     except ValueError as exc:  # Python's int() limit: an integer of over 4300 digits
         raise InputError(f"matrix file {path}: holds an integer too long to read ({exc.args[0].split(':')[0]}); "
                          "write a smaller number") from exc

@@ -20,6 +20,13 @@ MIN_IR = {"int8": 7, "fp8": 9, "int4-wo": 10}
 MIN_BLOCK = 16  # the smallest int4 block a projection is given (``quantizer.block_for``)
 
 
+#: Bounds of generated calibration data: ``--calib-size 10**8`` grew to gigabytes and never ended, ``--calib-seq
+#: 10**9`` was a MemoryError (exit 3).
+MAX_CALIB_SIZE = 4096
+MAX_CALIB_SEQ = 131072
+MAX_CALIB_TOKENS = 2**20
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """``alpha``: SmoothQuant migration strength (int8); ``block_size``: INT4 block along the input dim;
@@ -50,9 +57,14 @@ class QuantConfig:
         if self.block_size < MIN_BLOCK or self.block_size & (self.block_size - 1):
             raise InputError(f"--block-size {self.block_size}: use a power of two >= {MIN_BLOCK} (default 128; "
                              f"smaller int4 blocks are never used, see --help)")
-        if self.calib_size < 1:
-            raise InputError(f"--calib-size {self.calib_size}: need at least one calibration sample")
-        if self.seq_len < 1:
-            raise InputError(f"--calib-seq {self.seq_len}: need a sequence length >= 1")
+        if not 1 <= self.calib_size <= MAX_CALIB_SIZE:
+            raise InputError(f"--calib-size {self.calib_size}: give a whole number from 1 to {MAX_CALIB_SIZE} "
+                             "(generated calibration samples; for more, pass your own with --calib)")
+        if not 1 <= self.seq_len <= MAX_CALIB_SEQ:
+            raise InputError(f"--calib-seq {self.seq_len}: give a whole number from 1 to {MAX_CALIB_SEQ}")
+        if self.calib_size * self.seq_len > MAX_CALIB_TOKENS:  # each sample is held in memory and run in onnxruntime
+            raise InputError(f"--calib-size {self.calib_size} x --calib-seq {self.seq_len}: at most "
+                             f"{MAX_CALIB_TOKENS:,} generated tokens in all (e.g. 512 x 2048); lower either, or pass "
+                             "samples with --calib")
         if any(not p.strip() for p in self.exclude):
             raise InputError("--exclude has an empty pattern; give comma-separated node-name patterns")

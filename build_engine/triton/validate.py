@@ -40,6 +40,9 @@ class Problem:
         return f"{source}:{self.line}: {self.reason}" if self.line else f"{source}: {self.reason}"
 
 
+_MAX_REASON = 300  # characters of a parse error kept in the one line that reports it
+
+
 def parse_config(text: str) -> tuple[Any, list[Problem]]:
     """Parse with tritonclient's ModelConfig; unknown fields are rejected. Returns (proto or None, problems)."""
     from google.protobuf import text_format  # lazy
@@ -51,8 +54,10 @@ def parse_config(text: str) -> tuple[Any, list[Problem]]:
     except text_format.ParseError as exc:
         line = exc.GetLine() or 0
         msg = str(exc)
-        msg = re.sub(r"^\d+:\d+ : ", "", msg)
-        return None, [Problem(line, " ".join(msg.split()))]
+        msg = " ".join(re.sub(r"^\d+:\d+ : ", "", msg).split())
+        if len(msg) > _MAX_REASON:  # protobuf quotes the whole offending token: a 100 kB line was echoed in full
+            msg = msg[:_MAX_REASON - 25] + f"... ({len(msg):,} characters)"
+        return None, [Problem(line, msg)]
     return proto, []
 
 

@@ -350,7 +350,8 @@ def inject(model: ModelProto, targets: Sequence[str], max_rank: int, slots: int,
     new_nodes: dict[int, NodeProto] = {}
     pools: dict[str, Site] = {}  # module path -> its first site: a module applied twice shares one pool
     for site in sites:
-        fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features, tile or spec.DEFAULT_TILE)
+        fields = spec.LoraFields(max_rank, slots, site.in_features, site.out_features,
+                                 spec.DEFAULT_TILE if tile is None else tile)
         a, b, sc = (spec.input_name(k, site.path) for k in ("lora_a", "lora_b", "lora_scales"))
         first = pools.setdefault(site.path, site)
         if first is not site:
