@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -190,8 +191,16 @@ class Entry:
                 value = base64.b64decode(value, validate=True)
             except (binascii.Error, TypeError) as exc:
                 raise ValueError("binary value is not base64") from exc
-        entry = Entry(digest=d["d"], value=value, created=float(d["c"]), expires=float(d["e"]),
+        entry = Entry(digest=d["d"], value=value, created=_time(d["c"]), expires=_time(d["e"]),
                       version=str(d["ver"]), scope=str(d["s"]), text=str(d["t"]), meta=dict(d["m"]))
         if entry.digest != digest:
             raise ValueError("entry stored under another key")
         return entry
+
+
+def _time(value: Any) -> float:
+    """A stored time: a finite JSON number. ``float()`` also took the strings "inf" and "nan": an entry written so
+    was served and never expired."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"a time that is not a finite number: {value!r}")
+    return float(value)

@@ -18,7 +18,8 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
   beside ``tool_calls``) are keyed as canonical JSON |
 | ``prompt`` | instead of ``messages``: the same text normalisation; a completions request (a raw prompt, no chat
   template), so never the key of a chat request whose user message holds the same text |
-| ``temperature``, ``top_p`` | rounded to 2 decimals; absent = 1.0 |
+| ``temperature``, ``top_p`` | exact, as float64 (``-0.0`` = ``0.0``); absent = 1.0 (rounding them to 2 decimals
+  gave a seeded greedy request the key of a seeded one at 0.004, which samples) |
 | ``top_k``, ``max_tokens``, ``seed`` | integers, exact; absent = null |
 | ``stop`` | a string or list of strings, sorted and deduplicated |
 | ``response_format``, ``tools`` | canonical JSON (sorted keys) |
@@ -45,11 +46,10 @@ Scope (what a semantic L3 hit may not cross): model, adapter, conversation, task
 field except the final user message (system messages, the other turns read, every generation setting): two
 requests share a scope only when they differ in nothing but the final user message's text.
 
-Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` exactly 0 as sent, not
-as rounded for the key: 0.004 samples; or ``top_k`` 1) or carries a ``seed``; a sampled request without a seed is not
-cached unless the policy's ``cache_sampled`` is on. A
-request whose system and final user messages hold over ``MAX_TEXT`` (2**20) characters is not cacheable either (it
-is answered by the scheduler, never refused).
+Cacheability: a request is reproducible, and so cacheable, when it is greedy (``temperature`` exactly 0: 0.004
+samples; or ``top_k`` 1) or carries a ``seed``; a sampled request without a seed is not cached unless
+the policy's ``cache_sampled`` is on. A request whose system and final user messages hold over ``MAX_TEXT`` (2**20)
+characters is not cacheable either (it is answered by the scheduler, never refused).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from typing import Any, NamedTuple
 
 from trtforge.build_engine.core.errors import InputError
 
-KEY_VERSION = 1
+KEY_VERSION = 2  # 2: temperature and top_p exact (1 rounded them to 2 decimals)
 # The fields read by name (normalised as the table above says); every other field but TRANSPORT's is keyed exactly.
 _SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", "prompt", "temperature", "top_p",
              "top_k", "max_tokens", "seed", "stop", "response_format", "tools"}
@@ -132,21 +132,21 @@ def _number(req: dict[str, Any], name: str, default: float | None, integer: bool
     if value is None:
         return None
     if type(value) is int and -(1 << 53) < value < (1 << 53):  # the common case, same result as the checks below
-        return value if integer else round(float(value), 2)
+        return value if integer else float(value) + 0.0
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
         raise InputError(f"request: field {name!r} must be a finite number, got {value!r}")
     if isinstance(value, int):  # beyond 2**53: exact as an integer; float() of a huge one would overflow
         if integer and -(1 << 63) <= value < (1 << 63):
             return value
         if not integer and abs(value) <= _FLOAT_MAX:
-            return round(float(value), 2)
+            return float(value) + 0.0
         raise InputError(f"request: field {name!r} is out of range ({'a 64-bit integer' if integer else 'a float'}), "
                          f"got {str(value)[:40]}")
     if integer:
         if float(value) != int(value):
             raise InputError(f"request: field {name!r} must be an integer, got {value!r}")
         return int(value)
-    return round(float(value), 2)
+    return float(value) + 0.0
 
 
 @functools.lru_cache(maxsize=2048)
@@ -282,7 +282,7 @@ def _compute_key(req: Any, cache_sampled: bool) -> CacheKey:
     except UnicodeEncodeError as exc:  # JSON's "\ud800" escape parses to a str that is not valid Unicode
         raise InputError("request: a text holds an unpaired surrogate (a lone \\ud800-\\udfff escape); send valid "
                          "Unicode") from exc
-    # the request's own temperature, not the key's rounding: 0.004 samples (it is keyed as 0.0, and not greedy)
+    # greedy only at exactly 0 (0.004 samples)
     greedy = req.get("temperature", 1.0) == 0 or c["top_k"] == 1
     # Over MAX_TEXT characters: not cached (looked up nowhere, stored nowhere), but served: it was an InputError,
     # so ``serve`` failed a request the scheduler could answer.

@@ -14,10 +14,16 @@ the query's is never served, however similar: texts differing only in an id, an 
 ("-20 degrees"), a comparison ("> 100") or an operation are near-duplicates to an n-gram embedding (customer 1043 and
 1044: 0.95) but not the same question. Likewise a candidate whose negations differ (``not``,
 ``no``, ``never``, ``without``, ``n't``..., in order): "drinks with alcohol" and "drinks without alcohol" are 0.9
-apart by n-grams and opposite questions. Similarities are float32 inner products: one within ``SIM_TOLERANCE``
-(1e-5) below the threshold reaches it, so an identical text always reaches a threshold of 1.0. An embedding of
-another size than ``l3_dim`` (or with a non-finite value) is an InputError naming ``l3_dim``, first checked when the
-tier is created. One entry per digest: a re-stored (refreshed) answer replaces the old one. Expired entries are
+apart by n-grams and opposite questions; a word negated by an affix ("safe" / "unsafe", "legal" / "illegal",
+"harmful" / "harmless"); and the guarded words (``GUARDED_WORDS``: opposites such as maximum / minimum, plus / minus,
+ascending / descending, and units such as mg / g, Celsius / Fahrenheit, in order, so "Celsius to Fahrenheit" is not
+"Fahrenheit to Celsius"). What no word list catches stays a near-duplicate to n-grams and is served: another proper
+noun one letter away ("Austria" / "Australia") or another word that is no typo; with the default embedding, turn L3
+on only where such a pair shares its answer, or plug an embedding that tells them apart. Similarities are float32
+inner products: one within ``SIM_TOLERANCE`` (1e-5) below the threshold reaches it, so an identical text always
+reaches a threshold of 1.0. An embedding of another size than ``l3_dim`` (or with a non-finite value) is an
+InputError naming ``l3_dim``, first checked when the tier is created. One entry per digest: a re-stored (refreshed)
+answer replaces the old one. Expired entries are
 swept out of the index as entries are added (amortised: after max(1024, half the entries) adds) and every other
 version's on an invalidation; the HNSW index, which cannot remove vectors, is rebuilt from the vectors kept.
 
@@ -114,9 +120,68 @@ def _negations(text: str) -> list[str]:
     return out
 
 
+#: Words one near-duplicate swaps for another to ask the opposite or another amount: opposites of direction, size
+#: and order, and units (a dose of 10 mg or 10 g; Celsius to Fahrenheit or back). Compared like numbers: the same
+#: ones, in the same order.
+GUARDED_WORDS = frozenset({
+    "max", "maximum", "min", "minimum", "plus", "minus", "ascending", "descending", "increase", "decrease",
+    "increasing", "decreasing", "above", "below", "over", "under", "more", "less", "fewer", "most", "least", "higher",
+    "lower", "highest", "lowest", "larger", "smaller", "largest", "smallest", "bigger", "biggest", "greater",
+    "greatest", "longer", "shorter", "longest", "shortest", "faster", "slower", "before", "after", "earlier", "later",
+    "first", "last", "true", "false", "yes", "left", "right", "up", "down", "upper", "inside", "outside", "in", "out",
+    "on", "off", "open", "close", "closed", "enable", "disable", "enabled", "disabled", "allow", "deny", "allowed",
+    "denied", "accept", "reject", "include", "exclude", "add", "remove", "import", "export", "upload", "download",
+    "input", "output", "buy", "sell", "win", "lose", "start", "stop", "encrypt", "decrypt", "encode", "decode",
+    "north", "south", "east", "west", "from", "to", "into", "between", "and", "or", "same", "different",
+    "mg", "g", "kg", "mcg", "ug", "µg", "ml", "l", "mm", "cm", "m", "km", "ft", "mi", "lb", "lbs", "oz",
+    "celsius", "fahrenheit", "kelvin", "c", "f", "k", "ms", "s", "sec", "h", "hr", "second", "seconds",
+    "minute", "minutes", "hour", "hours", "day", "days", "week", "weeks", "month", "months", "year", "years", "b",
+    "kb", "mb", "gb", "tb", "kib", "mib", "gib", "tib", "bit", "bits", "byte", "bytes", "usd", "eur", "gbp",
+    "dollars", "euros", "pounds", "percent",
+})
+#: Prefixes (and suffix pairs) that negate a word: "safe" / "unsafe", "legal" / "illegal", "edible" / "inedible".
+_NEGATING_PREFIXES = ("un", "in", "im", "il", "ir", "non", "dis", "a", "anti", "mis", "de")
+_SUFFIX_PAIRS = (("less", "ful"), ("less", ""))
+
+
+def _guard_form(word: str) -> str | None:
+    """``word`` (lower-case) as the guard compares it: a guarded word without a possessive or plural s ("month's",
+    "months" and "month" alike: a dropped apostrophe is a typo), None when it is not guarded."""
+    w = word.removesuffix("'s").removesuffix("\u2019s")
+    if len(w) > 3 and w.endswith("s") and w[:-1] in GUARDED_WORDS:
+        w = w[:-1]
+    return w if w in GUARDED_WORDS else None
+
+
+def _guarded(text: str) -> list[str]:
+    """The ``GUARDED_WORDS`` of a text (``_guard_form``), in order."""
+    return [g for g in map(_guard_form, _WORD.findall(text.lower())) if g is not None]
+
+
+def _affix_negated(a: str, b: str) -> bool:
+    """Whether one word is the other negated by a prefix or a -less / -ful suffix ("safe" / "unsafe")."""
+    for x, y in ((a, b), (b, a)):
+        if len(y) >= 3 and any(x == p + y or x == p + "-" + y for p in _NEGATING_PREFIXES):
+            return True
+        for neg, pos in _SUFFIX_PAIRS:
+            stem = x[: -len(neg)]
+            if x.endswith(neg) and len(stem) >= 3 and (y == stem + pos or (pos == "" and y == stem)):
+                return True
+    return False
+
+
+def _negated_words(candidate: str, query: str) -> bool:
+    """Whether a word of one text is a word of the other negated by an affix (a word both hold does not count)."""
+    a, b = set(_WORD.findall(candidate.lower())), set(_WORD.findall(query.lower()))
+    only_a, only_b = a - b, b - a
+    return any(_affix_negated(x, y) for x in only_a for y in only_b)
+
+
 def _same_question(candidate: str, query: str) -> bool:
-    """Near-duplicates that may share an answer: the same numbers and the same negations, in order."""
-    return _numbers(candidate) == _numbers(query) and _negations(candidate) == _negations(query)
+    """Near-duplicates that may share an answer: the same numbers, negations (words and affixes) and guarded words
+    (``GUARDED_WORDS``: opposites and units), in order."""
+    return (_numbers(candidate) == _numbers(query) and _negations(candidate) == _negations(query)
+            and _guarded(candidate) == _guarded(query) and not _negated_words(candidate, query))
 
 
 def ngram_embedding(dim: int = 256) -> Embedding:

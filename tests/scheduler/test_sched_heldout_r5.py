@@ -144,8 +144,8 @@ def test_a_system_message_after_the_question_is_keyed_where_it_stands() -> None:
     assert key(sys_, q) != key(q, sys_)
     assert key(sys_, earlier, asst, q) != key(earlier, asst, sys_, q) != key(earlier, sys_, asst, q)
     assert key(sys_, q, conversation_id="c") != key(q, sys_, conversation_id="c")
-    # a leading system prompt: the same key as before the change (pinned)
-    assert key(sys_, q) == "f959ad1a897fc2771c30b2079f2bcbf0a922a16ae9681922c6916c17f70899ca"
+    # a leading system prompt: pinned (key version 2: temperature and top_p exact)
+    assert key(sys_, q) == "63faa0b28830f7e6a77b37144e570e7d833b22c8e6321cf414c018c9326093dd"
 
 
 @pytest.mark.parametrize("path", ["/l", "/cache", "/1/2"])

@@ -31,7 +31,7 @@ def _with(**changes: object) -> dict:
     _with(messages=[{"role": "system", "content": "You are terse."},
                     {"role": "user", "content": "Ｗhat is the capital of France?"}]),  # fullwidth W (NFKC)
     _with(id="req-9", request_id="x", stream=True, user="alice", metadata={"trace": 1}, debug=True),
-    _with(temperature=0.001),  # rounds to 0.00
+    _with(temperature=-0.0),  # the same number (key version 2 keys temperature exactly; 0.001 was rounded to 0)
     _with(messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": "Hello"},
                     {"role": "user", "content": "What is the capital of France?"}]),  # earlier turns: conversation id
