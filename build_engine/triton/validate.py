@@ -167,6 +167,11 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 at = _line_of(text, r"\bdata_type\b", _offset_of_line(text, line)) or line
                 out.append(Problem(at, f"{kind} {t.name!r}: data_type {dtype} cannot be bound to a TensorRT engine; "
                                        "use the manifest's type"))
+            if kind == "input" and t.is_shape_tensor:  # tritonserver: "incorrectly specified as a shape tensor"
+                at = _line_of(text, r"\bis_shape_tensor\b", _offset_of_line(text, line)) or line
+                out.append(Problem(at, f"input {t.name!r}: is_shape_tensor is true, but trtforge engines take no "
+                                       "shape tensors (build refuses them) and tritonserver refuses the model; "
+                                       "remove is_shape_tensor"))
             shape_problem = _shape_problem(t, batching=skip == 1)
             if shape_problem:
                 out.append(Problem(line, f"{kind} {t.name!r}: {shape_problem}"))
@@ -192,11 +197,13 @@ def _tensor_rules(proto: Any, text: str, manifest: Manifest | None) -> list[Prob
                 field = "reshape" if t.HasField("reshape") else "dims"
                 out.append(Problem(dl, f"{kind} {t.name!r}: {field} {_engine_dims(t)} do not match the engine's "
                                        f"{want_dims} {what}"))
-        if manifest is not None and kind == "input":
+        if manifest is not None:
             missing = [n for n in expected if n not in seen]
             if missing:
-                out.append(Problem(_line_of(text, r"^\s*input\b"),
-                                   f"engine input(s) {missing} missing from the config; Triton must bind every input"))
+                why = ("Triton must bind every input" if kind == "input" else
+                       "a client cannot ask for an output the config does not list")
+                out.append(Problem(_line_of(text, rf"^\s*{kind}\b"),
+                                   f"engine {kind}(s) {missing} missing from the config; {why}"))
     return out
 
 

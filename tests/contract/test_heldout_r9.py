@@ -93,3 +93,27 @@ def test_triton_check_shortens_a_long_bad_line(cli, tmp_path: Path) -> None:
     res = cli("triton", "--check", repo / "m")
     assert res.code == 1 and "config.pbtxt" in res.err and "Traceback" not in res.err, res.err
     assert len(res.err) < 1000, len(res.err)
+
+
+@pytest.mark.parametrize("edit", ["shape-tensor", "no-output"])
+def test_triton_check_catches_configs_tritonserver_refuses(cli, tmp_path: Path, edit: str) -> None:
+    """An input marked ``is_shape_tensor`` (tritonserver's TensorRT backend: "incorrectly specified as a shape
+    tensor") and a config without the engine's output passed ``triton --check``."""
+    pytest.importorskip("tensorrt_rtx")
+    eng, repo = tmp_path / "eng", tmp_path / "repo"
+    assert cli("build", tiny_model(tmp_path / "m.onnx"), "--profile", "a100", "-o", eng, "--no-progress").code == 0
+    assert cli("triton", eng, "--repo", repo, "--name", "m", "--no-warmup").code == 0
+    cfg = repo / "m" / "config.pbtxt"
+    text = cfg.read_text()
+    if edit == "shape-tensor":
+        i = text.index("input {")
+        j = text.index("}", i)
+        text = text[:j] + "  is_shape_tensor: true\n" + text[j:]
+        needle = "is_shape_tensor"
+    else:
+        i = text.index("output {")
+        text = text[:i] + text[text.index("}\n", i) + 2:]
+        needle = "missing from the config"
+    cfg.write_text(text)
+    res = cli("triton", "--check", repo / "m")
+    assert res.code == 1 and needle in res.err, res.err
