@@ -244,8 +244,12 @@ def install_with(py_executor: Any, states: Any, rm_type: Any, *, policy: str = "
     host = contract.capacity_host(request_scheduler)
     old = getattr(host, "capacity_scheduler", None)
     max_req = max_num_requests or contract.max_num_requests(py_executor, old)
+    max_seq_len = getattr(py_executor, "max_seq_len", None)
+    if not max_seq_len:
+        log.warning("the executor gives no max_seq_len: prompts up to 131072 tokens are admitted; set the engine's "
+                    "max_seq_len so that longer ones are rejected as prompt-too-long")
     cfg = SchedulerConfig(num_blocks=int(kv.get_max_resource_count()), tokens_per_block=int(kv.tokens_per_block),
-                          policy=policy, max_seq_len=int(getattr(py_executor, "max_seq_len", None) or 131072),
+                          policy=policy, max_seq_len=int(max_seq_len or 131072),
                           token_budget=max(8192, max_req), max_running=max_req,
                           lora_slots=max_req if lora_slots is None else lora_slots,
                           skip_window=skip_window, max_skips=max_skips)

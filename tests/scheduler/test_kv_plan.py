@@ -49,6 +49,11 @@ def test_hf_config_and_head_dim_default(tmp_path) -> None:
     path.write_text(json.dumps(cfg))
     spec = load_model_spec(str(path))
     assert spec.head_dim == 64 and spec.num_kv_heads == 2
+    # no max_position_embeddings: the 131072-token context assumed is said (it was silent), and a given one is used
+    assert "no max_position_embeddings" in spec.unmodeled and spec.max_seq_len == 131072
+    path.write_text(json.dumps({**cfg, "max_position_embeddings": 2048}))
+    given = load_model_spec(str(path))
+    assert given.max_seq_len == 2048 and "max_position_embeddings" not in given.unmodeled
     assert spec.kv_bytes_per_token("fp16") == 2 * 4 * 2 * 64 * 2
     per_layer = 512 * 8 * 64 * 2 + 512 * 2 * 64 * 2 + 3 * 512 * 1376 + 2 * 512
     assert spec.num_params == 4 * per_layer + 1000 * 512 + 512
@@ -89,3 +94,15 @@ def test_cli_does_not_fit(cli, tmp_path) -> None:
     assert res.code == 0, res.err
     res = cli("kv-plan", "--profile", "nope", "--model", "llama-3.1-8b")
     assert_one_line_error(res, 2)
+
+
+@pytest.mark.parametrize(("key", "value"), [("hidden_size", float("nan")), ("hidden_size", 0.5),
+                                            ("num_attention_heads", "8")])
+def test_a_head_dim_that_cannot_be_derived_names_its_key(tmp_path, key: str, value: object) -> None:
+    """hidden_size NaN said 'head_dim must be a positive integer, got 0' and named no key of the config."""
+    cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512, "intermediate_size": 1376,
+           "vocab_size": 1000, "max_position_embeddings": 2048, key: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=f"{key} must be a positive integer"):
+        load_model_spec(str(path))
