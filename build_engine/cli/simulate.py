@@ -21,7 +21,8 @@ _REDIS_POOL = 32  # the L2 client's smallest pool (scheduler/cache/entry.py refu
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge simulate", "replay a trace (Azure CSV, Mooncake JSONL or synthetic) against the "
                                          "scheduler with a roofline step-time model of the profile's GPU")
-    p.add_argument("--trace", required=True, help="Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N'")
+    p.add_argument("--trace", required=True, help="Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N' "
+                                                  "(N from 1 to 200,000 requests, digits only)")
     p.add_argument("--profile", required=True, help="GPU profile (a10, a100, l40s, h100) or a .toml path")
     p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
     p.add_argument("--policy", required=True, choices=POLICY_NAMES,

@@ -106,3 +106,14 @@ def test_a_head_dim_that_cannot_be_derived_names_its_key(tmp_path, key: str, val
     path.write_text(json.dumps(cfg))
     with pytest.raises(InputError, match=f"{key} must be a positive integer"):
         load_model_spec(str(path))
+
+
+@pytest.mark.parametrize("spec", ["synthetic: 5", "synthetic:1_0", "synthetic:+5", "synthetic:200001",
+                                  "synthetic:" + "9" * 5000, "synthetic:0"])
+def test_synthetic_trace_sizes_are_digits_within_the_limit(spec: str) -> None:
+    """' 5' and '1_0' passed int(); 1,000,000 requests (the old limit) passed 7.8 GB without finishing."""
+    from trtforge.scheduler.sim.traces import load_trace
+
+    with pytest.raises(InputError, match="synthetic:N|from 1 to 200,000"):
+        load_trace(spec)
+    assert len(load_trace("synthetic:0003")) == 3
