@@ -233,6 +233,14 @@ def _run(args: Namespace) -> int:
     from ..core.jsonout import dumps
 
     shown = res.summary.to_json()  # a percentile of no requests (NaN) is null there: no value, as --json says
+    if res.summary.unserved:  # a policy that never evicts can leave the queue blocked for good: say so, not only count
+        from ..core.log import logger
+
+        first = ", ".join(res.summary.stuck_ids[:3])
+        logger("simulate").warning(f"{res.summary.unserved} of {res.summary.requests} request(s) were still queued or "
+                                   f"running when the trace ended (unserved; first: {first})" +
+                                   ("; this policy never evicts: its queue blocks behind a request that does not "
+                                    "fit" if "no-evict" in args.policy else ""))
     print(dumps({**{k: shown[k] for k in keys},
                  **({"response_cache": cache_summary} if cache_summary else {})}, indent=1))
     return 0

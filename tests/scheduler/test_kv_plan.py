@@ -117,3 +117,20 @@ def test_synthetic_trace_sizes_are_digits_within_the_limit(spec: str) -> None:
     with pytest.raises(InputError, match="synthetic:N|from 1 to 200,000"):
         load_trace(spec)
     assert len(load_trace("synthetic:0003")) == 3
+
+
+def test_unserved_requests_are_said_on_stderr(cli, tmp_path) -> None:
+    """trtllm-1.2-no-evict behind a request that never fits: exit 0, 0 of 3 completed and nothing on stderr."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5000, "output_length": 100}\n'
+                     '{"timestamp": 10, "input_length": 100, "output_length": 5}\n'
+                     '{"timestamp": 20, "input_length": 3000, "output_length": 2000}\n')
+    res = cli("simulate", "--trace", trace, "--profile", "h100", "--model", "llama-3.1-8b", "--policy",
+              "trtllm-1.2-no-evict", "--kv-scale", "0.01")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["unserved"] == 3
+    lines = [ln for ln in res.err.splitlines() if "unserved" in ln]
+    assert len(lines) == 1 and "3 of 3" in lines[0] and "never evicts" in lines[0], res.err
+    ok = cli("simulate", "--trace", "synthetic:20", "--profile", "h100", "--model", "llama-3.1-8b", "--policy",
+             "cache-aware")
+    assert ok.code == 0 and "unserved;" not in ok.err, ok.err
