@@ -86,15 +86,23 @@ def load_profile(name_or_path: str, *, bare_file: bool = True) -> Profile:
 
 def _parse_bytes(raw: bytes, source: str, default_name: str) -> Profile:
     try:
-        data = tomllib.loads(raw.decode("utf-8-sig"))  # -sig: a leading BOM (Windows editors) is skipped
+        text = raw.decode("utf-8-sig")  # -sig: a leading BOM (Windows editors) is skipped
     except UnicodeDecodeError as exc:
         raise ProfileError(f"profile {source}: not UTF-8 text; save it as UTF-8 TOML") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"profile {source}: invalid TOML: {exc}; fix the syntax") from exc
-    except RecursionError as exc:
-        raise ProfileError(f"profile {source}: not readable TOML (arrays or tables nested too deeply); write a "
-                           "profile of plain keys (see 'trtforge profiles a100')") from exc
-    except ValueError as exc:  # Python's int() limit: an integer of over 4300 digits
-        raise ProfileError(f"profile {source}: holds an integer too long to read ({exc.args[0].split(':')[0]}); "
-                           "write a smaller number") from exc
+    data = read_toml(text, f"profile {source}", "write a profile of plain keys (see 'trtforge profiles a100')",
+                     ProfileError)
     return parse_profile(data, source, default_name)
+
+
+def read_toml(text: str, what: str, fix: str, error: type[Exception]) -> dict[str, Any]:
+    """``tomllib.loads(text)``; a file it cannot read is ``error`` (one line naming ``what``): bad syntax, tables or
+    arrays nested past Python's stack (RecursionError), an integer of over 4300 digits (int()'s limit)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{what}: invalid TOML: {exc}; fix the syntax") from exc
+    except RecursionError as exc:
+        raise error(f"{what}: not readable TOML (arrays or tables nested too deeply); {fix}") from exc
+    except ValueError as exc:  # Python's int() limit: an integer of over 4300 digits
+        raise error(f"{what}: holds an integer too long to read ({exc.args[0].split(':')[0]}); write a smaller "
+                    "number") from exc

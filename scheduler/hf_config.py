@@ -59,3 +59,12 @@ def _refuse_cross_attention(cfg: dict[str, Any], where: str) -> None:
         raise InputError(f"{where}cross_attention_layers {cfg['cross_attention_layers']!r}: cross-attention layers "
                          "(Mllama) cache the image's K/V, not the text tokens', and are not modeled; plan it with "
                          "its serving engine's own estimator")
+
+
+def context_note(cfg: dict[str, Any]) -> str:
+    """The warning when the config gives no context length: 131072 tokens is assumed (transformers' own default
+    differs by architecture: 2048 for Llama), and prompt-too-long is judged by it."""
+    if cfg.get("max_position_embeddings") is not None:
+        return ""
+    return ("the config has no max_position_embeddings: a context of 131072 tokens is assumed (transformers' Llama "
+            "default is 2048) and prompts are judged too long by it; add the model's context length to the config")

@@ -30,7 +30,7 @@ from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
 
-from .hf_config import decoder_config, sliding_note, tied
+from .hf_config import context_note, decoder_config, sliding_note, tied
 from .kv_fit import no_fit
 from .kv_weights import (
     DTYPE_BYTES,
@@ -178,7 +178,7 @@ class ModelSpec:
                        max_position_embeddings=given("max_position_embeddings", 131072),
                        num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source),
                        quantization=quant[0], weight_quant=quant[1],
-                       unmodeled="; ".join(filter(None, (unmodeled, sliding_note(cfg), _context_note(cfg)))))
+                       unmodeled="; ".join(filter(None, (unmodeled, sliding_note(cfg), context_note(cfg)))))
         except InputError as exc:  # name the file once, and the config's key, not ours
             text = exc.message.removeprefix(f"model {name}: ")
             for ours, key in _HF_KEYS.items():
@@ -205,15 +205,6 @@ def _rope_factor(cfg: dict[str, Any], source: str) -> Any:
 #: ``ModelSpec`` field -> the HF config.json key it is read from, where they differ (errors name the file's key)
 _HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads", "num_experts": "num_local_experts"}
-
-
-def _context_note(cfg: dict[str, Any]) -> str:
-    """The warning when the config gives no context length: 131072 tokens is assumed (transformers' own default
-    differs by architecture: 2048 for Llama), and prompt-too-long is judged by it."""
-    if cfg.get("max_position_embeddings") is not None:
-        return ""
-    return ("the config has no max_position_embeddings: a context of 131072 tokens is assumed (transformers' Llama "
-            "default is 2048) and prompts are judged too long by it; add the model's context length to the config")
 
 
 def _refuse_unmodeled(cfg: dict[str, Any], source: str) -> None:

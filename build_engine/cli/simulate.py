@@ -18,11 +18,13 @@ ROUTER_NAMES = ("round-robin", "prefix-affinity", "cache-aware")
 _REDIS_POOL = 32  # the L2 client's smallest pool (scheduler/cache/entry.py refuses fewer)
 
 
+_TRACE_HELP = "Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N' (N from 1 to 200,000 requests, digits only)"
+
+
 def build_parser() -> ArgumentParser:
     p = make_parser("trtforge simulate", "replay a trace (Azure CSV, Mooncake JSONL or synthetic) against the "
                                          "scheduler with a roofline step-time model of the profile's GPU")
-    p.add_argument("--trace", required=True, help="Azure .csv, Mooncake .jsonl, 'synthetic' or 'synthetic:N' "
-                                                  "(N from 1 to 200,000 requests, digits only)")
+    p.add_argument("--trace", required=True, help=_TRACE_HELP)
     p.add_argument("--profile", required=True, help="GPU profile (a10, a100, l40s, h100) or a .toml path")
     p.add_argument("--model", required=True, help="HF config.json or a preset (llama-3.1-8b, ...)")
     p.add_argument("--policy", required=True, choices=POLICY_NAMES,
@@ -233,17 +235,24 @@ def _run(args: Namespace) -> int:
     from ..core.jsonout import dumps
 
     shown = res.summary.to_json()  # a percentile of no requests (NaN) is null there: no value, as --json says
-    if res.summary.unserved:  # a policy that never evicts can leave the queue blocked for good: say so, not only count
-        from ..core.log import logger
-
-        first = ", ".join(res.summary.stuck_ids[:3])
-        logger("simulate").warning(f"{res.summary.unserved} of {res.summary.requests} request(s) were still queued or "
-                                   f"running when the trace ended (unserved; first: {first})" +
-                                   ("; this policy never evicts: its queue blocks behind a request that does not "
-                                    "fit" if "no-evict" in args.policy else ""))
+    _warn_unserved(res.summary, args.policy)
     print(dumps({**{k: shown[k] for k in keys},
                  **({"response_cache": cache_summary} if cache_summary else {})}, indent=1))
     return 0
+
+
+def _warn_unserved(summary: Any, policy: str) -> None:
+    """Requests still queued or running when the trace ended, said on stderr (a policy that never evicts blocked
+    behind a request that does not fit: exit 0, 0 of 3 completed, and no word)."""
+    if not summary.unserved:
+        return
+    from ..core.log import logger
+
+    first = ", ".join(summary.stuck_ids[:3])
+    logger("simulate").warning(f"{summary.unserved} of {summary.requests} request(s) were still queued or running "
+                               f"when the trace ended (unserved; first: {first})" +
+                               ("; this policy never evicts: its queue blocks behind a request that does not fit"
+                                if "no-evict" in policy else ""))
 
 
 def _replay(args: Namespace, reqs: Any, run: Callable[..., Any]) -> tuple[Any, dict[str, Any] | None]:

@@ -29,7 +29,6 @@ matrix file's folder so a matrix runs the same from any working directory.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -223,16 +222,9 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
         raise InputError(f"matrix file {path} not found; give an existing .toml file") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"matrix file {path}: cannot read it as UTF-8 text ({exc}); fix the file") from exc
-    try:
-        return text, tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"matrix file {path}: invalid TOML: {exc}; fix the syntax") from exc
-    except RecursionError as exc:
-        raise InputError(f"matrix file {path}: not readable TOML (arrays or tables nested too deeply); fix the "
-                         "file") from exc
-    except ValueError as exc:  # Python's int() limit: an integer of over 4300 digits
-        raise InputError(f"matrix file {path}: holds an integer too long to read ({exc.args[0].split(':')[0]}); "
-                         "write a smaller number") from exc
+    from trtforge.profiles.loader import read_toml
+
+    return text, read_toml(text, f"matrix file {path}", "fix the file", InputError)
 
 
 def load_matrix(path: str | Path) -> MatrixSpec:
