@@ -11,9 +11,10 @@ A request is a chat-completions-style JSON object. The key covers, and only cove
 | ``task`` (role/task class) | string or absent (e.g. "qa", "tool"; also picks the TTL class) |
 | ``messages`` | the *system* (and *developer*) messages (one placed after another turn, with how many turns
   precede it: a system message after the question is another prompt than one before it), the *final user* message
-  and every turn after it (an assistant prefill), text normalised (below), roles lower-cased; without a
-  ``conversation_id`` also every earlier turn (in order), so two histories ending in the same question never share
-  an entry. With a ``conversation_id`` the earlier turns are identified by it and not read. A message's other
+  and every turn after it (an assistant prefill), text normalised (below), roles lower-cased; and every earlier
+  turn (in order), so two histories ending in the same question never share an entry, with or without a
+  ``conversation_id`` (key version 1 took the id for the history: an edited earlier turn got the old answer; a
+  request that sends only its final turn is keyed by the id and that turn). A message's other
   fields (``name``, ``tool_calls``, ``tool_call_id``...) and a content that is not a string (a list of parts, or null
   beside ``tool_calls``) are keyed as canonical JSON |
 | ``prompt`` | instead of ``messages``: the same text normalisation; a completions request (a raw prompt, no chat
@@ -67,7 +68,7 @@ from typing import Any, NamedTuple
 
 from trtforge.build_engine.core.errors import InputError
 
-KEY_VERSION = 2  # 2: temperature and top_p exact (1 rounded them to 2 decimals)
+KEY_VERSION = 2  # 2: temperature and top_p exact (1 rounded them to 2 decimals), earlier turns always keyed
 # The fields read by name (normalised as the table above says); every other field but TRANSPORT's is keyed exactly.
 _SEMANTIC = {"model", "adapter", "lora", "conversation_id", "task", "messages", "prompt", "temperature", "top_p",
              "top_k", "max_tokens", "seed", "stop", "response_format", "tools"}
@@ -179,10 +180,10 @@ def _turn(i: int, m: Any) -> Turn:
                      "'tool_calls')")
 
 
-def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, list[Turn], list[int]]:
+def _messages(req: dict[str, Any]) -> tuple[list[Turn], Turn, list[Turn], list[int]]:
     """(system messages, final user message, the other turns the key reads, how many other turns precede each
-    system message), normalised: the turns after the final user message, and with ``history`` (no conversation
-    id) the earlier ones too, in order."""
+    system message), normalised: every turn before and after the final user message, in order (also with a
+    ``conversation_id``: a client that edits an earlier turn under the same id was served the old answer)."""
     if "messages" not in req:
         prompt = _string(req, "prompt")
         if prompt is None:
@@ -206,7 +207,7 @@ def _messages(req: dict[str, Any], history: bool) -> tuple[list[Turn], Turn, lis
         turns.append(turn)
     if last_user < 0:
         raise InputError("request: 'messages' has no user message; the cache keys on the final user message")
-    other = (turns[:last_user] if history else []) + turns[last_user + 1:]
+    other = turns[:last_user] + turns[last_user + 1:]
     return system, turns[last_user], other, at
 
 
@@ -306,7 +307,7 @@ def _canonical_fields(req: Any) -> dict[str, Any]:
     adapter = lora if adapter is None else adapter
     conversation = _string(req, "conversation_id")
     task = _string(req, "task")
-    system, last, turns, system_at = _messages(req, history=conversation is None)
+    system, last, turns, system_at = _messages(req)
     final = last[1]
     temperature = _number(req, "temperature", 1.0)  # checked in this order: the first bad field is the one named
     top_k = _number(req, "top_k", None, integer=True)

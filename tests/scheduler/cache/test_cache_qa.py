@@ -31,7 +31,8 @@ def test_keys_separate_history_prefill_and_generation_settings() -> None:
         a = _chat(system, [("user", q1), ("assistant", "x"), ("user", final)])
         b = _chat(system, [("user", q2), ("assistant", "x"), ("user", final)])
         assert make_key(a).digest != make_key(b).digest  # no conversation id: the history is the context
-        assert make_key(a | {"conversation_id": "c"}).digest == make_key(b | {"conversation_id": "c"}).digest
+        # with a conversation id too (an edited earlier turn under the same id was served the old answer)
+        assert make_key(a | {"conversation_id": "c"}).digest != make_key(b | {"conversation_id": "c"}).digest
         prefill = _chat(system, [("user", final), ("assistant", q1)])
         assert make_key(prefill).digest != make_key(_chat(system, [("user", final)])).digest
         plain = make_key(_chat(system, [("user", final)])).digest

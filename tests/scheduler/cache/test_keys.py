@@ -32,9 +32,6 @@ def _with(**changes: object) -> dict:
                     {"role": "user", "content": "Ｗhat is the capital of France?"}]),  # fullwidth W (NFKC)
     _with(id="req-9", request_id="x", stream=True, user="alice", metadata={"trace": 1}, debug=True),
     _with(temperature=-0.0),  # the same number (key version 2 keys temperature exactly; 0.001 was rounded to 0)
-    _with(messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": "Hello"},
-                    {"role": "user", "content": "What is the capital of France?"}]),  # earlier turns: conversation id
 ])
 def test_equal_meaning_equal_key(variant: dict) -> None:
     assert make_key(variant).digest == make_key(BASE).digest
@@ -49,6 +46,9 @@ def test_stop_order_and_duplicates_do_not_matter() -> None:
     _with(model="llama-70b"), _with(adapter="support-v3"), _with(adapter=None), _with(conversation_id="c2"),
     _with(task="tool"), _with(temperature=0.5, seed=1), _with(max_tokens=65), _with(top_p=0.9),
     _with(messages=[{"role": "user", "content": "What is the capital of Spain?"}]),
+    _with(messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello"},
+                    {"role": "user", "content": "What is the capital of France?"}]),  # earlier turns, same id
     _with(messages=[{"role": "system", "content": "You are verbose."},
                     {"role": "user", "content": "What is the capital of France?"}]),
     _with(messages=[{"role": "system", "content": "You are terse."},
