@@ -141,8 +141,9 @@ class ModelSpec:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{p}: not a readable JSON config ({exc}); give an HF config.json") from exc
         except (ValueError, RecursionError) as exc:  # json reads no integer of more than 4300 digits
-            what = "nested too deeply" if isinstance(exc, RecursionError) else "an integer of more than 4300 digits"
-            raise InputError(f"{p}: not a readable JSON config ({what}); give an HF config.json") from exc
+            from trtforge.build_engine.core.jsonout import unreadable
+
+            raise InputError(f"{p}: not a readable JSON config ({unreadable(exc)}); give an HF config.json") from exc
         if not isinstance(cfg, dict):
             raise InputError(f"{p}: the top level must be a JSON object with the model's config keys")
         return cls.from_dict(cfg, name=p.stem if p.stem != "config" else p.parent.name or "model", source=str(p))

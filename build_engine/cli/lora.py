@@ -93,13 +93,13 @@ def _inject(args: argparse.Namespace) -> int:
     from trtforge.plugins.lora.inject import inject
 
     _guard_model_output(args)
+    if args.tile is not None and args.tile not in spec.TILE_CHOICES:  # the flag's value: named as the flag
+        raise InputError(f"--tile {args.tile}: choose one of {', '.join(map(str, spec.TILE_CHOICES))}")
     loaded = _load_graph(args.input)
     try:
         out = inject(loaded.model, _targets(args.targets), args.max_rank, args.slots, per_sequence=args.per_sequence,
                      tile=args.tile, inplace=True)
     except InputError as exc:
-        if "field 'tile'" in exc.message:  # the flag's value, not the model: name the flag
-            raise InputError(f"--tile {args.tile}: choose one of {', '.join(map(str, spec.TILE_CHOICES))}") from exc
         raise InputError(f"{args.input}: {exc.message}") from exc
     _save(out, loaded, args.output)
     n = sum(1 for node in out.graph.node if spec.is_lora_node(node))

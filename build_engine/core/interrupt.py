@@ -105,9 +105,10 @@ def deferred() -> Iterator[None]:
     hold()
     try:
         yield
-    finally:
+    except BaseException:
         _state["depth"] -= 1
-    release(0)
+        raise
+    release()
 
 
 def hold() -> None:
@@ -115,9 +116,9 @@ def hold() -> None:
     _state["depth"] += 1
 
 
-def release(levels: int = 1) -> None:
-    """End one ``hold()`` (``levels=0``: only raise): raise ``Interrupted`` if a signal came and nothing holds now."""
-    _state["depth"] = max(0, _state["depth"] - levels)
+def release() -> None:
+    """End one ``hold()``; raise ``Interrupted`` if a signal came and nothing holds now."""
+    _state["depth"] = max(0, _state["depth"] - 1)
     if _state["depth"] == 0 and _state["rfd"] is not None and pending() is not None:
         raise Interrupted(int(_state["signum"]))
 

@@ -16,6 +16,12 @@ from typing import Any
 NON_FINITE = {math.inf: "inf", -math.inf: "-inf"}
 
 
+def unreadable(exc: ValueError | RecursionError) -> str:
+    """Why ``json.loads`` refused a text that is not a syntax error: nesting past Python's stack (RecursionError) or
+    an integer of over 4300 digits (int()'s limit, a ValueError)."""
+    return "nested too deeply" if isinstance(exc, RecursionError) else "an integer of more than 4300 digits"
+
+
 def finite(obj: Any) -> Any:
     """``obj`` with every non-finite float (NaN, +-Infinity) replaced by ``"nan"`` / ``"inf"`` / ``"-inf"``,
     recursively (dict keys stay as they are)."""

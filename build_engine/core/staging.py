@@ -195,20 +195,19 @@ def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[
 
     sweep(root)
     base = root / STAGING
-    made: list[Path] = []
-    fds: list[int] = []
+    entry: Path | None = None
+    fd: int | None = None
     try:
         with interrupt.deferred():  # made and recorded in one step, inside the try that removes them
             try:
-                made.append(_new_entry(base, label))
-                fds.append(_locked_lock(made[0]))
+                entry = _new_entry(base, label)
+                fd = _locked_lock(entry)
             except OSError as exc:
                 if os.path.lexists(base) and not base.is_dir():  # was 'cannot write there (File exists)'
                     raise InputError(f"{base} is in the way: trtforge stages its outputs in a folder by that name, "
                                      "and it is a file or a broken link; remove it") from exc
                 raise InputError(f"{root}: cannot write there ({exc.strerror or exc}); choose an output folder you "
                                  "can write to") from exc
-        entry = made[0]
         try:
             yield entry
         except OSError as exc:
@@ -217,9 +216,9 @@ def staging_dir(root: Path, label: str, output: Path | None = None) -> Iterator[
             raise
     finally:
         with interrupt.deferred():  # a second Ctrl-C (or a SIGTERM after it) must not stop the clean-up half-way
-            for folder in made:
-                shutil.rmtree(folder, ignore_errors=True)
-            for fd in fds:
+            if entry is not None:
+                shutil.rmtree(entry, ignore_errors=True)
+            if fd is not None:
                 os.close(fd)
             with contextlib.suppress(OSError):
                 base.rmdir()
@@ -238,27 +237,28 @@ def group_lock(output: Path) -> Iterator[None]:
     key = hashlib.sha256(os.fsencode(os.path.realpath(parent) + os.sep + output.name)).hexdigest()[:24]
     base = parent / STAGING
     lock = base / f"{key}.group"
-    fds: list[int] = []
+    fd: int | None = None
     try:
         for _ in range(1000):
             base.mkdir(exist_ok=True)
             try:
                 with interrupt.deferred():  # opened and recorded in one step, inside the try that removes it
-                    fds.append(os.open(lock, os.O_CREAT | os.O_RDWR, 0o600))
+                    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
                     fault_point("group:opened")
             except FileNotFoundError:  # base removed (empty) by another run in between
                 continue
-            fcntl.flock(fds[-1], fcntl.LOCK_EX)  # a wait a signal may end
-            if _is_file_of(fds[-1], lock):
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a wait a signal may end
+            if _is_file_of(fd, lock):
                 break
             with interrupt.deferred():
-                os.close(fds.pop())  # the holder removed that file as we waited: take the lock anew
+                os.close(fd)  # the holder removed that file as we waited: take the lock anew
+                fd = None
         else:
             raise FileNotFoundError(errno.ENOENT, "another process keeps removing it", str(base))
         yield
     finally:
         with interrupt.deferred():  # as staging_dir's clean-up
-            for fd in fds:
+            if fd is not None:
                 _drop_group_lock(fd, lock)
             with contextlib.suppress(OSError):
                 base.rmdir()  # only when empty

@@ -237,8 +237,9 @@ class Manifest:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{path}: not valid JSON ({exc}); {_REBUILD}") from exc
         except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits; nesting past Python's stack
-            what = "nested too deeply" if isinstance(exc, RecursionError) else "an integer of more than 4300 digits"
-            raise InputError(f"{path}: not a readable manifest ({what}); {_REBUILD}") from exc
+            from ..core.jsonout import unreadable
+
+            raise InputError(f"{path}: not a readable manifest ({unreadable(exc)}); {_REBUILD}") from exc
         return cls.from_json(data, str(path))
 
     def validate(self, where: str = MANIFEST_NAME) -> None:

@@ -86,9 +86,9 @@ GUARDED_WORDS = frozenset({
     "input", "output", "buy", "sell", "win", "lose", "start", "stop", "encrypt", "decrypt", "encode", "decode",
     "north", "south", "east", "west", "from", "to", "into", "between", "and", "or", "same", "different",
     "mg", "g", "kg", "mcg", "ug", "µg", "ml", "l", "mm", "cm", "m", "km", "ft", "mi", "lb", "lbs", "oz",
-    "celsius", "fahrenheit", "kelvin", "c", "f", "k", "ms", "s", "sec", "h", "hr", "second", "seconds",
-    "minute", "minutes", "hour", "hours", "day", "days", "week", "weeks", "month", "months", "year", "years", "b",
-    "kb", "mb", "gb", "tb", "kib", "mib", "gib", "tib", "bit", "bits", "byte", "bytes", "usd", "eur", "gbp",
+    "celsius", "fahrenheit", "kelvin", "c", "f", "k", "ms", "s", "sec", "h", "hr", "second",
+    "minute", "hour", "day", "week", "month", "year", "b",  # plurals fold onto these (_guard_form)
+    "kb", "mb", "gb", "tb", "kib", "mib", "gib", "tib", "bit", "byte", "usd", "eur", "gbp",
     "dollars", "euros", "pounds", "percent",
 })
 #: Prefixes (and suffix pairs) that negate a word: "safe" / "unsafe", "legal" / "illegal", "edible" / "inedible".
