@@ -34,7 +34,11 @@ INSTALL_TRT = (
     "install full TensorRT from NVIDIA's index (pip install tensorrt --extra-index-url https://pypi.nvidia.com) "
     "or use an NGC TensorRT container (nvcr.io/nvidia/tensorrt) on a machine with that GPU"
 )
-INSTALL_RTX = "pip install 'trtforge[rtx]' (TensorRT for RTX builds SM 8.0/8.6/8.9/12.0 engines without a GPU)"
+# What TensorRT-RTX 1.7.1 (the oldest pyproject accepts) targets ahead of time, its ``ComputeCapability`` enum: the
+# rule a machine without it plans by (``build-matrix``'s driver); one with it installed reads the enum itself.
+RTX_TARGETS = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
+INSTALL_RTX = ("pip install 'trtforge[rtx]' (TensorRT for RTX builds SM " + "/".join(RTX_TARGETS)
+               + " engines without a GPU)")
 
 
 
@@ -204,7 +208,8 @@ def _cannot_target(backend: Backend, cc: str) -> str:
                 f"{fix}")
     return (f"{backend.name} {backend.version} builds only for the local GPU (targets here: {targets}) and cannot "
             f"target compute capability {cc}; run the build on a machine with that GPU"
-            + ("" if cc.startswith("9.") else f", or for 8.0/8.6/8.9/12.0 use --backend tensorrt-rtx ({INSTALL_RTX})"))
+            + ("" if cc.startswith("9.") else f", or for {'/'.join(RTX_TARGETS)} use --backend tensorrt-rtx "
+                                              f"({INSTALL_RTX})"))
 
 
 # --- plugin loading -------------------------------------------------------------------------------------------------

@@ -210,13 +210,19 @@ def _check_dim_overrides(specs: list[InputSpec], dims: Mapping[str, Range], sour
     """Each ``--dim`` names a dynamic dimension of the model that is neither batch nor sequence, with a valid range."""
     named = {d for spec in specs for d in spec.dims if isinstance(d, str) and d}
     for name, r in dims.items():
-        if name.strip().lower() in BATCH_NAMES | SEQUENCE_NAMES:
-            raise InputError(f"--dim {name}: batch and sequence ranges come from the profile's [[shapes]]; give a "
-                             "profile (.toml) with the ranges you want instead")
+        _check_not_profile_axis("--dim", name)
         if name not in named:
             raise InputError(f"--dim {name}: {source} has no dynamic dimension named {name!r} (its named dynamic "
                              f"dimensions: {sorted(named) or 'none'}); give one of those")
         _check_range("--dim", f"{name}={r.min}:{r.opt}:{r.max}", r, low=0)
+
+
+def _check_not_profile_axis(what: str, name: str) -> None:
+    """Batch and sequence take their ranges from the profile, whatever the model: a ``--dim`` (or a matrix model's
+    ``dims``) naming one is refused before any model is read."""
+    if name.strip().lower() in BATCH_NAMES | SEQUENCE_NAMES:
+        raise InputError(f"{what} {name}: batch and sequence ranges come from the profile's [[shapes]]; give a "
+                         "profile (.toml) with the ranges you want instead")
 
 
 def _check_range(what: str, item: str, r: Range, low: int = 1) -> None:
@@ -240,6 +246,7 @@ def parse_dims(items: Sequence[str], what: str = "--dim") -> dict[str, Range]:
         if not name or name in out or len(parts) != 3 or not digits:
             why = "given twice" if name in out else "expected NAME=MIN:OPT:MAX with integers, e.g. num_patches=1:64:256"
             raise InputError(f"{what} {item!r}: {why}")
+        _check_not_profile_axis(what, name)
         lo, mid, hi = (int(x) for x in parts)
         out[name] = Range(min=lo, opt=mid, max=hi)
         _check_range(what, item, out[name], low=0)

@@ -27,12 +27,10 @@ from trtforge.profiles.loader import Profile, list_profiles, load_profile
 
 from ..core import env
 from ..core.errors import TrtforgeError
-from ..engine.backend import normalize_cc
+from ..engine.backend import RTX_TARGETS, normalize_cc
 from .spec import MatrixSpec, ModelEntry
 
 RESOURCE_RTX = "trtforge_rtx"
-# Compute capabilities TensorRT-RTX 1.x can target ahead of time (its ComputeCapability enum); Hopper is not one.
-RTX_TARGETS = ("8.0", "8.6", "8.9", "12.0")
 # Profile fields that label it and never reach the builder (the cell folder carries the name).
 PROFILE_LABELS = frozenset({"name", "description", "source"})
 _DISTS = {"tensorrt_rtx": ("tensorrt-rtx", "tensorrt_rtx"), "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt_cu13")}
@@ -198,8 +196,9 @@ def plan_cells(spec: MatrixSpec) -> list[Cell]:
             backend = resolve_backend(spec.backend, cc)
             if backend == "tensorrt_rtx" and normalize_cc(cc) not in RTX_TARGETS:
                 cells.append(Cell(entry, ref, prof, "", "", "", refusal=(
-                    f"TensorRT-RTX cannot target compute capability {cc} (profile {prof.name}); use backend "
-                    "\"tensorrt\" or \"auto\" and a node with that GPU")))
+                    f"TensorRT-RTX cannot target compute capability {cc} (profile {prof.name}; it targets "
+                    f"{', '.join(RTX_TARGETS)}); set backend = \"tensorrt\" (or \"auto\", which picks it for this "
+                    "profile) and give the cluster a node with full TensorRT and that GPU")))
                 continue
             resource = RESOURCE_RTX if backend == "tensorrt_rtx" else cc_resource(cc)
             cells.append(Cell(entry, ref, prof, backend, resource, cell_key(sha, entry, prof, backend)))

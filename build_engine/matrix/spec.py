@@ -147,7 +147,16 @@ class _Reader:
     def string_list(self, value: Any, key: str, nth: int | None = None) -> tuple[str, ...]:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
             raise self.fail(key, "must be a non-empty list of strings", nth)
+        for v in value:
+            self.no_nul(v, key, nth)
         return tuple(value)
+
+    def no_nul(self, value: str, key: str, nth: int | None = None) -> str:
+        """``value``, a name or path: a NUL character ("\\u0000" in TOML) is in no file name (os calls refuse it)."""
+        if "\x00" in value:
+            raise self.fail(key, f"{value!r} contains a NUL character, which no file or profile name can hold; remove "
+                            "it", nth)
+        return value
 
     def integer(self, value: Any, key: str, low: int, high: int, nth: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -182,7 +191,7 @@ def _model(r: _Reader, data: Any, nth: int, base: Path, default_profiles: tuple[
     d = r.table(data, "model", {"path", "name", "profiles", "pipeline", "dims"}, nth)
     if not isinstance(d.get("path"), str) or not d["path"]:
         raise r.fail("model", "each [[model]] needs path = \"model.onnx\"", nth)
-    path = (base / d["path"]).resolve()
+    path = (base / r.no_nul(d["path"], "path", nth)).resolve()
     if not path.is_file():  # a folder (or a FIFO) was said to be 'not found'
         what = "not found" if not path.exists() else "is not a regular file" + (" (a folder)" * path.is_dir())
         raise r.fail("path", f"model file {path} {what}; give the .onnx file's path (relative to the matrix file)", nth)
@@ -258,7 +267,7 @@ def load_matrix(path: str | Path) -> MatrixSpec:
         t = r.table(data["triton"], "triton", {"repo"})
         if not isinstance(t.get("repo"), str) or not t["repo"]:
             raise r.fail("triton", "needs repo = \"path/to/model-repository\"")
-        triton = (src.parent / t["repo"]).resolve()
+        triton = (src.parent / r.no_nul(t["repo"], "triton.repo")).resolve()
         if triton.exists() and not triton.is_dir():  # every cell was built, then none was added (exit 0)
             raise r.fail("triton.repo", f"{triton} exists and is not a folder; give the Triton repository's folder")
     return MatrixSpec(source=src, models=models, backend=backend, shared_fs=shared_fs, triton_repo=triton)

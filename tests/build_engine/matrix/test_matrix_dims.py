@@ -42,7 +42,10 @@ def test_matrix_dims_build_and_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("dims", "why"), [('dims = { patches = "8:2:32" }', "MIN <= OPT <= MAX"),
                                            ('dims = { patches = 5 }', "MIN:OPT:MAX"),
-                                           ('dims = "patches=1:2:3"', "MIN:OPT:MAX")])
+                                           ('dims = "patches=1:2:3"', "MIN:OPT:MAX"),
+                                           # model-independent: refused at load (was planned, then every cell failed)
+                                           ('dims = { batch = "1:2:3" }', "profile's [[shapes]]"),
+                                           ('dims = { Seq_Len = "1:2:3" }', "profile's [[shapes]]")])
 def test_matrix_bad_dims_exit_2(tmp_path: Path, dims: str, why: str, capsys: pytest.CaptureFixture[str]) -> None:
     from trtforge_testing import CliResult
 
