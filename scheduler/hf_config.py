@@ -14,16 +14,24 @@ TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text", "cohere", "cohere
 
 
 def tied(cfg: dict[str, Any]) -> bool:
-    """``tie_word_embeddings`` as transformers reads it: the config's value, else its model type's default."""
+    """``tie_word_embeddings`` as transformers reads it: the config's value, else its model type's default. A value
+    that is not true/false is refused (``"false"`` read as tied dropped the LM head from the weights, silently)."""
     given = cfg.get("tie_word_embeddings")
-    return bool(given) if given is not None else cfg.get("model_type") in TIED_BY_DEFAULT
+    if given is None:
+        return cfg.get("model_type") in TIED_BY_DEFAULT
+    if not isinstance(given, bool):
+        raise InputError(f"tie_word_embeddings must be true or false, got {given!r}")
+    return given
 
 
 def sliding_note(cfg: dict[str, Any]) -> str:
     """The plan's word on a ``sliding_window`` shorter than the context ("" when none is in use): every layer is
     planned as full attention, so the requests that fit are a lower bound (``kv_plan`` module docstring)."""
     window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
-    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool):
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        # "4096" (a string) was skipped, and with it the lower-bound warning
+        raise InputError(f"sliding_window must be an integer number of tokens or null, got {window!r}")
+    if cfg.get("use_sliding_window") is False or window is None:
         return ""
     if window <= 0 or (isinstance(context, int) and window >= context):
         return ""

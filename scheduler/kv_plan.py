@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.jsonout import unique_keys, unreadable
 
 from .hf_config import context_note, decoder_config, sliding_note, tied
 from .kv_fit import no_fit
@@ -135,14 +136,12 @@ class ModelSpec:
         """Read an HF ``config.json`` (Llama/Mistral/Qwen-style field names)."""
         p = Path(path)
         try:
-            cfg = json.loads(p.read_text(encoding="utf-8-sig"))  # UTF-8, a leading BOM skipped
+            cfg = json.loads(p.read_text(encoding="utf-8-sig"), object_pairs_hook=unique_keys)  # a BOM skipped
         except FileNotFoundError as exc:
             raise InputError(f"{p}: no such file; give a config.json or a preset ({', '.join(PRESETS)})") from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{p}: not a readable JSON config ({exc}); give an HF config.json") from exc
         except (ValueError, RecursionError) as exc:  # json reads no integer of more than 4300 digits
-            from trtforge.build_engine.core.jsonout import unreadable
-
             raise InputError(f"{p}: not a readable JSON config ({unreadable(exc)}); give an HF config.json") from exc
         if not isinstance(cfg, dict):
             raise InputError(f"{p}: the top level must be a JSON object with the model's config keys")
@@ -167,6 +166,9 @@ class ModelSpec:
             for key, value in (("num_attention_heads", heads), ("hidden_size", hidden)):
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise InputError(f"{source}: {key} must be a positive integer, got {value!r}")
+            if hidden % heads:  # 4096 / 24 was planned as head_dim 170 (4080 of the 4096 features), without a word
+                raise InputError(f"{source}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}, "
+                                 "so head_dim cannot be derived; add the model's head_dim to the config")
         head_dim = given("head_dim", hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
                          and heads > 0 else 0)
         name = str(cfg.get("_name_or_path") or name)
@@ -177,11 +179,11 @@ class ModelSpec:
                        vocab_size=need("vocab_size"), tie_word_embeddings=tied(cfg),
                        # not int(): "4096", [4096] and Infinity are refused by __post_init__, not coerced
                        max_position_embeddings=given("max_position_embeddings", 131072),
-                       num_experts=cfg.get("num_local_experts") or 1, rope_factor=_rope_factor(cfg, source),
+                       num_experts=given("num_local_experts", 1), rope_factor=_rope_factor(cfg, source),
                        quantization=quant[0], weight_quant=quant[1],
                        unmodeled="; ".join(filter(None, (unmodeled, sliding_note(cfg), context_note(cfg)))))
         except InputError as exc:  # name the file once, and the config's key, not ours
-            text = exc.message.removeprefix(f"model {name}: ")
+            text = exc.message.removeprefix(f"model {name}: ").removeprefix(f"{source}: ")  # named once
             for ours, key in _HF_KEYS.items():
                 text = text.replace(f"{ours} ", f"{key} ", 1) if text.startswith(ours + " ") else text
             raise InputError(f"{source}: {text}") from exc

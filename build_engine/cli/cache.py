@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
+from ..core.jsonout import unique_keys
 from ._common import ArgumentParser, add_debug, make_parser, run_command
 
 
@@ -53,7 +54,8 @@ def _read_request(where: str) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: cannot read the request ({exc}); give a UTF-8 JSON file") from exc
     try:
-        return json.loads(text.removeprefix("\ufeff"))  # a leading BOM (Windows editors) is not JSON's error
+        # a leading BOM (Windows editors) is not JSON's error; a key given twice is (which one would the server read?)
+        return json.loads(text.removeprefix("\ufeff"), object_pairs_hook=unique_keys)
     except ValueError as exc:
         raise InputError(f"{where}: not valid JSON ({exc}); give one JSON object") from exc
     except RecursionError as exc:

@@ -173,11 +173,14 @@ def _check_span(reqs: Any, args: Namespace) -> None:
     (--time-scale 1e308: exit 0, requests "unserved", every rate over an infinite window)."""
     from ..core.errors import InputError
 
-    end = max(r.arrival for r in reqs) + args.horizon
+    last = max(r.arrival for r in reqs)
+    end = last + args.horizon
     if not math.isfinite(end) or end >= MAX_WINDOW_S:
-        raise InputError(f"--time-scale {args.time_scale:g} / --horizon {args.horizon:g}: the simulated window then "
-                         f"ends past {MAX_WINDOW_S:.0e} s, where a float no longer holds a step's milliseconds; give "
-                         "a smaller --time-scale or --horizon")
+        scaled = f" after --time-scale {args.time_scale:g}" if args.time_scale != 1.0 else ""
+        raise InputError(f"{args.trace}: its last request arrives at {last:.3g} s{scaled}, so with --horizon "
+                         f"{args.horizon:g} the simulated window ends past {MAX_WINDOW_S:.0e} s, where a float no "
+                         "longer holds a step's milliseconds; fix the trace's timestamps (Mooncake's are "
+                         "milliseconds), or give a smaller --time-scale or --horizon")
 
 
 def _run(args: Namespace) -> int:

@@ -16,9 +16,26 @@ from typing import Any
 NON_FINITE = {math.inf: "inf", -math.inf: "-inf"}
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice (``unique_keys``)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for the JSON files a user gives: a key given twice in one object is refused (Python's
+    reader keeps the last value, others the first or either; the file does not say which it means)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
 def unreadable(exc: ValueError | RecursionError) -> str:
-    """Why ``json.loads`` refused a text that is not a syntax error: nesting past Python's stack (RecursionError) or
-    an integer of over 4300 digits (int()'s limit, a ValueError)."""
+    """Why ``json.loads`` refused a text that is not a syntax error: nesting past Python's stack (RecursionError),
+    a key given twice (``unique_keys``) or an integer of over 4300 digits (int()'s limit, a ValueError)."""
+    if isinstance(exc, DuplicateKey):
+        return str(exc)
     return "nested too deeply" if isinstance(exc, RecursionError) else "an integer of more than 4300 digits"
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
+from ..core.jsonout import unique_keys, unreadable
 from .shapes import InputPlan, ShapeRange
 
 FORMAT = 1
@@ -233,12 +234,11 @@ class Manifest:
         if not path.is_file():
             raise InputError(f"{path}: missing; pass an engine folder written by 'trtforge build'")
         try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: a leading BOM (Windows) skipped
+            data = json.loads(path.read_text(encoding="utf-8-sig"),  # -sig: a leading BOM (Windows) skipped
+                              object_pairs_hook=unique_keys)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{path}: not valid JSON ({exc}); {_REBUILD}") from exc
         except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits; nesting past Python's stack
-            from ..core.jsonout import unreadable
-
             raise InputError(f"{path}: not a readable manifest ({unreadable(exc)}); {_REBUILD}") from exc
         return cls.from_json(data, str(path))
 

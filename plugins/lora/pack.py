@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.jsonout import unique_keys
 
 from . import spec
 from .peft_config import Targets, read_config
@@ -81,7 +82,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     data = path.read_bytes()
     try:
         n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8:8 + n], object_pairs_hook=unique_keys)  # a tensor named twice: which is it?
         if not isinstance(header, dict):
             raise TypeError(f"the header is a JSON {type(header).__name__}, not an object")
         body = memoryview(data)[8 + n:]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.jsonout import unique_keys
 
 from . import spec
 
@@ -83,7 +84,7 @@ def read_config(cfg_path: Path) -> AdapterConfig:
     """r (a whole number, never truncated), lora_alpha (finite), target_modules (a list of names, or a regular
     expression) and the patterns; refuses the PEFT features ``pack`` cannot represent (module docstring)."""
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8-sig"))  # UTF-8, a leading BOM skipped
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8-sig"), object_pairs_hook=unique_keys)  # BOM skipped
     except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"{cfg_path}: not a readable JSON file ({exc}); re-save the adapter") from exc
     if not isinstance(cfg, dict):

@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from trtforge.build_engine.core.errors import InputError
+from trtforge.build_engine.core.jsonout import unique_keys, unreadable
 
 from ..request import Request
 
@@ -47,10 +48,12 @@ MAX_REQUEST_TOKENS = 2**31 - 1
 MAX_SYNTHETIC_REQUESTS = 200_000
 
 
-def _int(value: object, path: Path, line: int, key: str, minimum: int = 0) -> int:
+def _int(value: object, path: Path, line: int, key: str, minimum: int = 0, text: bool = True) -> int:
+    """``value`` as a token count. ``text``: a CSV cell's string; False for a JSON value, which must be a number
+    (``"1000"`` was read as 1000 there, while a string timestamp was refused)."""
     # int() also reads '1_000', '+5' and non-ASCII digits ('\u0665'): a trace field is plain ASCII digits (spaces
     # or tabs around them, as a hand-edited CSV has after its commas, are allowed)
-    if isinstance(value, bool) or (isinstance(value, str) and not _DIGITS.fullmatch(value.strip(" \t"))):
+    if isinstance(value, bool) or (isinstance(value, str) and (not text or not _DIGITS.fullmatch(value.strip(" \t")))):
         raise InputError(f"{path}:{line}: {key} must be an integer, got {value!r}")
     try:
         n = int(value)  # type: ignore[call-overload]
@@ -69,6 +72,8 @@ _ZONE = re.compile(r"(?:Z|([+-])([0-9]{2}):?([0-9]{2}))$")
 def _timestamp(text: str, path: Path, line: int) -> float:
     try:
         zone = _ZONE.search(text.strip())
+        if zone is not None and zone.group(1) is not None and (int(zone.group(2)) > 23 or int(zone.group(3)) > 59):
+            raise ValueError(zone.group(0))  # +99:99 shifted every arrival after it by 4 days
         shift = 0.0 if zone is None or zone.group(1) is None else (
             (1 if zone.group(1) == "-" else -1) * (int(zone.group(2)) * 3600 + int(zone.group(3)) * 60))
         head, _, frac = text.strip()[:zone.start() if zone else None].partition(".")
@@ -163,11 +168,11 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if not text.strip():
                 continue
             try:
-                obj = json.loads(text)
+                obj = json.loads(text, object_pairs_hook=unique_keys)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{p}:{line_no}: not valid JSON ({exc.msg})") from exc
-            except ValueError as exc:  # json reads no integer of more than 4300 digits (sys.int_max_str_digits)
-                raise InputError(f"{p}:{line_no}: an integer of more than 4300 digits; fix the row") from exc
+            except ValueError as exc:  # a key twice; json reads no integer of more than 4300 digits
+                raise InputError(f"{p}:{line_no}: {unreadable(exc)}; fix the row") from exc
             except RecursionError as exc:
                 raise InputError(f"{p}:{line_no}: JSON nested too deeply; each line is one flat object") from exc
             if not isinstance(obj, dict):
@@ -191,14 +196,14 @@ def read_mooncake_jsonl(path: str | Path, max_requests: int | None = None) -> li
             if adapter is not None and (not isinstance(adapter, str) or not adapter):
                 raise InputError(f"{p}:{line_no}: adapter must be a non-empty string (the LoRA adapter's name), "
                                  f"got {adapter!r}")
-            prompt = _int(obj["input_length"], p, line_no, "input_length", 1)
+            prompt = _int(obj["input_length"], p, line_no, "input_length", 1, text=False)
             if len(hashes) > -(-prompt // MOONCAKE_BLOCK_TOKENS):  # one id per 512-token prompt block, no more
                 raise InputError(f"{p}:{line_no}: {len(hashes)} hash_ids for input_length {prompt}: at most "
                                  f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} (one per {MOONCAKE_BLOCK_TOKENS}-token "
                                  "prompt block); fix the row")
             odd = odd or not all(0 <= h < _HASH_MODULUS for h in hashes)
             out.append(Request(f"mooncake-{rows}", t, prompt,
-                               max(1, _int(obj["output_length"], p, line_no, "output_length", 0)),
+                               max(1, _int(obj["output_length"], p, line_no, "output_length", 0, text=False)),
                                block_hashes=tuple(hashes), hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
                                adapter=adapter))
             rows += 1
