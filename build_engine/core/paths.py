@@ -173,7 +173,8 @@ def check(*, inputs: Sequence[Named] = (), files: Sequence[Named] = (), folders:
                 continue
             if iid == oid:
                 raise InputError(f"{label} {out} is the same file as {_describe(inp)}; writing it would "
-                                 f"overwrite that input, with or without --force; choose another {label} path")
+                                 f"overwrite that input, with or without --force; choose another {_option(label)} "
+                                 "path")
             if is_folder and stat.S_ISDIR(os.stat(out).st_mode) and _inside(_real(inp.file), oid):
                 raise InputError(f"{label} {out} contains {_describe(inp)}; an output folder may hold no input "
                                  f"(what is written there replaces what was there: the whole folder, or for "
@@ -187,7 +188,8 @@ def _check_outputs_apart(outs: Sequence[tuple[str, Path, bool]]) -> None:
     for label, out, _ in outs:
         key = _real(out)
         if key in seen:
-            raise InputError(f"{out}: {label} and {seen[key]} name the same file; choose another {label} path")
+            raise InputError(f"{out}: {label} and {seen[key]} name the same file; choose another {_option(label)} "
+                             "path")
         seen[key] = label
     for flabel, folder, is_folder in outs:
         if not is_folder:
@@ -196,7 +198,7 @@ def _check_outputs_apart(outs: Sequence[tuple[str, Path, bool]]) -> None:
         for label, out, _ in outs:
             if out is not folder and froot in _real(out).parents:
                 raise InputError(f"{label} {out} lies inside {flabel} {folder}, which is replaced as a whole; "
-                                 f"choose a {label} path outside it")
+                                 f"choose a {_option(label)} path outside it")
 
 
 def _refuse_empty(label: str, path: PathLike | None) -> None:
@@ -213,6 +215,15 @@ def _refuse_empty(label: str, path: PathLike | None) -> None:
                          f"or '/'); give a file name for {label}")
 
 
+#: Appended to an output's option for the external-data files written beside it (``onnx_output``)
+DATA_OF = "'s data file"
+
+
+def _option(label: str) -> str:
+    """The option to change when ``label``'s path is refused: a data file's is its model's (``-o``)."""
+    return label.removesuffix(DATA_OF)
+
+
 def onnx_output(label: str, path: PathLike | None) -> list[Named]:
     """An ONNX output, the external data file ``save_model`` may write beside it (``OUT.onnx.data``) and every
     existing file of its data family (``OUT.onnx.<8 hex>.data``), which the commit removes (``model_commit``): an
@@ -225,7 +236,8 @@ def onnx_output(label: str, path: PathLike | None) -> list[Named]:
     p = Path(path)
     plain = p.with_name(f"{p.name}.data")
     parent = p.parent if str(p.parent) else Path(".")
-    return [(label, p), (label, plain), *((label, f) for f in data_family(parent, p.name) if f.name != plain.name)]
+    data = label + DATA_OF  # a refusal names the data file as what it is ("-o out.onnx.data" read as a typo)
+    return [(label, p), (data, plain), *((data, f) for f in data_family(parent, p.name) if f.name != plain.name)]
 
 
 __all__ = ["MAX_FOLDER_FILES", "check", "external_data_files", "onnx_output", "refuse_special"]

@@ -37,8 +37,15 @@ def _error(x: np.ndarray, weights: Sequence[np.ndarray], refs: Sequence[np.ndarr
     num = 0.0
     for w, ref in zip(weights, refs, strict=True):
         out = xs @ fake_quant_weight(w * s[:, None], "int4-wo", block)
-        num += float(np.sum((out - ref) ** 2))
+        num += _squares(out, ref)
     return num
+
+
+def _squares(a: np.ndarray, b: np.ndarray | None = None) -> float:
+    """sum((a - b) ** 2) in float64: float32 squares overflow from |a| ~ 1.8e19 (finite weights of 1e20 gave NaN
+    errors and numpy overflow warnings, and the scale search compared NaNs)."""
+    d = a.astype(np.float64) if b is None else np.subtract(a, b, dtype=np.float64)
+    return float(np.sum(np.square(d)))
 
 
 def search(stats: ActStats, weights: Sequence[np.ndarray], block: int) -> AwqChoice:
@@ -46,7 +53,7 @@ def search(stats: ActStats, weights: Sequence[np.ndarray], block: int) -> AwqCho
         raise ValueError("AWQ needs calibration rows (collect with keep_rows=True)")
     x = stats.rows.astype(np.float32)
     refs = [x @ w for w in weights]
-    denom = max(sum(float(np.sum(r ** 2)) for r in refs), 1e-30)
+    denom = max(sum(_squares(r) for r in refs), 1e-30)
     mean = np.maximum(stats.mean_abs.astype(np.float64), 1e-8)
     best: tuple[float, float, np.ndarray] | None = None
     rtn = 0.0
@@ -106,7 +113,7 @@ def written_terms(rows: np.ndarray, w: np.ndarray, ws: np.ndarray, clip: np.ndar
     xs = x if s is None else x / s
     ref = x @ w
     out = xs @ fake_quant_weight(ws, "int4-wo", block, 1.0 if clip is None else clip)
-    return float(np.sum((out - ref) ** 2)), float(np.sum(ref ** 2))
+    return _squares(out, ref), _squares(ref)
 
 
 def written_ratio(num: float, den: float) -> float:

@@ -302,6 +302,10 @@ def select(model: ModelProto, exclude: Sequence[str] = (), quantize_lm_head: boo
         if w.name in fed:
             excluded.append(Excluded(label, f"its weight {w.name!r} is a graph input (overridable at run time)"))
             continue
+        if 0 in w.dims:  # a valid model may hold one; its scales would be maxima over nothing (exit 3)
+            excluded.append(Excluded(label, f"its weight {w.name!r} is empty (shape {list(w.dims)}): nothing to "
+                                     "quantize"))
+            continue
         decision = decisions[i]
         pattern = _matches(label, exclude)
         if decision.mode is not Mode.LOW and not (weight_only and decision.reason == WIDE_REASON):
