@@ -134,6 +134,10 @@ def run_command(parser: argparse.ArgumentParser, handler: Callable[[Any], int | 
             print(f"error: {loop}: too many levels of symbolic links; fix the link or give the real path",
                   file=sys.stderr)
             return 2
+        if type(exc) is ValueError and str(exc) == "embedded null byte":  # os calls refuse such a path
+            print("error: a path read from an input file contains a NUL character, which no file name can hold; "
+                  "remove it from the file (rerun with --debug for where it was read)", file=sys.stderr)
+            return 2
         return _internal(exc)
 
 

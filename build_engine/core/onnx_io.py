@@ -96,6 +96,8 @@ def _check_external(model: ModelProto, path: Path) -> tuple[Path, ...]:
         where = f"{path}: initializer {tensor.name!r} has external data location {loc!r}"
         if not loc:
             raise ModelError(f"{where} which is empty; re-export the model with valid external data")
+        if "\x00" in loc:  # os calls refuse it (ValueError: exit 3)
+            raise ModelError(f"{where}, which holds a NUL character; re-export the model with valid external data")
         rel = Path(loc)
         if rel.is_absolute() or ".." in rel.parts:
             raise ModelError(
